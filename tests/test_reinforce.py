@@ -206,3 +206,30 @@ def test_multi_turn_needs_a_transition():
     m, tok = make_tiny_model()
     with pytest.raises(ValueError, match="needs external_transition"):
         MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MAGRPOConfig(num_turns=2))
+
+
+def test_mp_placement_matches_sequential(tmp_path):
+    seq = make(tmp_path / "seq", num_train_epochs=1)
+    seq.train()
+    mp = make(tmp_path / "mp", num_train_epochs=1, parallel_training="mp", agent_devices=["cpu", "cpu"])
+    mp.train()
+    for x, y in zip(params(seq), params(mp)):
+        assert torch.equal(x, y)
+
+
+def test_mp_reraises_an_agents_error_after_all_finish(tmp_path):
+    tr = make(tmp_path, parallel_training="mp", agent_devices="cpu")
+    done = []
+
+    def work(i):
+        if i == 0:
+            raise RuntimeError("agent 0 failed")
+        import time
+        time.sleep(0.2)
+        done.append(i)
+        return i
+
+    with pytest.raises(RuntimeError, match="agent 0 failed"):
+        tr._map_agents(work)
+    assert done == [1]
+    assert tr._map_agents(lambda i: i * 10) == [0, 10]
