@@ -233,3 +233,65 @@ def test_mp_reraises_an_agents_error_after_all_finish(tmp_path):
         tr._map_agents(work)
     assert done == [1]
     assert tr._map_agents(lambda i: i * 10) == [0, 10]
+
+
+# ---------------------------------------------------------------- multi-turn trees
+def test_multi_turn_tree_counts_and_histories(tmp_path):
+    seen = []
+
+    def transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+        seen.append((prompt, list(agent_completions), prompt_history_per_agent, response_history_per_agent))
+        return [f"next {i}" for i in range(num_agents)]
+
+    fmt = [lambda it: "A: " + it["prompt"], lambda it: "B: " + it["prompt"]]
+    m, tok = make_tiny_model()
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, formatters=fmt, external_transition=transition,
+                       args=MAGRPOConfig(num_turns=3, num_generations=2, joint_mode="cross", max_new_tokens=4,
+                                         early_termination_threshold=None, output_dir=str(tmp_path), progress_bar=False))
+    ro = tr.rollout(PROMPTS[:1], [0], ("t", 0))
+    assert [len(l) for l in ro["levels"]] == [1, 4, 16]                       # J = K^n = 4 branches per node
+    assert len(seen) == 4 + 16 and len(ro["samples"][0]) == 21
+    prompt, comps, ph, rh = seen[-1]
+    assert prompt == "Write a story"                                           # the item's original prompt
+    assert ph[0] == ["A: Write a story", "next 0"] and ph[1] == ["B: Write a story", "next 1"]
+    assert len(rh[0]) == 2 and rh[0][1] == comps[0]                          # depth-1 branch: two responses so far
+    child = ro["levels"][1][0]
+    assert child.prompts == ["A: next 0", "B: next 1"]                         # formatter applied to transition output
+    # the branch's history is its own: the child's responses are the root completions of joint response (0, 0)
+    root = ro["levels"][0][0]
+    assert child.response_history == [[root.completions[0][0]], [root.completions[1][0]]]
+
+
+def test_prompt_passthrough_and_discount(tmp_path):
+    m, tok = make_tiny_model()
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, formatters=lambda it: "F: " + it["prompt"],
+                       external_transition=lambda **kw: ["raw a", "raw b"],
+                       args=MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=4, discount=0.5,
+                                         external_prompt_passthrough=True, early_termination_threshold=None,
+                                         output_dir=str(tmp_path), progress_bar=False))
+    ro = tr.rollout(PROMPTS[:1], [0], ("t", 0))
+    root = ro["levels"][0][0]
+    assert root.children[1].prompts == ["raw a", "raw b"]
+    want = root.rewards + 0.5 * torch.stack([c.rewards.mean() for c in root.children])
+    assert torch.allclose(root.returns, want)
+
+
+def test_transition_errors_name_the_transition(tmp_path):
+    def bad_transition(**kw):
+        return "one prompt"
+
+    m, tok = make_tiny_model()
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, external_transition=bad_transition, train_dataset=PROMPTS,
+                       args=MAGRPOConfig(num_turns=2, max_new_tokens=4, early_termination_threshold=None,
+                                         output_dir=str(tmp_path), progress_bar=False))
+    with pytest.raises(ValueError, match="external transition 'test_transition_errors_name_the_transition.<locals>.bad_transition' returned str"):
+        tr.train()
+
+
+def test_early_termination_default_stops_every_root(tmp_path):
+    calls = []
+    m, tok = make_tiny_model()
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, external_transition=lambda **kw: calls.append(1) or ["a", "b"],
+                       args=MAGRPOConfig(num_turns=2, max_new_tokens=4, output_dir=str(tmp_path), progress_bar=False))
+    ro = tr.rollout(PROMPTS[:2], [0, 1], ("t", 0))                            # threshold -0.2, rewards >= 0
+    assert len(ro["levels"]) == 1 and not calls and all(nd.terminated for nd in ro["levels"][0])
