@@ -6,8 +6,9 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_api.ipynb #dd582f36
+# %% ../nbs/99_api.ipynb #3972c889
 from .core import seed_everything, derive_seed, resolve_device, setup_logging
+from .adapters import LoRAAgents
 from .models import load_agents, load_model, load_tokenizer, load_embedded, make_tiny_model, make_tiny_tokenizer
 from .generation import Completions, generate_completions, compose_joint, joint_indices, per_agent_returns
 from .scoring import completion_logprobs, k3_kl
