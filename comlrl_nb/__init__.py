@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_api.ipynb #3972c889
+# %% ../nbs/99_api.ipynb #71e922e8
 from .core import seed_everything, derive_seed, resolve_device, setup_logging
 from .adapters import LoRAAgents
 from .models import load_agents, load_model, load_tokenizer, load_embedded, make_tiny_model, make_tiny_tokenizer
@@ -19,3 +19,6 @@ from .losses import reinforce_loss
 from .engine import plot_run, read_metrics
 from .trainers.reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer,
                                           MARLOOConfig, MARLOOTrainer, MAReMaxConfig, MAReMaxTrainer)
+from .trainers.actor_critic import MAACConfig, MAACTrainer, IACConfig, IACTrainer, td_targets
+from .rollout import grow_tree, compute_returns, tree_counts, TransitionError
+from .replay import ReplayBuffer, replay_weights
