@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_api.ipynb #71e922e8
+# %% ../nbs/99_api.ipynb #c403b636
 from .core import seed_everything, derive_seed, resolve_device, setup_logging
 from .adapters import LoRAAgents
 from .models import load_agents, load_model, load_tokenizer, load_embedded, make_tiny_model, make_tiny_tokenizer
@@ -22,3 +22,8 @@ from .trainers.reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig,
 from .trainers.actor_critic import MAACConfig, MAACTrainer, IACConfig, IACTrainer, td_targets
 from .rollout import grow_tree, compute_returns, tree_counts, TransitionError
 from .replay import ReplayBuffer, replay_weights
+from .losses import bradley_terry_loss, madpo_loss
+from .preference import collect_preference_pairs, load_pairs, save_pairs, select_pairs, validate_pair_record
+from .reward_model import JointRewardModel
+from .trainers.madpo import MADPOConfig, MADPOTrainer
+from .trainers.marlhf import MARLHFConfig, MARLHFTrainer
