@@ -41,9 +41,10 @@ def select_pairs(scores: Sequence[float], pair_selection: str = "reward_gap", pa
     return pairs if pairs_per_sample is None else pairs[:pairs_per_sample]
 
 # %% ../nbs/40_preference.ipynb #5903de5f
-def check_pair_selection(pair_selection: str, pairs_per_sample: Optional[int], owner: str = "") -> str:
-    "Validate pair_selection (one of PAIR_SELECTIONS) against preference_pairs_per_sample (int >= 1 or None)."
-    sel = check_choice(pair_selection, "pair_selection", PAIR_SELECTIONS, owner)
+def check_pair_selection(pair_selection: str, pairs_per_sample: Optional[int], owner: str = "",
+                         choices: Sequence[str] = PAIR_SELECTIONS) -> str:
+    "Validate pair_selection (one of `choices`, default PAIR_SELECTIONS) against preference_pairs_per_sample (int >= 1 or None)."
+    sel = check_choice(pair_selection, "pair_selection", choices, owner)
     check_number(pairs_per_sample, "preference_pairs_per_sample", owner, integer=True, min=1, allow_none=True)
     if sel == "all" and pairs_per_sample is not None:
         raise config_error(owner or "pair_selection", f"pair_selection='all' keeps every untied pair, so "
@@ -197,9 +198,10 @@ def tokenize_pairs(records: Sequence[dict], agent: int, tokenizer, eos_id: Optio
 
 # %% ../nbs/40_preference.ipynb #985574c4
 def check_preference_config(c, owner: str):
-    "Validate the preference fields of a base preference config (and that it is single-turn and aligned)."
+    "Validate the preference fields of a preference config (and that it is single-turn and aligned)."
     check_number(c.preference_num_candidates, "preference_num_candidates", owner, integer=True, min=2)
-    c.pair_selection = check_pair_selection(c.pair_selection, c.preference_pairs_per_sample, owner)
+    choices = getattr(type(c), "pair_selections", PAIR_SELECTIONS)     # iterative configs add 'comparator_reward'
+    c.pair_selection = check_pair_selection(c.pair_selection, c.preference_pairs_per_sample, owner, choices)
     if c.num_turns != 1:
         raise config_error(owner, f"num_turns={c.num_turns} is invalid: the preference trainers compare single-turn joint "
                                   "responses; use num_turns=1")

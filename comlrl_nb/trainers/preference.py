@@ -10,5 +10,7 @@ from .madpo import MADPOConfig, MADPOTrainer
 from .marlhf import MARLHFConfig, MARLHFTrainer, RL_ALGORITHMS
 from ..reward_model import JointRewardModel
 from ..preference import load_pairs, save_pairs
+from .iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 
-__all__ = ["MADPOConfig", "MADPOTrainer", "MARLHFConfig", "MARLHFTrainer", "RL_ALGORITHMS", "JointRewardModel", "load_pairs", "save_pairs"]
+__all__ = ["MADPOConfig", "MADPOTrainer", "MARLHFConfig", "MARLHFTrainer", "RL_ALGORITHMS", "JointRewardModel", "load_pairs", "save_pairs",
+           "MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]
