@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_api.ipynb #077024d3
+# %% ../nbs/99_api.ipynb #3c17ff3a
 from .core import seed_everything, derive_seed, resolve_device, setup_logging
 from .adapters import LoRAAgents
 from .models import load_agents, load_model, load_tokenizer, load_embedded, make_tiny_model, make_tiny_tokenizer
@@ -29,7 +29,15 @@ from .trainers.madpo import MADPOConfig, MADPOTrainer
 from .trainers.marlhf import MARLHFConfig, MARLHFTrainer
 from .trainers.iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from .comparators import COMPARATOR_POLICIES, parse_agent_sections, centralized_prompt
-from .sandbox import run_sandboxed, run_tests, SandboxResult
-from .envs.code import code_task
-from .envs.writing import writing_task
 from .api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets
+
+# %% ../nbs/99_api.ipynb #5a509444
+_LAZY = {"code_task": "comlrl_nb.envs.code", "writing_task": "comlrl_nb.envs.writing",
+         "run_sandboxed": "comlrl_nb.sandbox", "run_tests": "comlrl_nb.sandbox", "SandboxResult": "comlrl_nb.sandbox"}
+
+def __getattr__(name):
+    "Import the environment modules lazily: `comlrl_nb.code_task` works without loading them at `import comlrl_nb`."
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'comlrl_nb' has no attribute {name!r}")
