@@ -192,9 +192,9 @@ SCRIPT = textwrap.dedent('''
     m, tok = make_tiny_model()
     tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels,
                        train_dataset=[{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]] * 3,
-                       args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False, save_steps=1, save_total_limit=3,
+                       args=MAGRPOConfig(num_train_epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 1, max_new_tokens=4, progress_bar=False, save_steps=1, save_total_limit=3,
                                          output_dir=sys.argv[1], agent_learning_rate=1e-3))
-    tr.train(resume_from_checkpoint=len(sys.argv) > 2 or None)
+    tr.train(resume_from_checkpoint=(len(sys.argv) > 2 and sys.argv[2] == "resume") or None)
     print("DONE", tr.state["global_batch"])
 ''')
 
@@ -231,16 +231,17 @@ def test_sigkill_during_checkpoint_writes_keeps_the_previous_ones(tmp_path):
 def test_ctrl_c_saves_a_checkpoint_and_exits(tmp_path):
     import time
     script, out = _script(tmp_path), tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(script), str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # 50 epochs: long enough that the interrupt lands inside the training loop
+    proc = subprocess.Popen([sys.executable, str(script), str(out), "fresh", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "metrics.jsonl").exists():
-        time.sleep(0.05)
-    time.sleep(0.3)
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    out_text, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "interrupted: saving a checkpoint" in err
     latest = CheckpointManager(out / "checkpoints").latest()
     assert latest is not None
+    assert "DONE" not in out_text and len(read_metrics(out / "metrics.jsonl")) < 600     # stopped early, not at the end
 
 
 def test_full_disk_gives_a_clear_error_and_no_corrupt_file(tmp_path):
