@@ -11,7 +11,7 @@ PIP := $(VENV)/bin/python -m pip --disable-pip-version-check -q
 QUIET := 2>&1 | { grep -v "^WARNING: Location '" || true; }
 STAMP := $(VENV)/.comlrl_nb-installed
 
-.PHONY: install train test readme clean-runs
+.PHONY: install train test readme clean-runs site browser-test
 
 $(STAMP): settings.ini setup.py
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,17 @@ train: $(STAMP)
 	$(VENV)/bin/comlrl-nb train $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider --ignore=tests/test_browser.py $(PYTEST_ARGS)
 
 readme: $(STAMP)
 	$(VENV)/bin/comlrl-nb readme
+
+# Static HTML pages of every notebook (executed, tiny model, CPU), offline: MathJax comes from the npm package.
+site: $(STAMP)
+	$(VENV)/bin/comlrl-nb site --out _site $(ARGS)
+
+# Live check in a real browser (kept out of `make test`): JupyterLab runs the widget notebooks, a slider moves,
+# the plot must change; the rendered pages must typeset math and play animations offline. Debian's chromium only.
+browser-test: $(STAMP)
+	test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core; }
+	COMLRL_NB_BROWSER=1 COMLRL_NB_SCREENSHOTS=$${COMLRL_NB_SCREENSHOTS:-_screenshots} $(VENV)/bin/python -m pytest tests/test_browser.py -q -p no:cacheprovider $(PYTEST_ARGS)

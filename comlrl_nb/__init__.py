@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_api.ipynb #3c17ff3a
+# %% ../nbs/99_api.ipynb #f759fafb
 from .core import seed_everything, derive_seed, resolve_device, setup_logging
 from .adapters import LoRAAgents
 from .models import load_agents, load_model, load_tokenizer, load_embedded, make_tiny_model, make_tiny_tokenizer
@@ -31,7 +31,7 @@ from .trainers.iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterCon
 from .comparators import COMPARATOR_POLICIES, parse_agent_sections, centralized_prompt
 from .api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets
 
-# %% ../nbs/99_api.ipynb #5a509444
+# %% ../nbs/99_api.ipynb #100d7049
 _LAZY = {"code_task": "comlrl_nb.envs.code", "writing_task": "comlrl_nb.envs.writing",
          "run_sandboxed": "comlrl_nb.sandbox", "run_tests": "comlrl_nb.sandbox", "SandboxResult": "comlrl_nb.sandbox"}
 

@@ -1,0 +1,298 @@
+"""Live check in a real browser: JupyterLab runs the widget notebooks, a slider is moved and the plot must change;
+the rendered pages typeset their math and play their animations offline. Screenshots are saved.
+
+Run it with `make browser-test` (installs Debian's chromium if missing, then sets COMLRL_NB_BROWSER=1). Without
+that variable the tests are skipped, so `make test` stays free of a browser. The browser is Debian's
+/usr/bin/chromium driven by Playwright; no browser is ever downloaded (never `playwright install`).
+Screenshots go to $COMLRL_NB_SCREENSHOTS (default: a pytest temporary folder).
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NBS = ROOT / "nbs"
+CHROMIUM = os.environ.get("COMLRL_NB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--force-device-scale-factor=1"]
+
+#: (notebook, marker) for every notebook with a live widget: the marker is text of the code cell that displays
+#: the widget. The test runs the notebook in JupyterLab, moves the widget's first slider, and asserts that the
+#: picture in the widget's output changed. A notebook with a widget adds its pair here.
+LIVE_WIDGETS = [
+    ("10_advantages.ipynb", "w = advantages_widget()"),
+]
+
+#: screenshots that also go into the README (shrunk, < 150 KB) when COMLRL_NB_README_IMAGES names a folder
+#: (`COMLRL_NB_README_IMAGES=nbs/images make browser-test` refreshes the pictures of nbs/index.ipynb)
+README_IMAGES = {"lab_10_advantages_page.png": "lab_advantages_widget.png",
+                 "site_10_advantages_math.png": "site_advantages_math.png",
+                 "site_10_advantages_animation.png": "site_advantages_animation.png"}
+
+pytestmark = pytest.mark.skipif(os.environ.get("COMLRL_NB_BROWSER") != "1",
+                                reason="browser test: run `make browser-test` (needs Debian's chromium and playwright)")
+
+
+def _shot(target, folder: Path, name: str):
+    "Screenshot `target` (a page or a locator) to folder/name, and a shrunk copy for the README when asked to."
+    target.screenshot(path=str(folder / name))
+    readme = os.environ.get("COMLRL_NB_README_IMAGES")
+    if readme and name in README_IMAGES:
+        from PIL import Image
+        img = Image.open(folder / name).convert("RGB")
+        dst = Path(readme) / README_IMAGES[name]; dst.parent.mkdir(parents=True, exist_ok=True)
+        for width in (900, 800, 700, 600):
+            small = img.resize((width, round(img.height * width / img.width)), Image.LANCZOS)
+            small.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(dst, optimize=True)
+            if dst.stat().st_size < 150_000: break
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    d = Path(os.environ.get("COMLRL_NB_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} not found: `apt-get install chromium` (make browser-test does it)")
+    from playwright.sync_api import sync_playwright
+    profile = tempfile.mkdtemp(prefix="comlrl-chromium-")
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
+                                                   viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+        ctx.set_default_timeout(60_000)
+        yield ctx
+        ctx.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    "JupyterLab on 127.0.0.1 over a copy of the notebooks (so autosave never touches nbs/), fresh settings."
+    root = tmp_path_factory.mktemp("lab")
+    work, settings = root / "nbs", root / "settings"
+    work.mkdir()
+    for nb, _ in LIVE_WIDGETS: shutil.copy(NBS / nb, work / nb)
+    for rel, value in [("@jupyterlab/apputils-extension/notification.jupyterlab-settings", {"checkForUpdates": False, "fetchNews": "false"}),
+                       ("@jupyterlab/notebook-extension/tracker.jupyterlab-settings", {"windowingMode": "none"})]:
+        (settings / rel).parent.mkdir(parents=True, exist_ok=True); (settings / rel).write_text(json.dumps(value))
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}   # inline plots in the kernel, not Agg
+    env.update(JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(root / "ws"),
+               JUPYTER_RUNTIME_DIR=str(root / "rt"), JUPYTER_CONFIG_DIR=str(root / "cfg"), HF_HUB_OFFLINE="1")
+    port, token = _free_port(), "comlrl-test-token"
+    log = open(root / "lab.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+                             f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
+                             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                             "--LabApp.expose_app_in_browser=True"],                    # window.jupyterapp, to run commands
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2); break
+            except OSError:
+                if proc.poll() is not None: break
+                time.sleep(0.5)
+        else: pytest.fail("JupyterLab did not start in 60 s:\n" + (root / "lab.log").read_text()[-3000:])
+        if proc.poll() is not None: pytest.fail("JupyterLab exited:\n" + (root / "lab.log").read_text()[-3000:])
+        yield base, token, work
+    finally:
+        proc.terminate()
+        try: proc.wait(20)
+        except subprocess.TimeoutExpired: proc.kill(); proc.wait()
+        log.close()
+
+
+def _kernel_idle(page) -> bool:
+    return page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count() > 0
+
+
+def _prompts(page) -> list:
+    return [p.strip() for p in page.eval_on_selector_all(".jp-Notebook .jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent)")]
+
+
+KERNEL_READY = """() => { const w = window.jupyterapp && jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return !!k && k.connectionStatus === 'connected' && k.status === 'idle'; }"""
+
+
+def _run_all(page, shot: Path, timeout_s: int = 300):
+    "Run every cell through JupyterLab's own command (the promise settles when the last cell is done)."
+    page.wait_for_function(KERNEL_READY, timeout=timeout_s * 1000)
+    page.evaluate("() => jupyterapp.commands.execute('notebook:run-all-cells')")
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        prompts = _prompts(page)
+        if prompts and all(p[1:-2].isdigit() for p in prompts): return
+        time.sleep(0.5)
+    page.screenshot(path=str(shot))
+    raise AssertionError(f"Run All left cells without a count (see {shot}): {prompts}")
+
+
+def _png(signature: str) -> bytes:
+    "The PNG bytes of the first image of a plot signature (data URLs joined by '|')."
+    import base64
+    return base64.b64decode(signature.split("|")[0].split(",", 1)[1])
+
+
+def _ink(png: bytes) -> int:
+    "Number of dark pixels: a half-drawn or blank plot has far fewer than a whole one."
+    import io
+    from PIL import Image
+    return sum(Image.open(io.BytesIO(png)).convert("L").point(lambda v: 255 if v < 128 else 0).histogram()[255:])
+
+
+def _plot_signature(cell) -> str:
+    "The images inside the widget's output area (their data URLs), i.e. what the reader sees."
+    return cell.locator(".widget-output").first.evaluate(
+        "el => Array.from(el.querySelectorAll('img')).map(i => i.src).join('|')")
+
+
+def _settled(page, cell, before: str, timeout_s: float = 90) -> str:
+    "Wait until the plot differs from `before`, the kernel is idle and the picture has stayed the same for 2 s."
+    t0, last, since = time.time(), None, time.time()
+    while time.time() - t0 < timeout_s:
+        sig = _plot_signature(cell)
+        if sig != last: last, since = sig, time.time()
+        elif sig and sig != before and _kernel_idle(page) and time.time() - since > 2: break
+        time.sleep(0.25)
+    page.evaluate("el => Promise.all(Array.from(el.querySelectorAll('img')).map(i => i.decode().catch(() => null)))",
+                  cell.element_handle())
+    return last
+
+
+@pytest.mark.parametrize("nb,marker", LIVE_WIDGETS, ids=[n for n, _ in LIVE_WIDGETS])
+def test_widget_moves_the_plot(lab, browser, shots, nb, marker):
+    base, token, _ = lab
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{base}/lab/tree/{nb}?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
+    _run_all(page, shots / f"lab_{Path(nb).stem}_run_all_failed.png")
+    tb = page.locator(".jp-OutputArea-output", has_text="Traceback (most recent call last)")
+    assert tb.count() == 0, tb.first.inner_text()[:2000]
+    cell = page.locator(".jp-CodeCell", has_text=marker).first
+    cell.scroll_into_view_if_needed()
+    slider = cell.locator(".widget-slider .noUi-handle").first
+    slider.wait_for(state="visible")
+    page.wait_for_function("el => el.querySelectorAll('.widget-output img').length > 0", arg=cell.element_handle())
+    stem = Path(nb).stem
+    _shot(cell, shots, f"lab_{stem}_widget_before.png")
+    before = _plot_signature(cell)
+    readout_before = cell.locator(".widget-readout").first.inner_text()
+    box = slider.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down(); page.mouse.move(box["x"] + box["width"] / 2 - 60, box["y"] + box["height"] / 2, steps=6); page.mouse.up()
+    after = _settled(page, cell, before)
+    _shot(cell, shots, f"lab_{stem}_widget_after.png")
+    (shots / f"lab_{stem}_plot_after.png").write_bytes(_png(after))           # the picture as the kernel sent it
+    assert cell.locator(".widget-readout").first.inner_text() != readout_before, "the slider did not move"
+    assert after and after != before, "the plot did not change after moving the slider"
+    # a whole plot, not a half-drawn one (what pyplot called from a kernel subshell thread produces)
+    assert _ink(_png(after)) > 0.5 * _ink(_png(before)), f"the new plot is (partly) blank: see {shots}"
+    page.evaluate("() => jupyterapp.commands.execute('application:toggle-left-area')")   # hide the file browser
+    page.wait_for_timeout(500); cell.scroll_into_view_if_needed()
+    _shot(page, shots, f"lab_{stem}_page.png")
+    anim = page.locator(".jp-OutputArea-output .animation")
+    if anim.count():                                   # animations play in JupyterLab too, with visible buttons
+        anim.first.scroll_into_view_if_needed()
+        img = anim.first.locator("img").first
+        first = img.get_attribute("src")
+        anim.first.locator("button[title='Play']").click()
+        page.wait_for_timeout(1200)
+        assert img.get_attribute("src") != first, "the animation does not play in JupyterLab"
+        anim.first.locator("button[title='Pause']").click()
+        _shot(anim.first, shots, f"lab_{stem}_animation.png")
+        icon = anim.first.locator("button[title='Play'] i").first.bounding_box()
+        assert icon and icon["width"] > 4, "the animation's play button shows no icon (Font Awesome comes from a CDN)"
+    assert not errors, errors
+    page.close()
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args): pass
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    "A site built from the widget notebooks, served on 127.0.0.1."
+    from comlrl_nb.site import build_site
+    out = tmp_path_factory.mktemp("site")
+    m = build_site(out, NBS, only=[Path(n).stem for n, _ in LIVE_WIDGETS], log=lambda s: None)
+    assert m["failed"] == [], m
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(out)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", out
+    srv.shutdown()
+
+
+def _open_offline(browser, url):
+    "Open `url`, recording every request that would leave 127.0.0.1; wait for MathJax to finish."
+    page = browser.new_page()
+    remote, errors = [], []
+    page.on("request", lambda r: remote.append(r.url) if not r.url.startswith(("http://127.0.0.1", "data:", "blob:", "about:")) else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url, wait_until="load")
+    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+    page.evaluate("() => MathJax.startup.promise")
+    return page, remote, errors
+
+
+def test_rendered_pages_offline(site, browser, shots):
+    base, _ = site
+    for nb, _ in LIVE_WIDGETS:
+        stem = Path(nb).stem
+        page, remote, errors = _open_offline(browser, f"{base}/{stem}.html")
+        assert page.locator("mjx-container").count() > 5, "MathJax typeset nothing"
+        text = page.locator("main").inner_text()
+        for raw in ("\\frac", "\\mathbb", "$$"): assert raw not in text, f"raw LaTeX {raw!r} left on the page"
+        assert page.locator(".comlrl-widget-static").count() >= 1
+        # the first displayed equation, for the screenshot
+        page.locator("mjx-container[display='true']").first.scroll_into_view_if_needed()
+        _shot(page, shots, f"site_{stem}_math.png")
+        anim = page.locator(".animation")
+        if anim.count():
+            img = anim.first.locator("img").first
+            anim.first.scroll_into_view_if_needed()
+            first = img.get_attribute("src")
+            anim.first.locator("button[title='Play']").click()
+            page.wait_for_timeout(1200)
+            assert img.get_attribute("src") != first, "the animation does not play"
+            anim.first.locator("button[title='Pause']").click()
+            page.locator(".animation").first.evaluate("el => el.closest('.jp-Cell').scrollIntoView()")
+            _shot(page, shots, f"site_{stem}_animation.png")
+        w = page.locator(".comlrl-widget-static").first
+        w.evaluate("el => el.closest('.jp-Cell').scrollIntoView()")
+        _shot(page, shots, f"site_{stem}_widget.png")
+        assert not remote, f"the page tried to load from the network: {remote}"
+        assert not errors, errors
+        page.close()
+    page, remote, errors = _open_offline(browser, f"{base}/index.html")
+    assert page.locator("a[href='10_advantages.html']").count() >= 1
+    page.locator("h2", has_text="All pages").scroll_into_view_if_needed()
+    _shot(page, shots, "site_index.png")
+    assert not remote and not errors, (remote, errors)
+    page.close()
