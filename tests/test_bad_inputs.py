@@ -276,3 +276,27 @@ def test_cli_errors(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1                                # one line, no traceback
+
+
+def test_sigkill_during_replay_writes_leaves_old_or_new_file(tmp_path):
+    "A writer is killed at random moments while rewriting a large replay file; the file always parses, old or new."
+    import random
+    import time
+    code = textwrap.dedent(f'''
+        from comlrl_nb.replay import ReplayBuffer
+        rb = ReplayBuffer({str(tmp_path / "replay")!r})
+        i = 0
+        while True:
+            i += 1
+            rb.register(1, [{{"gen": i, "text": "x" * 2000, "j": j}} for j in range(300)])
+            print(i, flush=True)
+    ''')
+    rng = random.Random(0)
+    path = tmp_path / "replay" / "iteration_0001.json"
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()                                   # at least one complete write exists
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL); proc.wait()
+        data = json.loads(path.read_text())                      # never a partial file
+        assert data["num_pairs"] == len(data["pairs"]) == 300 and len({p["gen"] for p in data["pairs"]}) == 1

@@ -295,3 +295,18 @@ def test_early_termination_default_stops_every_root(tmp_path):
                        args=MAGRPOConfig(num_turns=2, max_new_tokens=4, output_dir=str(tmp_path), progress_bar=False))
     ro = tr.rollout(PROMPTS[:2], [0, 1], ("t", 0))                            # threshold -0.2, rewards >= 0
     assert len(ro["levels"]) == 1 and not calls and all(nd.terminated for nd in ro["levels"][0])
+
+
+def test_mp_runs_agents_concurrently(tmp_path):
+    "Under mp, two agents' work overlaps: each waits at a barrier that only opens when both are inside at once."
+    import threading
+    tr = make(tmp_path, parallel_training="mp", agent_devices=["cpu", "cpu"])
+    barrier, order = threading.Barrier(2, timeout=10), []
+
+    def slow(i):
+        barrier.wait()                       # would time out (BrokenBarrierError) if agents ran one after another
+        order.append(i)
+        return f"agent {i}"
+
+    assert tr._map_agents(slow) == ["agent 0", "agent 1"]          # results in agent order whoever finished first
+    assert sorted(order) == [0, 1]
