@@ -45,6 +45,7 @@ def main() -> None:
     import torch
 
     import comlrl_nb.trainers.reinforce as rf_mod
+    from comlrl_nb.engine import adamw
     from comlrl_nb.generation import generate_completions
     from comlrl_nb.models import load_embedded
     from comlrl_nb.rewards import apply_chat_template
@@ -74,7 +75,7 @@ def main() -> None:
     def floor_step(rep: int) -> dict:
         clock = bu.Clock()
         c0, t0 = time.process_time(), time.perf_counter()
-        opts = [torch.optim.AdamW(m.parameters(), lr=5e-6, weight_decay=0.0) for m in agents]
+        opts = [adamw(m.parameters(), 5e-6) for m in agents]       # the trainer's optimizer (fused AdamW)
         with clock("generate"):
             comps = [generate_completions(m, tok, prompts, seed=rep, **gen_kw) for m in agents]
         with clock("reward"):

@@ -69,6 +69,12 @@ def build_config(config_cls, overrides: dict):
 # %% ../nbs/80_cli.ipynb #3aaf33cc
 def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -> dict:
     "Mean, standard error and count of the task reward on held-out items (samples_per_item joint responses each)."
+    if getattr(trainer.args, "collaboration_mode", None) == "centralized":            # one actor writes every role
+        x, K = trainer.central_sample(list(items), [(trainer.args.seed, "heldout", j, "actor") for j in range(len(items))], samples_per_item), samples_per_item
+        rep = lambda xs: [v for v in xs for _ in range(K)]
+        r = np.asarray(trainer.reward_fn(x["texts"], rep(list(items)), [rep(p) for p in x["prompts"]]), dtype=float)
+        return {"mean": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(len(r))), "n": int(len(r)), "unparsed": x["unparsed"],
+                "completion_len": [float(x["comps"].lengths.float().mean())], "example": [x["comps"].texts[0]]}
     ro = trainer.rollout(list(items), list(range(len(items))), "heldout", k=samples_per_item)
     r = ro["rewards"].flatten().numpy()
     return {"mean": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(len(r))), "n": int(len(r)),
@@ -129,12 +135,12 @@ def _overrides(args) -> dict:
         k, v = kv.split("=", 1); ov[k.strip()] = _coerce(v)
     return ov
 
-def _models(spec: str, n: int, algo: str = "magrpo") -> dict:
-    "Trainer model arguments for `--model`: agents, plus a critic (maac/iac) or a reward-model backbone (marlhf) of the same kind."
+def _models(spec: str, n: int, algo: str = "magrpo", models: int | None = None) -> dict:
+    "Trainer model arguments for `--model`: agents (`models` of them, default n), plus a critic (maac/iac) or a reward-model backbone (marlhf)."
     if spec == "tiny":
         from comlrl_nb.models import make_tiny_model
         m, tok = make_tiny_model()
-        kw = {"agents": [m] * n, "tokenizer": tok}
+        kw = {"agents": [m] * (models or n), "tokenizer": tok}
         if algo in ("maac", "iac"): kw["critic_model"] = make_tiny_model(seed=1, tokenizer=tok)[0]
         if algo in ("marlhf", "marlhf_iter"): kw.update(reward_model=make_tiny_model(seed=2, tokenizer=tok)[0], reward_tokenizer=tok)
         return kw
@@ -164,7 +170,8 @@ def cmd_train(args) -> dict:
     print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output {out.resolve()}")
     t0 = time.perf_counter()
     extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
-    trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo), reward_func=task.reward_func, formatters=task.formatters,
+    P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents   # models trained
+    trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P), reward_func=task.reward_func, formatters=task.formatters,
                           args=cfg, train_dataset=task.train_dataset, eval_dataset=task.eval_dataset, **extra)
     print(f"[comlrl-nb] agents loaded in {time.perf_counter() - t0:.1f}s")
     from comlrl_nb.api import scrub_secrets

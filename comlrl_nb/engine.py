@@ -13,7 +13,7 @@ import torch
 from .core import atomic_write_json, logger
 
 # %% auto #0
-__all__ = ['minibatches', 'SampleBuffer', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
+__all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
            'set_rng_state', 'CheckpointManager', 'new_figure', 'plot_run']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
@@ -30,6 +30,14 @@ class SampleBuffer:
     def drain(self) -> list:
         out, self.items = self.items, []
         return out
+
+# %% ../nbs/25_engine.ipynb #dedb0223
+def adamw(params, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    "AdamW over `params` (tensors or param groups), fused when every parameter allows it."
+    params = list(params)
+    flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    fused = bool(flat) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in flat)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **({"fused": True} if fused else {}))
 
 # %% ../nbs/25_engine.ipynb #c9b744ac
 def read_metrics(path) -> list[dict]:

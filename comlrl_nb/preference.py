@@ -17,12 +17,13 @@ from .engine import progress_bar
 from .rewards import RewardFunction
 
 # %% auto #0
-__all__ = ['PAIR_SELECTIONS', 'PAIR_RECORD_FIELDS', 'untied_pairs', 'select_pairs', 'check_pair_selection', 'make_pair_record',
-           'validate_pair_record', 'save_pairs', 'load_pairs', 'resolve_oracle', 'collect_preference_pairs',
-           'encode_side', 'tokenize_pairs', 'check_preference_config', 'build_pair_dataset']
+__all__ = ['PAIR_SELECTIONS', 'COLLECTION_ROWS', 'PAIR_RECORD_FIELDS', 'untied_pairs', 'select_pairs', 'check_pair_selection',
+           'make_pair_record', 'validate_pair_record', 'save_pairs', 'load_pairs', 'resolve_oracle',
+           'collect_preference_pairs', 'encode_side', 'tokenize_pairs', 'check_preference_config', 'build_pair_dataset']
 
 # %% ../nbs/40_preference.ipynb #c58c2084
 PAIR_SELECTIONS = ("reward_gap", "all", "random")
+COLLECTION_ROWS = 64      # default rows (items x candidates) per sampling loop while collecting pairs
 
 def untied_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
     "(winner, loser) candidate indices of every pair with different scores, in index order (j < k)."
@@ -132,25 +133,24 @@ def resolve_oracle(oracle, num_agents: int, default: Optional[RewardFunction] = 
     return RewardFunction(oracle, num_agents, None, batched)
 
 # %% ../nbs/40_preference.ipynb #4c8becf3
-def _candidates(trainer, chunk: list, ids: list, K: int, score: RewardFunction, round_key) -> tuple:
-    "Prompts, K sampled candidates per agent (row b*K + k) and the oracle's scores of the aligned joint responses."
+def _candidates(trainer, chunk: list, ids: list, K: int, round_key) -> dict:
+    "Every agent's prompts and K sampled candidates per item: texts[i][b*K + k] is agent i's part of joint response k of item b."
     a, n = trainer.args, trainer.n
     prompts = [[trainer._prompt(it, i) for it in chunk] for i in range(n)]
     comps = trainer._map_agents(lambda i: generate_completions(
         trainer.agents[i], trainer.tokenizers[i], prompts[i], k=K, max_new_tokens=a.max_new_tokens,
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype,
         keys=[(a.seed, "preference", round_key, j, i) for j in ids]))
-    texts = [c.texts for c in comps]                                   # joint response k of item b: row b*K + k of every agent
-    rep = lambda xs: [x for x in xs for _ in range(K)]
-    return prompts, comps, texts, score(texts, rep(chunk), [rep(p) for p in prompts])
+    return {"prompts": prompts, "texts": [c.texts for c in comps], "ended": [c.ended.tolist() for c in comps]}
 
-def _item_records(prompts, comps, texts, scores, b: int, K: int, kept) -> list[dict]:
-    "Records of item b's kept (winner, loser) candidate pairs."
-    n, sc = len(prompts), scores[b * K:(b + 1) * K]
-    part = lambda k: [texts[i][b * K + k] for i in range(n)]
-    eos = lambda k: [bool(comps[i].ended[b * K + k]) for i in range(n)]
-    return [make_pair_record([p[b] for p in prompts], part(w), part(l), sc[w], sc[l], float(np.mean(sc)), eos(w), eos(l))
-            for w, l in kept]
+def _item_records(c: dict, scores, b: int, K: int, kept) -> list[dict]:
+    "Records of item b's kept (winner, loser) candidate pairs; a sampler's `extra(b, w, l)` adds its own fields."
+    n, sc = len(c["prompts"]), scores[b * K:(b + 1) * K]
+    part = lambda k: [c["texts"][i][b * K + k] for i in range(n)]
+    eos = lambda k: [bool(c["ended"][i][b * K + k]) for i in range(n)]
+    extra = c.get("extra") or (lambda b, w, l: {})
+    return [{**make_pair_record([p[b] for p in c["prompts"]], part(w), part(l), sc[w], sc[l], float(np.mean(sc)), eos(w), eos(l)),
+             **extra(b, w, l)} for w, l in kept]
 
 # %% ../nbs/40_preference.ipynb #2d11b71e
 @torch.no_grad()
@@ -161,15 +161,20 @@ def collect_preference_pairs(trainer, items: Sequence[dict], item_ids: Sequence[
     a, K = trainer.args, num_candidates
     check_number(K, "preference_num_candidates", integer=True, min=2); check_pair_selection(pair_selection, pairs_per_sample)
     score = resolve_oracle(oracle, trainer.n, getattr(trainer, "reward_fn", None), getattr(a, "reward_batched", True))
-    records, st, cand = [], {"items": 0, "comparisons": 0, "ties": 0, "items_without_pairs": 0}, []
+    records, st, cand = [], {"items": 0, "comparisons": 0, "ties": 0, "items_without_pairs": 0, "unparsed": 0}, []
+    sample = getattr(trainer, "preference_sampler", None) or _candidates
     bar = progress_bar(len(items), "collecting preference pairs", getattr(a, "progress_bar", False))
-    for s in range(0, len(items), a.rollout_batch_size):
-        chunk, ids = list(items[s:s + a.rollout_batch_size]), [int(j) for j in item_ids[s:s + a.rollout_batch_size]]
-        prompts, comps, texts, scores = _candidates(trainer, chunk, ids, K, score, round_key)
+    bs = getattr(a, "collection_batch_size", None) or a.rollout_batch_size
+    for s in range(0, len(items), bs):
+        chunk, ids = list(items[s:s + bs]), [int(j) for j in item_ids[s:s + bs]]
+        c = sample(trainer, chunk, ids, K, round_key)                   # a trainer may bring its own sampler
+        rep = lambda xs: [x for x in xs for _ in range(K)]
+        scores = score(c["texts"], rep(chunk), [rep(p) for p in c["prompts"]])
+        st["unparsed"] += c.get("unparsed", 0)
         for b, j in enumerate(ids):
             sc = scores[b * K:(b + 1) * K]; cand += sc
             kept = select_pairs(sc, pair_selection, pairs_per_sample, key=(a.seed, round_key, j))
-            records += _item_records(prompts, comps, texts, scores, b, K, kept)
+            records += _item_records(c, scores, b, K, kept)
             st["items"] += 1; st["comparisons"] += K * (K - 1) // 2; st["ties"] += K * (K - 1) // 2 - len(untied_pairs(sc))
             st["items_without_pairs"] += not kept
         bar.update(len(chunk)); bar.set_postfix(pairs=len(records))
@@ -200,6 +205,8 @@ def tokenize_pairs(records: Sequence[dict], agent: int, tokenizer, eos_id: Optio
 def check_preference_config(c, owner: str):
     "Validate the preference fields of a preference config (and that it is single-turn and aligned)."
     check_number(c.preference_num_candidates, "preference_num_candidates", owner, integer=True, min=2)
+    check_number(c.collection_batch_size, "collection_batch_size", owner, integer=True, min=1, allow_none=True)
+    if c.collection_batch_size is None: c.collection_batch_size = max(1, COLLECTION_ROWS // c.preference_num_candidates)
     choices = getattr(type(c), "pair_selections", PAIR_SELECTIONS)     # iterative configs add 'comparator_reward'
     c.pair_selection = check_pair_selection(c.pair_selection, c.preference_pairs_per_sample, owner, choices)
     if c.num_turns != 1:

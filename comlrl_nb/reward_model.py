@@ -11,6 +11,7 @@ import torch
 from .core import autocast, keyed_generator, resolve_device
 from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
+from .engine import adamw
 
 # %% auto #0
 __all__ = ['joint_text', 'bradley_terry_numbers', 'plot_bradley_terry', 'bradley_terry_widget', 'JointRewardModel']
@@ -134,7 +135,7 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
     "Bradley-Terry training on (winner text, loser text) pairs; returns per-step {'step','epoch','loss','accuracy'}."
     if len(winners) != len(losers) or not winners: raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
     params = [p for p in self.parameters() if p.requires_grad]
-    self.optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
+    self.optimizer = adamw(params, learning_rate)
     history, step = [], 0
     self.train()
     for epoch in range(num_train_epochs):

@@ -240,7 +240,8 @@ def test_maac_v_and_q_train(tmp_path, critic_type):
 
 
 def test_metrics_lines(tmp_path):
-    tr = make(tmp_path, num_turns=2, transition=revise, early_termination_threshold=None, rollout_buffer_size=4)
+    tr = make(tmp_path, num_turns=2, transition=revise, early_termination_threshold=None, rollout_buffer_size=4,
+              rollout_batch_size=1)
     tr.train()
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert len(rows) == 4 and [r["batch"] for r in rows] == [1, 2, 3, 4]

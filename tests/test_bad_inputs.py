@@ -141,7 +141,7 @@ REWARD_CASES = [
 
 @pytest.mark.parametrize("fn, msg", REWARD_CASES)
 def test_bad_reward_stops_the_run_before_any_update(tiny, tmp_path, fn, msg):
-    tr = _trainer(tiny, reward_func=fn, args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False,
+    tr = _trainer(tiny, reward_func=fn, args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False, rollout_batch_size=1,
                                                            save_steps=-1, output_dir=str(tmp_path)))
     before = [p.detach().clone() for p in tr.agents[0].parameters()]
     with pytest.raises(ValueError) as e:
@@ -192,7 +192,7 @@ SCRIPT = textwrap.dedent('''
     m, tok = make_tiny_model()
     tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels,
                        train_dataset=[{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]] * 3,
-                       args=MAGRPOConfig(num_train_epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 1, max_new_tokens=4, progress_bar=False, save_steps=1, save_total_limit=3,
+                       args=MAGRPOConfig(num_train_epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 1, max_new_tokens=4, progress_bar=False, save_steps=1, save_total_limit=3, rollout_batch_size=1,
                                          output_dir=sys.argv[1], agent_learning_rate=1e-3))
     tr.train(resume_from_checkpoint=(len(sys.argv) > 2 and sys.argv[2] == "resume") or None)
     print("DONE", tr.state["global_batch"])

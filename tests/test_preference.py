@@ -283,6 +283,54 @@ def test_madpo_resume_gives_the_same_result(tmp_path):
     assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
 
 
+def central(tmp, parser=lambda t, n: [t[: len(t) // 2], t[len(t) // 2:]], **kw):
+    m, tok = make_tiny_model(seed=0)
+    cfg = {**BASE, "dpo_beta": 0.5, "output_dir": str(tmp), "collaboration_mode": "centralized", **kw}
+    return MADPOTrainer(agent_model=m, tokenizer=tok, reward_func=vowels, args=MADPOConfig(**cfg), train_dataset=ITEMS,
+                        centralized_parser=parser)
+
+
+def test_centralized_madpo_resume_gives_the_same_result(tmp_path):
+    full = central(tmp_path / "full", save_steps=3)
+    full.train()
+    assert len(full.agents) == 1 and full.state["optimizer_steps"] == [full.state["global_batch"]] and full.pairs
+    part = central(tmp_path / "part", save_steps=3)
+    assert part.train(stop_after_batch=3)["stopped"]
+    resumed = central(tmp_path / "part", save_steps=3)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.pairs == full.pairs and all("centralized" in r for r in resumed.pairs)
+    assert all(torch.equal(x, y) for x, y in zip(params(full.agents), params(resumed.agents)))
+    assert load_pairs(tmp_path / "full" / "pairs.json", 2) == full.pairs          # the extra field survives the file
+
+
+def test_centralized_madpo_with_a_tag_writing_actor(tmp_path):
+    """The actor's text goes through the default prompt builder and tag parser: a scripted sampler stands in for a model
+    that follows the format (the tiny model never does), and a reward that reads the parsed roles picks the winners."""
+    tr = central(tmp_path, parser=None, num_train_epochs=1)
+    seen = []
+
+    def scripted(trainer, chunk, ids, K, round_key):
+        texts = [f"<agent_0>\n{'a' * (k + 1)}\n</agent_0>\n<agent_1>\n{'b' * (2 * k + 1)}\n</agent_1>" if k % 2 == 0 else "no tags"
+                 for _ in chunk for k in range(K)]
+        roles, prompts = zip(*[trainer._central_prompt(it) for it in chunk])
+        seen.extend(prompts)
+        parts = [trainer._split(t) for t in texts]
+        ex = lambda b, w, l: {"centralized": {"prompt": prompts[b], "winner": texts[b * K + w], "loser": texts[b * K + l],
+                                              "winner_eos": True, "loser_eos": True}}
+        return {"prompts": [[r[i] for r in roles] for i in range(2)], "texts": [[p[i] if p else "" for p in parts] for i in range(2)],
+                "ended": [[True] * len(texts)] * 2, "extra": ex, "unparsed": sum(p is None for p in parts)}
+
+    tr.preference_sampler = scripted
+    out = tr.train()
+    rows = read_metrics(out["metrics_path"])
+    assert rows[0]["collection/unparsed"] == 2 * len(ITEMS)                         # candidates 1 and 3 of every item
+    assert "Agent 0 task:\nWrite a story" in seen[0] and "<agent_1>" in seen[0]
+    w = tr.pairs[0]
+    assert w["winner_completions"][0].startswith("a") and w["loser_completions"] == ["", ""]    # parsed beats unparsed
+    assert w["centralized"]["winner"].startswith("<agent_0>") and w["centralized"]["loser"] == "no tags"
+    assert out["num_pairs"] == 2 * len(ITEMS) and rows[-1]["agent_0/optimizer_steps"] == out["global_batch"]
+
+
 def test_madpo_errors_and_reference_free(tmp_path, caplog):
     m, tok = make_tiny_model()
     with pytest.raises(ValueError, match="dpo_beta=-0.1 is invalid: must be > 0"):
@@ -293,7 +341,7 @@ def test_madpo_errors_and_reference_free(tmp_path, caplog):
         MADPOConfig(joint_mode="crossed")
     with pytest.raises(TypeError, match="args must be a MADPOConfig"):
         MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MARLHFConfig())
-    with pytest.raises(NotImplementedError, match="collaboration_mode='centralized'"):
+    with pytest.raises(ValueError, match="trains 1 model\\(s\\) for 2 roles"):
         MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MADPOConfig(collaboration_mode="centralized"))
     with caplog.at_level(logging.WARNING, logger="comlrl_nb"):
         tr = madpo(tmp_path, reference_kl_enabled=True)

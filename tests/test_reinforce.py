@@ -112,7 +112,7 @@ def test_eval_logger_and_aggregator(tmp_path):
     m, tok = make_tiny_model()
     tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=PROMPTS, eval_dataset=PROMPTS,
                        eval_logger=logger, eval_aggregator=aggregator,
-                       args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=6, eval_interval=2, eval_num_samples=3,
+                       args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=6, eval_interval=2, eval_num_samples=3, rollout_batch_size=1,
                                          eval_batch_size=2, output_dir=str(tmp_path), progress_bar=False, save_steps=-1))
     tr.train()
     rows = read_metrics(tmp_path / "metrics.jsonl")

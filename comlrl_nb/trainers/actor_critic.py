@@ -19,7 +19,7 @@ from ..generation import generate_completions
 from ..scoring import collate, completion_logprobs
 from ..rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..engine import (end_of_batch, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
+from ..engine import (adamw, end_of_batch, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
                               rng_state, set_rng_state)
 from ..rollout import TransitionError, call_transition
 from .reinforce import _check_dataset, _check_devices
@@ -185,7 +185,7 @@ class ActorCriticConfig:
     critic_max_length: Optional[int] = None     # keep the last N tokens of a critic's text
     seed: int = 0
     output_dir: Optional[str] = None            # default runs/<algo>
-    rollout_batch_size: int = 1
+    rollout_batch_size: Optional[int] = None    # task items per batch; None: one buffer's worth of episodes
     reward_batched: bool = True
     use_chat_template: bool = False
     autocast_dtype: Optional[str] = None
@@ -202,9 +202,10 @@ class ActorCriticConfig:
 def _validate_ac(c, owner: str, critics: int):
     num = lambda name, **kw: check_number(getattr(c, name), name, owner, **kw)
     for f in ("num_agents", "num_turns", "num_train_epochs", "rollout_buffer_size", "logging_steps", "num_generations",
-              "max_new_tokens", "eval_batch_size", "rollout_batch_size"): num(f, integer=True, min=1)
+              "max_new_tokens", "eval_batch_size"): num(f, integer=True, min=1)
     for f in ("eval_interval", "eval_num_samples", "seed"): num(f, integer=True, min=0)
-    for f in ("train_batch_size", "top_k", "critic_value_head_hidden_dim", "critic_max_length", "save_total_limit"):
+    for f in ("train_batch_size", "top_k", "critic_value_head_hidden_dim", "critic_max_length", "save_total_limit",
+              "rollout_batch_size"):
         num(f, integer=True, min=1, allow_none=True)
     num("agent_learning_rate", min=0, min_exclusive=True); num("critic_learning_rate", min=0, min_exclusive=True, allow_none=True)
     num("value_loss_coef", min=0); num("temperature", min=0); num("top_p", min=0, min_exclusive=True, max=1)
@@ -238,6 +239,8 @@ def _validate_ac_relations(c, owner: str, critics: int):
         raise config_error(owner, f"critic_devices has {len(c.critic_devices)} entries for {critics} critic(s); give 1"
                                   + (f" or {critics}" if critics > 1 else ""))
     if c.train_batch_size is None: c.train_batch_size = c.rollout_buffer_size
+    if c.rollout_batch_size is None:    # items whose full episodes fill one buffer (K episodes x num_turns samples each)
+        c.rollout_batch_size = max(1, c.rollout_buffer_size // (c.num_generations * c.num_turns))
     if c.critic_learning_rate is None: c.critic_learning_rate = c.agent_learning_rate
 
 # %% ../../nbs/31_actor_critic.ipynb #a02f1315
@@ -450,10 +453,10 @@ def _make_optimizers(self: ActorCriticTrainer):
         groups = [{"params": list(m.parameters()), "lr": a.agent_learning_rate}]
         heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
         groups += [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads]
-        self.optimizers.append(torch.optim.AdamW(groups, lr=a.agent_learning_rate, weight_decay=a.weight_decay))
+        self.optimizers.append(adamw(groups, a.agent_learning_rate, a.weight_decay))
     for c in self.critics:
         self.critic_optimizers.append(None if c.shared else
-                                      torch.optim.AdamW(c.parameters(), lr=a.critic_learning_rate, weight_decay=a.weight_decay))
+                                      adamw(c.parameters(), a.critic_learning_rate, a.weight_decay))
 
 ActorCriticTrainer._make_optimizers = _make_optimizers
 

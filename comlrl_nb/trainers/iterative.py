@@ -138,6 +138,9 @@ class MADPOIterConfig(MADPOConfig, IterativeFields):
         if self.preference_scoring_reward == "reward_model":
             raise config_error(owner, "preference_scoring_reward='reward_model' needs a fitted reward model, which only "
                                       "MARLHFIterConfig has; MADPO scores comparisons with the task reward: use 'task'")
+        if self.collaboration_mode == "centralized":
+            raise config_error(owner, "collaboration_mode='centralized' is not available in iterative MADPO (its comparisons pair "
+                                      "per-role policies with a comparator); use MADPOTrainer for one centralized actor, or 'decentralized'")
 
 MADPOIterConfig.__repr__ = _config_repr
 
@@ -247,8 +250,8 @@ def _collect_round(self, nu: int) -> tuple[list, dict]:
     score, gen = self._round_scorer(), self.comparator.begin_round(nu)
     wrap, acc, records = self.comparator.prompt_wrap(a.use_chat_template), {}, []
     try:
-        for s in range(0, len(ds), a.rollout_batch_size):
-            ids = list(range(s, min(len(ds), s + a.rollout_batch_size)))
+        for s in range(0, len(ds), a.collection_batch_size):
+            ids = list(range(s, min(len(ds), s + a.collection_batch_size)))
             recs, st = self._collect_batch(nu, [ds[j] for j in ids], ids, gen, wrap, score)
             records += recs
             for k, v in st.items(): acc[k] = acc.get(k, 0 if not isinstance(v, list) else []) + v

@@ -14,12 +14,15 @@ import torch
 from ..core import check_choice, check_number, derive_seed, logger, seed_everything
 from ..scoring import collate, completion_logprobs
 from ..losses import check_finite_loss, madpo_loss, team_margin
-from ..preference import build_pair_dataset, check_preference_config, resolve_oracle, tokenize_pairs
+from ..preference import build_pair_dataset, check_preference_config, encode_side, resolve_oracle, tokenize_pairs
+from ..generation import generate_completions
+from ..rewards import apply_chat_template, format_prompt
+from ..comparators import centralized_prompt, parse_agent_sections
 from ..engine import CheckpointManager, MetricsLogger, progress_bar, rng_state, set_rng_state
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
-__all__ = ['MADPOConfig', 'MADPOTrainer']
+__all__ = ['MADPOConfig', 'MADPOTrainer', 'tokenize_centralized', 'central_sample']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 @dataclass
@@ -28,6 +31,7 @@ class MADPOConfig(MAGRPOConfig):
     preference_num_candidates: int = 80
     preference_pairs_per_sample: Optional[int] = 16
     pair_selection: str = "reward_gap"
+    collection_batch_size: Optional[int] = None    # items per sampling loop while collecting pairs; None: ~64 rows
     dpo_beta: float = 0.1
     collaboration_mode: str = "decentralized"
 
@@ -39,23 +43,28 @@ class MADPOConfig(MAGRPOConfig):
 
 # %% ../../nbs/42_madpo.ipynb #a116df39
 class MADPOTrainer(MAGRPOTrainer):
-    "Multi-agent DPO on self-collected preference pairs; same arguments as MAGRPOTrainer plus `oracle=`."
+    "Multi-agent DPO on self-collected preference pairs; MAGRPOTrainer's arguments plus `oracle=` (and the centralized hooks)."
     config_class, algo = MADPOConfig, "madpo"
+    def _num_policies(self, args) -> int: return 1 if args.collaboration_mode == "centralized" else args.num_agents
 
-    def __init__(self, *args, oracle=None, **kwargs):
+    def __init__(self, *args, oracle=None, centralized_prompt_builder=None, centralized_parser=None, **kwargs):
         cfg = kwargs.get("args")
         if cfg is not None and not isinstance(cfg, MADPOConfig):
             raise TypeError(f"args must be a MADPOConfig, got {type(cfg).__name__}")
         if cfg is not None and cfg.reference_kl_enabled:
             logger.warning("MADPO is reference-free: reference_kl_enabled/reference_kl_coef/reference_devices add nothing to its loss; no reference copies are made")
             kwargs["args"] = replace(cfg, reference_kl_enabled=False)
-        if cfg is not None and cfg.collaboration_mode == "centralized":
-            raise NotImplementedError("MADPOConfig.collaboration_mode='centralized' (one actor writing every role) is not "
-                                      "implemented yet in comlrl_nb; use collaboration_mode='decentralized'")
+        central = cfg is not None and cfg.collaboration_mode == "centralized"
+        if central and hasattr(kwargs.get("agents"), "build"):
+            raise ValueError("collaboration_mode='centralized' trains ONE actor model and an adapter spec builds one per agent: "
+                             "pass agents=[model] or agent_model=")
+        if not central and (centralized_prompt_builder is not None or centralized_parser is not None):
+            raise ValueError("centralized_prompt_builder= and centralized_parser= apply only with MADPOConfig(collaboration_mode='centralized')")
         super().__init__(*args, **kwargs)
         self.oracle = resolve_oracle(oracle, self.n, self.reward_fn, self.args.reward_batched)
         self.pairs, self._tokens = [], None
         self.state["collected"] = False
+        if central: self._setup_centralized(centralized_prompt_builder, centralized_parser)
 
 # %% ../../nbs/42_madpo.ipynb #079becf6
 def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
@@ -73,7 +82,7 @@ def _update(self: MADPOTrainer, idx) -> dict:
     M = torch.stack([m.detach().float().cpu() for m in own])              # [n, B]: every margin, computed once
     beta = self.args.dpo_beta
     def step(i):
-        ms = [own[i] if j == i else M[j].to(own[i].device) for j in range(self.n)]
+        ms = [own[i] if j == i else M[j].to(own[i].device) for j in range(len(own))]
         loss = check_finite_loss(madpo_loss(ms, beta, agent=i), f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
         opt = self.optimizers[i]; opt.zero_grad(set_to_none=True); loss.backward()
         if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(self.agents[i].parameters(), self.args.max_grad_norm)
@@ -85,19 +94,41 @@ def _update(self: MADPOTrainer, idx) -> dict:
 
 MADPOTrainer._margins, MADPOTrainer._update = _margins, _update
 
+# %% ../../nbs/42_madpo.ipynb #67a7641b
+def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> list[tuple]:
+    "Per record, the actor's (prompt ids, winner ids, loser ids) from its `centralized` field."
+    out = []
+    for j, r in enumerate(records):
+        c = r.get("centralized")
+        if not isinstance(c, dict) or not all(isinstance(c.get(f), str) for f in ("prompt", "winner", "loser")):
+            raise ValueError(f"pair record {j}, field 'centralized': missing or malformed. Centralized MADPO trains on the actor's "
+                             "prompt and raw joint completions ({'prompt', 'winner', 'loser', 'winner_eos', 'loser_eos'}); "
+                             "pairs collected by decentralized agents do not have them")
+        p, w = encode_side(tokenizer, c["prompt"], c["winner"], bool(c.get("winner_eos", True)), eos_id)
+        _, l = encode_side(tokenizer, c["prompt"], c["loser"], bool(c.get("loser_eos", True)), eos_id)
+        out.append((p, w, l))
+    return out
+
+def _tokenize(self: MADPOTrainer, records) -> list[list[tuple]]:
+    "Per trained model, the token ids of every record (one list per agent, or the actor's one list)."
+    if self.args.collaboration_mode == "centralized": return [tokenize_centralized(records, self.tokenizers[0])]
+    return [tokenize_pairs(records, i, self.tokenizers[i]) for i in range(self.n)]
+
+MADPOTrainer._tokenize = _tokenize
+
 # %% ../../nbs/42_madpo.ipynb #49288714
 @torch.no_grad()
 def _all_margins(self: MADPOTrainer, records=None, batch_size: int = 8) -> torch.Tensor:
     "Per-agent margins [n, P] of `records` (default: the collected pairs), re-tokenized from their text."
     if records is not None:
-        saved = self._tokens; self._tokens = [tokenize_pairs(records, i, self.tokenizers[i]) for i in range(self.n)]
+        saved = self._tokens; self._tokens = self._tokenize(records)
     try:
         P = len(self._tokens[0]) if self._tokens else 0
-        cols = [torch.stack([self._margins(i, list(range(s, min(P, s + batch_size)))).float().cpu() for i in range(self.n)])
+        cols = [torch.stack([self._margins(i, list(range(s, min(P, s + batch_size)))).float().cpu() for i in range(len(self.agents))])
                 for s in range(0, P, batch_size)]
     finally:
         if records is not None: self._tokens = saved
-    return torch.cat(cols, 1) if cols else torch.zeros(self.n, 0)
+    return torch.cat(cols, 1) if cols else torch.zeros(len(self.agents), 0)
 
 MADPOTrainer.margins = _all_margins
 
@@ -112,7 +143,7 @@ def _dpo_metrics(self: MADPOTrainer, idx, out: dict, wall: float) -> dict:
          "dpo/loser_reward_mean": float(np.mean([r["loser_reward"] for r in recs])), "dpo/pairs": len(idx),
          "turn_1/reward_mean": cand, "turn_1/expected_return": cand, "turn_1/reward_source": "collection-time candidates",
          "time/batch": wall, "pairs_per_s": len(idx) / max(wall, 1e-9)}
-    for i in range(self.n):
+    for i in range(len(self.agents)):
         m[f"agent_{i}/margin"] = float(M[i].mean()); m[f"agent_{i}/loss"] = out["losses"][i]
         m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
     return m
@@ -146,7 +177,7 @@ def _train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     if not self.pairs:
         logger.warning("no item produced an untied pair (every comparison was a tie): training ends without updating the policies")
         metrics.close(); return {**self.state, "num_pairs": 0, "stopped": False, "metrics_path": str(metrics.path)}
-    self._tokens = [tokenize_pairs(self.pairs, i, self.tokenizers[i]) for i in range(self.n)]
+    self._tokens = self._tokenize(self.pairs)
     env_stop = os.environ.get("COMLRL_NB_STOP_AFTER_BATCH")
     stop_after_batch = stop_after_batch or (int(env_stop) if env_stop else None)
     per_epoch = math.ceil(len(self.pairs) / a.train_batch_size)
@@ -201,3 +232,72 @@ def _restore(self: MADPOTrainer, ckpt: CheckpointManager, which):
     logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state['epoch']}, {len(self.pairs)} pairs)")
 
 MADPOTrainer._save_checkpoint, MADPOTrainer._restore = _save_checkpoint, _restore
+
+# %% ../../nbs/42_madpo.ipynb #480e5585
+def _setup_centralized(self: MADPOTrainer, builder=None, parser=None):
+    "One actor (agents[0]) writes every role: the builder makes its prompt, the parser splits its answers."
+    self.build_prompt, self.parse = builder or centralized_prompt, parser or parse_agent_sections
+    self.preference_sampler = _central_candidates                          # collect_preference_pairs uses it
+
+def _central_prompt(self: MADPOTrainer, item) -> tuple[list[str], str]:
+    "The roles' formatted prompts and the actor's prompt built from them (chat-templated when use_chat_template)."
+    roles = [format_prompt(self.formatters[i], item, i) for i in range(self.n)]
+    p = self.build_prompt(roles, item)
+    if not isinstance(p, str): raise TypeError(f"centralized_prompt_builder returned {type(p).__name__}; it must return the actor's prompt (a string)")
+    return roles, apply_chat_template(self.tokenizers[0], p) if self.args.use_chat_template else p
+
+def _split(self: MADPOTrainer, text: str) -> Optional[list[str]]:
+    "The parser's role responses of one joint completion (checked), or None when it does not parse."
+    parts = self.parse(text, self.n)
+    if parts is not None and (not isinstance(parts, (list, tuple)) or len(parts) != self.n or not all(isinstance(x, str) for x in parts)):
+        raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings (one per role) or None")
+    return None if parts is None else list(parts)
+
+MADPOTrainer._setup_centralized, MADPOTrainer._central_prompt, MADPOTrainer._split = _setup_centralized, _central_prompt, _split
+
+# %% ../../nbs/42_madpo.ipynb #bfd5e6a1
+def central_sample(self: MADPOTrainer, items, keys, k: int) -> dict:
+    "Role prompts, actor prompts, k actor completions per item and their role responses (an unparsed one -> empty roles)."
+    a = self.args
+    roles, prompts = zip(*[self._central_prompt(it) for it in items])
+    c = generate_completions(self.agents[0], self.tokenizers[0], list(prompts), k=k, max_new_tokens=a.max_new_tokens,
+                             temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype, keys=keys)
+    parts = [self._split(t) for t in c.texts]
+    return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
+            "texts": [[p[i] if p is not None else "" for p in parts] for i in range(self.n)], "unparsed": sum(p is None for p in parts)}
+
+def _central_candidates(self: MADPOTrainer, chunk, ids, K: int, round_key) -> dict:
+    "The preference sampler of centralized mode (same contract as the decentralized one, plus the records' extra field)."
+    s = self.central_sample(chunk, [(self.args.seed, "preference", round_key, j, "actor") for j in ids], K)
+    raw, ended = s["comps"].texts, [bool(e) for e in s["comps"].ended.tolist()]
+    def extra(b, w, l):
+        w, l = b * K + w, b * K + l
+        return {"centralized": {"prompt": s["actor_prompts"][b], "winner": raw[w], "loser": raw[l],
+                                "winner_eos": ended[w], "loser_eos": ended[l]}}
+    return {"prompts": s["prompts"], "texts": s["texts"], "ended": [ended] * self.n, "extra": extra, "unparsed": s["unparsed"]}
+
+MADPOTrainer.central_sample = central_sample
+
+# %% ../../nbs/42_madpo.ipynb #d16a7057
+def _evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
+    "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores the parsed roles."
+    if self.args.collaboration_mode != "centralized": return MAGRPOTrainer.evaluate(self, num_samples)
+    a = self.args
+    m = 0 if self.eval_dataset is None else min(num_samples if num_samples is not None else a.eval_num_samples, len(self.eval_dataset))
+    if m == 0: return {}
+    rewards, lens, unparsed, logged = [], [], 0, []
+    for s in range(0, m, a.eval_batch_size):
+        ids = list(range(s, min(m, s + a.eval_batch_size))); items = [self.eval_dataset[j] for j in ids]
+        x = self.central_sample(items, [(a.seed, "eval", j, "actor") for j in ids], 1)
+        rewards += self.reward_fn(x["texts"], items, x["prompts"]); lens += x["comps"].lengths.tolist(); unparsed += x["unparsed"]
+        if self.eval_logger is not None:
+            logged += list(self.eval_logger(agent_completions_turns=[[[t] for t in x["texts"][i]] for i in range(self.n)],
+                                            batch_items=items, prompts=x["prompts"]))
+    r = np.asarray(rewards)
+    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
+           "eval/agent_0/completion_len": float(np.mean(lens)), "eval/unparsed_rate": unparsed / m}
+    if self.eval_aggregator is not None:
+        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=1).items()})
+    return out
+
+MADPOTrainer.evaluate = _evaluate

@@ -30,6 +30,7 @@ class MARLHFConfig(MAGRPOConfig):
     preference_num_candidates: int = 80
     preference_pairs_per_sample: Optional[int] = 16
     pair_selection: str = "reward_gap"
+    collection_batch_size: Optional[int] = None    # items per sampling loop while collecting pairs; None: ~64 rows
     rl_algorithm: str = "magrpo"
     reward_model_name: Optional[str] = None
     reward_model_device: Optional[str] = None

@@ -20,9 +20,9 @@ from ..scoring import collate, completion_logprobs, k3_kl
 from ..rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from ..advantages import advantage_stats, check_advantage_mode, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
-from ..rollout import compute_returns, grow_tree, make_roots
+from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
-from ..engine import end_of_batch, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
+from ..engine import adamw, end_of_batch, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'Sample', 'MAGRPOTrainer', 'rollout', 'evaluate',
@@ -61,7 +61,7 @@ class MAGRPOConfig:
     # --- beyond the library ---
     seed: int = 0
     output_dir: Optional[str] = None            # default runs/<algo>
-    rollout_batch_size: int = 1                 # task items per batch (one sampling loop per agent per batch)
+    rollout_batch_size: Optional[int] = None    # task items per batch (one sampling loop per agent); None: one buffer's worth
     reward_batched: bool = True                 # one reward call per batch; False: one per joint response
     use_chat_template: bool = False             # wrap formatted prompts in the tokenizer's chat template
     autocast_dtype: Optional[str] = None        # "bfloat16": fp32 weights, bf16 matmuls
@@ -97,7 +97,7 @@ def _validate_reinforce(c, owner: str):
     num("rollout_buffer_size", integer=True, min=1); num("train_batch_size", integer=True, min=1, allow_none=True)
     num("eval_interval", integer=True, min=0); num("eval_num_samples", integer=True, min=0)
     num("eval_batch_size", integer=True, min=1); num("reference_kl_coef", min=0)
-    num("seed", integer=True, min=0); num("rollout_batch_size", integer=True, min=1); num("weight_decay", min=0)
+    num("seed", integer=True, min=0); num("rollout_batch_size", integer=True, min=1, allow_none=True); num("weight_decay", min=0)
     num("max_grad_norm", min=0, min_exclusive=True, allow_none=True); num("save_steps", integer=True, min=-1)
     num("save_total_limit", integer=True, min=1, allow_none=True)
     for b in ("advantage_normalization", "external_prompt_passthrough", "reference_kl_enabled", "reward_batched",
@@ -117,6 +117,8 @@ def _validate_reinforce(c, owner: str):
     if isinstance(c.agent_devices, (list, tuple)) and len(c.agent_devices) not in (1, c.num_agents):
         raise config_error(owner, f"agent_devices has {len(c.agent_devices)} entries for {c.num_agents} agents; give 1 or {c.num_agents}")
     if c.train_batch_size is None: c.train_batch_size = c.rollout_buffer_size
+    if c.rollout_batch_size is None:             # as many items as fill one buffer: same samples, fewer sampling loops
+        c.rollout_batch_size = max(1, c.rollout_buffer_size // tree_counts(c.num_agents, c.num_generations, c.num_turns, c.joint_mode)["nodes"])
 
 # %% ../../nbs/30_reinforce.ipynb #ecc5c071
 @dataclass
@@ -157,6 +159,7 @@ def _samples_from(comps, adv: torch.Tensor, nodes=None, item_ids=None) -> list[S
 class MAGRPOTrainer:
     "Multi-agent REINFORCE with a group baseline (mode set by the config); see the notebook for the loop."
     config_class, algo = MAGRPOConfig, "magrpo"
+    def _num_policies(self, args) -> int: return args.num_agents     # models trained (MADPO's centralized mode: 1)
 
     def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
                  reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
@@ -167,11 +170,12 @@ class MAGRPOTrainer:
             args = self.config_class(num_agents=n) if n else self.config_class()
         if not isinstance(args, MAGRPOConfig):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
-        n = args.num_agents
+        n, P = args.num_agents, self._num_policies(args)        # P models are trained: one per agent (or one for all roles)
         if num_agents is not None and num_agents != n:
             raise ValueError(f"num_agents={num_agents} but args.num_agents={n}; make them agree")
-        if isinstance(agents, (list, tuple)) and len(agents) != n:
-            raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree")
+        if isinstance(agents, (list, tuple)) and len(agents) != P:
+            raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree" if P == n else
+                             f"{len(agents)} agents were given but this configuration trains {P} model(s) for {n} roles: pass agents=[model] or agent_model=")
         if hasattr(agents, "build") and agents.num_agents != n:
             raise ValueError(f"the adapter spec has num_agents={agents.num_agents} but args.num_agents={n}; make them agree")
         if hasattr(agents, "build") and args.parallel_training == "mp":
@@ -189,8 +193,8 @@ class MAGRPOTrainer:
         self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.external_transition = external_transition
         self.devices = [resolve_device(d) for d in as_list(args.agent_devices, n, "agent_devices", "device")]
-        self.agents, self.tokenizers = load_agents(agent_model, agents, n, tokenizer, model_config, self.devices)
-        self.optimizers = [torch.optim.AdamW(m.parameters(), lr=args.agent_learning_rate, weight_decay=args.weight_decay)
+        self.agents, self.tokenizers = load_agents(agent_model, agents, P, tokenizer, model_config, self.devices[:P])
+        self.optimizers = [adamw(m.parameters(), args.agent_learning_rate, args.weight_decay)
                            for m in self.agents]
         self.ref_agents = None
         if args.reference_kl_enabled:
@@ -199,7 +203,7 @@ class MAGRPOTrainer:
             self.ref_agents = [m.reference_copy() if hasattr(m, "reference_copy") else copy.deepcopy(m).to(d).eval().requires_grad_(False)
                                for m, d in zip(self.agents, rdev)]
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
-        self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * n}
+        self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * P}
         self.buffers = [SampleBuffer(args.rollout_buffer_size) for _ in range(n)]
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
 
@@ -222,8 +226,9 @@ def _prompt(self: MAGRPOTrainer, item, i: int) -> str:
 
 def _map_agents(self: MAGRPOTrainer, fn: Callable[[int], Any]) -> list:
     "fn(i) for every agent: concurrently under parallel_training='mp' (results in agent order; first error re-raised after all finish)."
-    if self.args.parallel_training != "mp" or self.n == 1: return [fn(i) for i in range(self.n)]
-    with ThreadPoolExecutor(self.n) as ex: futs = [ex.submit(fn, i) for i in range(self.n)]
+    P = len(self.agents)
+    if self.args.parallel_training != "mp" or P == 1: return [fn(i) for i in range(P)]
+    with ThreadPoolExecutor(P) as ex: futs = [ex.submit(fn, i) for i in range(P)]
     errs = [f.exception() for f in futs]
     for e in errs:
         if e is not None: raise e
