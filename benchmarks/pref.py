@@ -3,7 +3,9 @@
 
     .venv/bin/python benchmarks/pref.py [--repeats 3]
 
-Prints the median wall time of the training call on each side, the ratio and peak RSS. (Theirs: the yardstick's own
+Prints the median wall time of the training call on each side, the ratio, peak RSS, and the split of our time.
+Ours runs with its defaults: rollout_batch_size = one buffer (2 items) in MARLHF's policy phase, and pair collection in
+sampling loops of up to 64 rows (all 8 prompts x 4 candidates in one loop per agent). (Theirs: the yardstick's own
 `train_s`; ours: the same call, `train()`, timed the same way.)
 """
 import argparse
@@ -41,9 +43,27 @@ else:
                        args=MARLHFConfig(**common, rl_algorithm="magrpo", num_generations=4, early_termination_threshold=None,
                                          reward_model_name=model, reward_learning_rate=1e-5, reward_num_train_epochs=1,
                                          reward_train_batch_size=1))
+# Stopwatches around the pieces (the calls still happen unchanged): sampling, the reward/oracle, the reward-model fit
+# (MARLHF) and the policy updates (log-probs + backward + AdamW step).
+import comlrl_nb.preference as P, comlrl_nb.trainers.reinforce as R, comlrl_nb.trainers.madpo as D, comlrl_nb.rewards as W
+from comlrl_nb.trainers.marlhf import MARLHFTrainer as H
+split = {"generate": 0.0, "reward": 0.0, "reward_model_fit": 0.0, "update": 0.0}
+def timed(fn, key):
+    def w(*args, **kw):
+        t = time.perf_counter()
+        try: return fn(*args, **kw)
+        finally: split[key] += time.perf_counter() - t
+    return w
+for mod in (P, R, D): mod.generate_completions = timed(mod.generate_completions, "generate")
+W.RewardFunction.__call__ = timed(W.RewardFunction.__call__, "reward")
+H.fit_reward_model = timed(H.fit_reward_model, "reward_model_fit")
+D.MADPOTrainer._update = timed(D.MADPOTrainer._update, "update")
+R.MAGRPOTrainer._update_full_buffers = timed(R.MAGRPOTrainer._update_full_buffers, "update")
 bu.seed_like_peer(0)
 t0 = time.perf_counter(); tr.train(); dt = time.perf_counter() - t0
-print("RESULT " + json.dumps({"train_s": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+split["reward"] = max(0.0, split["reward"])
+print("RESULT " + json.dumps({"train_s": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                              "split": split, "pairs": len(tr.pairs)}))
 '''
 
 
@@ -71,10 +91,17 @@ def main():
                                else os.path.join(ROOT, "..", "shared", "bench", "run_peer.py"), "--single", algo, "--threads", "1"], env))
             print(f"# {algo} round {r + 1}: ours {ours[-1]['train_s']:.3f}s  theirs {theirs[-1]['train_s']:.3f}s", flush=True)
         mo, mt = statistics.median(x["train_s"] for x in ours), statistics.median(x["train_s"] for x in theirs)
-        rows.append((algo, mo, mt, mo / mt, max(x["peak_rss_mb"] for x in ours), max(x.get("peak_rss_mb", float("nan")) for x in theirs)))
+        sp = {k: statistics.median(x["split"][k] for x in ours) for k in ours[0]["split"]}
+        rows.append((algo, mo, mt, mo / mt, max(x["peak_rss_mb"] for x in ours), max(x.get("peak_rss_mb", float("nan")) for x in theirs), sp))
     print(f"\n{'algo':8s} {'ours s':>8s} {'theirs s':>9s} {'ours/theirs':>12s} {'RSS ours MB':>12s} {'RSS theirs MB':>14s}  target <= 0.5")
-    for algo, mo, mt, ratio, ro, rt in rows:
+    for algo, mo, mt, ratio, ro, rt, _ in rows:
         print(f"{algo:8s} {mo:8.3f} {mt:9.3f} {ratio:12.2f} {ro:12.0f} {rt:14.0f}  {'met' if ratio <= 0.5 else 'NOT met'}")
+    print(f"\nsplit of our train() (median seconds): generate = sampling loops, reward = task reward / oracle calls,\n"
+          f"reward_model_fit = MARLHF's Bradley-Terry fit, update = log-probs + backward + AdamW steps, other = the rest")
+    print(f"{'algo':8s} {'generate':>9s} {'reward':>7s} {'rm fit':>7s} {'update':>7s} {'other':>7s}")
+    for algo, mo, *_, sp in rows:
+        print(f"{algo:8s} {sp['generate']:9.3f} {sp['reward']:7.3f} {sp['reward_model_fit']:7.3f} {sp['update']:7.3f} "
+              f"{mo - sum(sp.values()):7.3f}")
 
 
 if __name__ == "__main__":

@@ -49,3 +49,15 @@ def test_readme_matches_index():
     from comlrl_nb.cli import render_readme
     assert (ROOT / "README.md").read_text() == render_readme(ROOT / "nbs" / "index.ipynb"), \
         "README.md is out of date: run `make readme` (comlrl-nb readme)"
+
+
+def test_every_lesson_notebook_says_what_it_teaches_and_ends_with_exercises():
+    import json
+    missing = []
+    for nb in sorted((ROOT / "nbs").glob("[0-9]*.ipynb")):
+        cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
+        if not any(c.startswith("**What this teaches.**") and "**What it assumes.**" in c for c in cells[:4]):
+            missing.append(f"{nb.name}: no 'What this teaches / What it assumes' cell after the title")
+        if not cells[-1].startswith("## Try this"):
+            missing.append(f"{nb.name}: the last cell is not '## Try this'")
+    assert not missing, "\n".join(missing)
