@@ -55,11 +55,11 @@ build_s = time.perf_counter() - t0
 tr.train()
 rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
 seen, weights = set(), 0
-for m in tr.agents:
-    for p in m.parameters():
+for m in tr.agents:                                  # every tensor held: adapter agents share their base model's
+    for p in (m.peft.get_base_model() if hasattr(m, "peft") else m).parameters():
         key = p.untyped_storage().data_ptr()
         if key not in seen: seen.add(key); weights += p.untyped_storage().nbytes()
-trainable = sum(p.numel() for m in tr.agents for p in m.parameters() if p.requires_grad)
+trainable = sum(p.numel() for m in tr.agents for p in m.parameters())   # what each agent's optimizer steps
 opt_bytes = sum(t.numel() * t.element_size() for o in tr.optimizers for s in o.state.values() for t in s.values() if torch.is_tensor(t))
 steady = rows[1:] or rows
 med = lambda k: sorted(r[k] for r in steady)[len(steady) // 2]

@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_adapters.ipynb #6c846aeb
 from __future__ import annotations
-import contextlib
+import contextlib, re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -47,7 +47,13 @@ def _aa_state_dict(self: AdapterAgent, *args, **kwargs) -> dict:
 def _aa_load_state_dict(self: AdapterAgent, state: dict, strict: bool = True):
     own = dict(self.named_parameters())
     if strict and set(own) != set(state):
+        other = sorted({m.group(1) for k in state for m in [re.search(r"\.(agent_\d+)\.", k)] if m} - {self.name})
+        if other and {k.replace(f".{other[0]}.", f".{self.name}.") for k in state} == set(own):
+            raise ValueError(f"adapter '{self.name}': the checkpoint's tensors belong to adapter '{other[0]}' (every key names its "
+                             f"adapter); load it into that agent, or rename the keys ('.{other[0]}.' -> '.{self.name}.')")
+        missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
         raise ValueError(f"adapter '{self.name}': checkpoint holds {len(state)} tensors, this adapter has {len(own)}; "
+                         f"{len(missing)} missing (e.g. {missing[:1]}), {len(extra)} unexpected (e.g. {extra[:1]}); "
                          "was it written with another r / target_modules?")
     with torch.no_grad():
         for n, t in state.items(): own[n].copy_(t)
@@ -117,6 +123,9 @@ def _lora_build(self: LoRAAgents, model_config: dict | None = None, device=None)
             raise ValueError("LoRAAgents with a preloaded base model needs tokenizer=")
         base, tok = load_model(self.base, model_config, device), None
     tok = load_tokenizer(self.tokenizer if self.tokenizer is not None else (tok or self.base))
+    if hasattr(base, "peft_config"):
+        raise ValueError("this base model already carries LoRA adapters from an earlier build (build() adds them in place); "
+                         "pass a fresh model, or reuse the agents the first build returned")
     base.requires_grad_(False)
     cfg = LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
                      target_modules=list(self.target_modules) if self.target_modules else "all-linear")

@@ -10,11 +10,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
-from .core import atomic_write_json, logger
+from .core import atomic_write_json, logger, seed_everything
 
 # %% auto #0
 __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
-           'set_rng_state', 'CheckpointManager', 'new_figure', 'plot_run']
+           'set_rng_state', 'CheckpointManager', 'start_run', 'stop_after', 'run_epochs', 'new_figure', 'plot_run']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -99,13 +99,15 @@ def progress_bar(total: int, desc: str, enabled: bool = True, initial: int = 0):
 
 # %% ../nbs/25_engine.ipynb #225f2de7
 def end_of_batch(rec: dict, step: int, metrics: "MetricsLogger", bar, save_steps: int, save: Callable[[], None],
-                 stop_after: Optional[int] = None, is_main: bool = True) -> bool:
+                 stop_after: Optional[int] = None, is_main: bool = True, postfix: str = "turn_1/reward_mean",
+                 console_keys: Sequence[str] = ()) -> bool:
     "Log, tick, checkpoint; returns True when the run should stop after this batch (a checkpoint is then guaranteed)."
     if is_main and metrics.log(rec, step):
+        keys = ("batch", "turn_1/reward_mean", "eval/turn_1/reward_mean", *console_keys)
         logger.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()
-                             if k in ("batch", "turn_1/reward_mean", "eval/turn_1/reward_mean") or k.endswith("loss")))
+                             if k in keys or k.endswith("loss")))
     bar.update(1)
-    if "turn_1/reward_mean" in rec: bar.set_postfix(reward=f"{rec['turn_1/reward_mean']:.3f}")
+    if postfix in rec: bar.set_postfix({postfix.split("/")[-1]: f"{rec[postfix]:.3f}"})
     saved = save_steps > 0 and step % save_steps == 0
     if saved: save()
     if stop_after is not None and step >= stop_after:
@@ -165,6 +167,42 @@ def _ckpt_load(self: CheckpointManager, path=True) -> tuple[Path, dict]:
     return p, torch.load(p / "state.pt", map_location="cpu", weights_only=False)
 
 CheckpointManager.save, CheckpointManager.load = _ckpt_save, _ckpt_load
+
+# %% ../nbs/25_engine.ipynb #ff149b85
+def start_run(trainer, resume_from_checkpoint=None, is_main: bool = True) -> tuple["CheckpointManager", MetricsLogger]:
+    "Seed, open the checkpoints and the metrics file; when resuming, restore the trainer and cut its metrics back to it."
+    a = trainer.args
+    seed_everything(a.seed)
+    ckpt = CheckpointManager(trainer.output_dir / "checkpoints", a.save_total_limit, trainer.algo, trainer.n)
+    metrics = MetricsLogger(trainer.output_dir, a.logging_steps, trainer.wandb_config if is_main else None, a.tensorboard and is_main)
+    if resume_from_checkpoint:
+        trainer._restore(ckpt, resume_from_checkpoint)
+        if is_main: metrics.truncate_after(trainer.state["global_batch"])
+    elif is_main and metrics.path.exists(): metrics.path.unlink()
+    return ckpt, metrics
+
+def stop_after(stop_after_batch: Optional[int] = None) -> Optional[int]:
+    "The batch to stop after: the argument, else $COMLRL_NB_STOP_AFTER_BATCH (how the crash tests stop a run), else None."
+    env = os.environ.get("COMLRL_NB_STOP_AFTER_BATCH")
+    return stop_after_batch or (int(env) if env else None)
+
+# %% ../nbs/25_engine.ipynb #c2720fec
+def run_epochs(trainer, per_epoch: int, order: Callable[[int], Any], batch: Callable[[Any], bool], ckpt, metrics, bar,
+               end_of_epoch: Optional[Callable[[], Any]] = None) -> bool:
+    "Epochs of `per_epoch` batches from the trainer's saved position; True when a batch asked to stop."
+    st = trainer.state
+    try:
+        while st["epoch"] < trainer.args.num_train_epochs:
+            o = order(st["epoch"])
+            while st["batch_in_epoch"] < per_epoch:
+                if batch(o): return True
+            if end_of_epoch is not None: end_of_epoch()
+            st["epoch"] += 1; st["batch_in_epoch"] = 0
+    except KeyboardInterrupt:
+        logger.warning(f"interrupted: saving a checkpoint at batch {st['global_batch']} before exiting")
+        trainer._save_checkpoint(ckpt); bar.close(); metrics.close(); raise
+    if trainer.args.save_steps >= 0: trainer._save_checkpoint(ckpt)
+    return False
 
 # %% ../nbs/25_engine.ipynb #2bb5440f
 def _moving_average(x: Sequence[float], w: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from ..generation import generate_completions
 from ..scoring import collate, completion_logprobs
 from ..rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..engine import (adamw, end_of_batch, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
+from ..engine import (adamw, end_of_batch, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
                               rng_state, set_rng_state)
 from ..rollout import TransitionError, call_transition
 from .reinforce import _check_dataset, _check_devices
@@ -708,27 +708,12 @@ def _train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_bat
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None: raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    seed_everything(a.seed)
-    ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.n)
-    metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config, a.tensorboard)
-    if resume_from_checkpoint: self._restore(ckpt, resume_from_checkpoint); metrics.truncate_after(self.state["global_batch"])
-    elif metrics.path.exists(): metrics.path.unlink()
-    env_stop = os.environ.get("COMLRL_NB_STOP_AFTER_BATCH")
-    stop_after_batch = stop_after_batch or (int(env_stop) if env_stop else None)
-    per_epoch = math.ceil(len(self.train_dataset) / a.rollout_batch_size)
+    ckpt, metrics = start_run(self, resume_from_checkpoint)
+    stop, per_epoch = stop_after(stop_after_batch), math.ceil(len(self.train_dataset) / a.rollout_batch_size)
     bar = progress_bar(a.num_train_epochs * per_epoch, f"{self.algo} ({self.n} agents)", a.progress_bar, self.state["global_batch"])
-    try:
-        while self.state["epoch"] < a.num_train_epochs:
-            order = self._epoch_order(self.state["epoch"])
-            while self.state["batch_in_epoch"] < per_epoch:
-                if self._train_batch(order, metrics, bar, ckpt, stop_after_batch): return self._finish(metrics, bar, stopped=True)
-            self._update_full_buffers(flush=True)                       # end of epoch: flush partial buffers
-            self.state["epoch"] += 1; self.state["batch_in_epoch"] = 0
-    except KeyboardInterrupt:
-        logger.warning(f"interrupted: saving a checkpoint at batch {self.state['global_batch']} before exiting")
-        self._save_checkpoint(ckpt); bar.close(); metrics.close(); raise
-    if a.save_steps >= 0: self._save_checkpoint(ckpt)
-    return self._finish(metrics, bar)
+    stopped = run_epochs(self, per_epoch, self._epoch_order, lambda order: self._train_batch(order, metrics, bar, ckpt, stop),
+                         ckpt, metrics, bar, end_of_epoch=lambda: self._update_full_buffers(flush=True))   # flush partial buffers
+    return self._finish(metrics, bar, stopped=stopped)
 
 ActorCriticTrainer._epoch_order, ActorCriticTrainer.train = _epoch_order, _train
 

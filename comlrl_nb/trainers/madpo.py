@@ -18,7 +18,7 @@ from ..preference import build_pair_dataset, check_preference_config, encode_sid
 from ..generation import generate_completions
 from ..rewards import apply_chat_template, format_prompt
 from ..comparators import centralized_prompt, parse_agent_sections
-from ..engine import CheckpointManager, MetricsLogger, progress_bar, rng_state, set_rng_state
+from ..engine import CheckpointManager, MetricsLogger, end_of_batch, progress_bar, rng_state, run_epochs, set_rng_state, start_run, stop_after
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
@@ -167,33 +167,16 @@ def _train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     "Collect preference pairs, then run MADPO over them for num_train_epochs (or resume); returns the final state."
     a = self.args
     if self.train_dataset is None: raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
-    seed_everything(a.seed)
-    ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.n)
-    metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config, a.tensorboard)
-    if resume_from_checkpoint: self._restore(ckpt, resume_from_checkpoint); metrics.truncate_after(self.state["global_batch"])
-    else:
-        if metrics.path.exists(): metrics.path.unlink()
-        self._collect(metrics)
+    ckpt, metrics = start_run(self, resume_from_checkpoint)
+    if not resume_from_checkpoint: self._collect(metrics)                 # resumed runs bring their pairs back
     if not self.pairs:
         logger.warning("no item produced an untied pair (every comparison was a tie): training ends without updating the policies")
         metrics.close(); return {**self.state, "num_pairs": 0, "stopped": False, "metrics_path": str(metrics.path)}
     self._tokens = self._tokenize(self.pairs)
-    env_stop = os.environ.get("COMLRL_NB_STOP_AFTER_BATCH")
-    stop_after_batch = stop_after_batch or (int(env_stop) if env_stop else None)
-    per_epoch = math.ceil(len(self.pairs) / a.train_batch_size)
+    stop, per_epoch = stop_after(stop_after_batch), math.ceil(len(self.pairs) / a.train_batch_size)
     bar = progress_bar(a.num_train_epochs * per_epoch, f"{self.algo} ({self.n} agents)", a.progress_bar, self.state["global_batch"])
-    try:
-        while self.state["epoch"] < a.num_train_epochs:
-            order = self._pair_order(self.state["epoch"])
-            while self.state["batch_in_epoch"] < per_epoch:
-                if self._dpo_batch(order, metrics, bar, ckpt, stop_after_batch):
-                    return {**self._finish(metrics, bar, stopped=True), "num_pairs": len(self.pairs)}
-            self.state["epoch"] += 1; self.state["batch_in_epoch"] = 0
-    except KeyboardInterrupt:
-        logger.warning(f"interrupted: saving a checkpoint at batch {self.state['global_batch']} before exiting")
-        self._save_checkpoint(ckpt); bar.close(); metrics.close(); raise
-    if a.save_steps >= 0: self._save_checkpoint(ckpt)
-    return {**self._finish(metrics, bar), "num_pairs": len(self.pairs)}
+    stopped = run_epochs(self, per_epoch, self._pair_order, lambda order: self._dpo_batch(order, metrics, bar, ckpt, stop), ckpt, metrics, bar)
+    return {**self._finish(metrics, bar, stopped=stopped), "num_pairs": len(self.pairs)}
 
 # %% ../../nbs/42_madpo.ipynb #2d86b1c4
 def _dpo_batch(self: MADPOTrainer, order, metrics, bar, ckpt, stop_after_batch) -> bool:
@@ -204,16 +187,8 @@ def _dpo_batch(self: MADPOTrainer, order, metrics, bar, ckpt, stop_after_batch) 
     out = self._update(idx)
     st["batch_in_epoch"] += 1; st["global_batch"] += 1
     rec = {"batch": st["global_batch"], "epoch": st["epoch"], **self._dpo_metrics(idx, out, time.perf_counter() - t0), **ev}
-    if metrics.log(rec, st["global_batch"]):
-        logger.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()
-                             if k in ("batch", "dpo/loss", "dpo/accuracy", "dpo/margin_mean", "eval/turn_1/reward_mean")))
-    bar.update(1); bar.set_postfix(loss=f"{out['loss']:.3f}")
-    if a.save_steps > 0 and st["global_batch"] % a.save_steps == 0: self._save_checkpoint(ckpt)
-    if stop_after_batch is not None and st["global_batch"] >= stop_after_batch:
-        if not (a.save_steps > 0 and st["global_batch"] % a.save_steps == 0): self._save_checkpoint(ckpt)
-        logger.info(f"stopping after batch {st['global_batch']} as asked; resume with train(resume_from_checkpoint=True)")
-        return True
-    return False
+    return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt), stop_after_batch,
+                        postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
 
 MADPOTrainer.train, MADPOTrainer._dpo_batch = _train, _dpo_batch
 

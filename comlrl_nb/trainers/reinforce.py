@@ -22,7 +22,7 @@ from ..advantages import advantage_stats, check_advantage_mode, node_advantages,
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
-from ..engine import adamw, end_of_batch, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
+from ..engine import adamw, end_of_batch, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'Sample', 'MAGRPOTrainer', 'rollout', 'evaluate',
@@ -389,32 +389,14 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None: raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    seed_everything(a.seed)
-    ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.n)
-    metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config if self.dist.is_main else None,
-                            a.tensorboard and self.dist.is_main)
-    if resume_from_checkpoint:
-        self._restore(ckpt, resume_from_checkpoint)
-        if self.dist.is_main: metrics.truncate_after(self.state["global_batch"])
-    elif metrics.path.exists() and self.dist.is_main: metrics.path.unlink()
+    ckpt, metrics = start_run(self, resume_from_checkpoint, self.dist.is_main)
     self.dist.barrier()
-    env_stop = os.environ.get("COMLRL_NB_STOP_AFTER_BATCH")
-    stop_after_batch = stop_after_batch or (int(env_stop) if env_stop else None)
-    N = len(self.train_dataset); per_epoch = math.ceil(N / a.rollout_batch_size)
+    stop, per_epoch = stop_after(stop_after_batch), math.ceil(len(self.train_dataset) / a.rollout_batch_size)
     bar = progress_bar(a.num_train_epochs * per_epoch, f"{self.algo} ({self.n} agents)", a.progress_bar and self.dist.is_main,
                        self.state["global_batch"])
-    try:
-        while self.state["epoch"] < a.num_train_epochs:
-            order = self._epoch_order(self.state["epoch"])
-            while self.state["batch_in_epoch"] < per_epoch:
-                if self._train_batch(order, per_epoch, metrics, bar, ckpt, stop_after_batch): return self._finish(metrics, bar, stopped=True)
-            self._update_full_buffers(flush=True)                       # end of epoch: flush partial buffers
-            self.state["epoch"] += 1; self.state["batch_in_epoch"] = 0
-    except KeyboardInterrupt:
-        logger.warning(f"interrupted: saving a checkpoint at batch {self.state['global_batch']} before exiting")
-        self._save_checkpoint(ckpt); bar.close(); metrics.close(); raise
-    if a.save_steps >= 0: self._save_checkpoint(ckpt)
-    return self._finish(metrics, bar)
+    stopped = run_epochs(self, per_epoch, self._epoch_order, lambda order: self._train_batch(order, per_epoch, metrics, bar, ckpt, stop),
+                         ckpt, metrics, bar, end_of_epoch=lambda: self._update_full_buffers(flush=True))   # flush partial buffers
+    return self._finish(metrics, bar, stopped=stopped)
 
 # %% ../../nbs/30_reinforce.ipynb #660ad749
 def _train_batch(self: MAGRPOTrainer, order, per_epoch, metrics, bar, ckpt, stop_after_batch) -> bool:
