@@ -78,6 +78,7 @@ def main() -> None:
     rows = [json.loads(ln) for ln in open(os.path.join(out_dir, "metrics.jsonl")) if ln.strip()]
     tsum = lambda k: sum(r.get(k, 0.0) for r in rows)  # noqa: E731
     gen, rew, upd, batch = tsum("time/generate"), tsum("time/reward"), tsum("time/update"), tsum("time/batch")
+    score, bwd = tsum("time/score"), tsum("time/backward_step")   # parts of time/update: log-prob forward | backward + step
     tokens = sum(r["tokens_per_s"] * r["time/batch"] for r in rows)  # tokens_per_s = generated tokens / time/batch
     steps = [max((r.get(f"agent_{i}/optimizer_steps", 0) for r in rows), default=0) for i in range(2)]
     # Fingerprint of the learning outcome (rewards, losses, lengths; no timings) to check repeat determinism.
@@ -90,7 +91,8 @@ def main() -> None:
         "import_s": round(import_s, 3), "build_trainer_s": round(build_s, 3), "train_s": round(train_s, 4),
         "train_cpu_s": round(train_cpu_s, 4),
         "batches": len(rows), "time_generate_s": round(gen, 4), "time_reward_s": round(rew, 4),
-        "time_update_s": round(upd, 4), "time_batch_s": round(batch, 4),
+        "time_update_s": round(upd, 4), "time_score_s": round(score, 4), "time_backward_step_s": round(bwd, 4),
+        "time_batch_s": round(batch, 4),
         "time_plot_s": round(plot["s"], 4), "time_plot_cpu_s": round(plot["cpu"], 4), "plot_calls": plot["calls"],
         "generated_tokens": round(tokens), "optimizer_steps_per_agent": steps,
         "mean_reward": sum(r["turn_1/reward_mean"] for r in rows) / max(1, len(rows)),

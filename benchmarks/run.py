@@ -97,9 +97,11 @@ def suite_magrpo(a, out_fh) -> None:
         if label == "theirs":
             t = r["timers"]
             g, w, u, pl = t["generate"]["seconds"], t["reward"]["seconds"], t["update"]["seconds"], 0.0
+            sc = t.get("loss_fwd", {}).get("seconds", float("nan")); st = u - sc      # its update = loss forward, backward, step
         else:
             g, w, u, pl = r["time_generate_s"], r["time_reward_s"], r["time_update_s"], r["time_plot_s"]
-        return {"generate": g, "reward": w, "update": u, "plot": pl, "other": r["train_s"] - g - w - u - pl}
+            sc, st = r.get("time_score_s", float("nan")), r.get("time_backward_step_s", float("nan"))
+        return {"generate": g, "reward": w, "update": u, "score": sc, "bwd+step": st, "plot": pl, "other": r["train_s"] - g - w - u - pl}
 
     theirs_med = bu.median([r["train_s"] for r in runs["theirs"]])
     theirs_cpu = bu.median([r["train_cpu_s"] for r in runs["theirs"]])
@@ -107,7 +109,7 @@ def suite_magrpo(a, out_fh) -> None:
     for label, rs in runs.items():
         ts = [r["train_s"] for r in rs]
         med, cpu = bu.median(ts), bu.median([r["train_cpu_s"] for r in rs])
-        parts = {k: bu.median([split(label, r)[k] for r in rs]) for k in ("generate", "reward", "update", "plot", "other")}
+        parts = {k: bu.median([split(label, r)[k] for r in rs]) for k in ("generate", "reward", "update", "score", "bwd+step", "plot", "other")}
         no_plot = bu.median([r["train_s"] - split(label, r)["plot"] for r in rs])
         no_plot_cpu = bu.median([r["train_cpu_s"] - r.get("time_plot_cpu_s", 0.0) for r in rs])
         if label != "theirs":
@@ -115,15 +117,17 @@ def suite_magrpo(a, out_fh) -> None:
         rows.append([label, len(rs), f"{med:.3f}", f"{min(ts):.3f}-{max(ts):.3f}", f"{med / theirs_med:.2f}",
                      f"{no_plot / theirs_med:.2f}", f"{cpu:.3f}", f"{cpu / theirs_cpu:.2f}", f"{no_plot_cpu / theirs_cpu:.2f}",
                      f"{bu.median([r['peak_rss_mb'] for r in rs]):.0f}",
-                     *(f"{parts[k]:.3f}" for k in ("generate", "reward", "update", "plot", "other"))])
+                     *(f"{parts[k]:.3f}" for k in ("generate", "reward", "update", "score", "bwd+step", "plot", "other"))])
     print()
     bu.table(["variant", "runs", "wall s med", "min-max", "/theirs", "/theirs no-plot", "CPU s med", "/theirs CPU",
-              "/theirs CPU no-plot", "peak RSS MB", "generate", "reward", "update", "plot", "other"], rows)
+              "/theirs CPU no-plot", "peak RSS MB", "generate", "reward", "update", "score", "bwd+step", "plot", "other"], rows)
     print("  (wall s = wall time of the train() call; CPU s = process CPU time of the same call (robust to other load);"
           " ratios are of medians; no-plot = minus our end-of-run plot_run call.\n"
           "   split columns: median wall seconds; ours from metrics.jsonl time/generate, time/reward, time/update (log-probs"
           " + backward + step + metrics) and a stopwatch around the end-of-run plot; theirs from the yardstick's method"
-          " timers; other = wall s - the rest)")
+          " timers; other = wall s - the rest.\n   score = log-prob forward, bwd+step = backward + optimizer step: parts of update"
+          " (ours: time/score, time/backward_step; theirs: its _compute_loss_with_gradients timer, and the rest of"
+          " its update))")
     # Same-work checks (reported, not asserted).
     print()
     chk = []

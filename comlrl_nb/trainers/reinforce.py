@@ -206,6 +206,7 @@ class MAGRPOTrainer:
         self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * P}
         self.buffers = [SampleBuffer(args.rollout_buffer_size) for _ in range(n)]
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
+        self._update_times = {}             # per agent: [log-prob forward s, backward + optimizer step s] of the current batch
 
 # %% ../../nbs/30_reinforce.ipynb #2b80a87c
 def _check_dataset(self: MAGRPOTrainer, ds, name: str):
@@ -309,17 +310,18 @@ def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[fl
         prompts = [s.prompt for s in mb for _ in s.completions]; comps = [c for s in mb for c in s.completions]
         adv = torch.cat([s.advantages for s in mb]).to(self.devices[i])
         N, rows = len(comps), list(range(D.rank, len(comps), D.world))     # this process' rows of the mini-batch
-        opt.zero_grad(set_to_none=True); loss_value = 0.0
+        opt.zero_grad(set_to_none=True); loss_value = 0.0; t0 = t1 = time.perf_counter()
         if rows:
             _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
                                          autocast_dtype=self.args.autocast_dtype)
             loss = reinforce_loss(seq, adv[rows]) * (len(rows) / N)          # = -(1/N) sum over these rows
-            loss_value = float(loss.detach())
+            loss_value = float(loss.detach()); t1 = time.perf_counter()
             if math.isfinite(loss_value): loss.backward()
         loss_value = check_finite_loss(torch.tensor(D.sum(loss_value)), f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
         D.sum_grads(model.parameters())                                    # sum over processes = full mini-batch gradient
         if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
         opt.step(); self.state["optimizer_steps"][i] += 1; losses.append(float(loss_value))
+        tm = self._update_times.setdefault(i, [0.0, 0.0]); tm[0] += t1 - t0; tm[1] += time.perf_counter() - t1   # score | backward + step
     model.eval()
     return losses
 
@@ -409,10 +411,11 @@ def _train_batch(self: MAGRPOTrainer, order, per_epoch, metrics, bar, ckpt, stop
     ro = self._gather_rollouts(ro, ids)
     for i in range(self.n):
         for s in ro["samples"][i]: self.buffers[i].add(s)
-    t1 = time.perf_counter(); losses = self._update_full_buffers(); t_update = time.perf_counter() - t1
+    self._update_times = {}; t1 = time.perf_counter(); losses = self._update_full_buffers(); t_update = time.perf_counter() - t1
+    t_score, t_step = (sum(t[j] for t in self._update_times.values()) for j in (0, 1))
     st["batch_in_epoch"] += 1; st["global_batch"] += 1
     rec = {"batch": st["global_batch"], "epoch": st["epoch"], **self._batch_metrics(ro, losses, time.perf_counter() - t0),
-           "time/update": t_update, **ev}
+           "time/update": t_update, "time/score": t_score, "time/backward_step": t_step, **ev}
     return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt),
                         stop_after_batch, self.dist.is_main)
 
