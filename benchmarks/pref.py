@@ -1,4 +1,4 @@
-"""MADPO and MARLHF side by side with the yardstick (comlrl 1.4.3) on its settings: tiny Qwen2, 8 prompts, 2 agents,
+"""MADPO and MARLHF (and, with --algos, the iterative and actor-critic trainers) side by side with the yardstick (comlrl 1.4.3) on its settings: tiny Qwen2, 8 prompts, 2 agents,
 4 candidates, 2 pairs per item, 16 new tokens, 1 epoch, 1 thread. Ours and theirs alternate in fresh subprocesses.
 
     .venv/bin/python benchmarks/pref.py [--repeats 3]
@@ -35,9 +35,31 @@ agents = [AutoModelForCausalLM.from_pretrained(model) for _ in range(2)]
 common = dict(num_agents=2, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1, agent_learning_rate=5e-6, eval_interval=0,
               rollout_buffer_size=2, output_dir=tempfile.mkdtemp(), progress_bar=False, save_steps=-1, logging_steps=1000,
               save_plot=False, preference_num_candidates=4, preference_pairs_per_sample=2, pair_selection="reward_gap")
+ds = [{"prompt": p} for p in bu.PROMPTS]
 if algo == "madpo":
     tr = MADPOTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, args=MADPOConfig(**common, dpo_beta=0.1),
                       train_dataset=[{"prompt": p} for p in bu.PROMPTS])
+elif algo in ("madpo_iter", "marlhf_iter"):     # the yardstick's iterative settings: 2 rounds, current-policy comparator
+    from comlrl_nb import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
+    it = dict(common, num_iterations=2, preference_replay_mode="lambda_decay", preference_replay_lambda=0.5,
+              preference_replay_dir=tempfile.mkdtemp(), comparator_policy="current", pair_selection="comparator_reward")
+    if algo == "madpo_iter":
+        tr = MADPOIterTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=ds,
+                              args=MADPOIterConfig(**it, dpo_beta=0.1))
+    else:
+        tr = MARLHFIterTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=ds,
+                               args=MARLHFIterConfig(**it, rl_algorithm="magrpo", num_generations=4,
+                                                     early_termination_threshold=None, reward_model_name=model,
+                                                     reward_num_train_epochs=1))
+elif algo in ("maac", "iac"):                   # the yardstick's actor-critic settings: K=4 single-turn, separate critics
+    from comlrl_nb import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+    ac = dict(num_agents=2, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1, agent_learning_rate=5e-6,
+              critic_learning_rate=5e-6, eval_interval=0, num_generations=4, num_turns=1, rollout_buffer_size=2,
+              early_termination_threshold=None, output_dir=tempfile.mkdtemp(), progress_bar=False, save_steps=-1,
+              logging_steps=1000, save_plot=False)
+    cls, cfg = (IACTrainer, IACConfig(**ac, use_separate_critic=True)) if algo == "iac" else (MAACTrainer, MAACConfig(**ac))
+    tr = cls(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=ds, args=cfg,
+             critic_model=AutoModelForCausalLM.from_pretrained(model))
 else:
     tr = MARLHFTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=[{"prompt": p} for p in bu.PROMPTS],
                        args=MARLHFConfig(**common, rl_algorithm="magrpo", num_generations=4, early_termination_threshold=None,
@@ -46,7 +68,8 @@ else:
 # Stopwatches around the pieces (the calls still happen unchanged): sampling, the reward/oracle, the reward-model fit
 # (MARLHF) and the policy updates (log-probs + backward + AdamW step).
 import comlrl_nb.preference as P, comlrl_nb.trainers.reinforce as R, comlrl_nb.trainers.madpo as D, comlrl_nb.rewards as W
-from comlrl_nb.trainers.marlhf import MARLHFTrainer as H
+import comlrl_nb.trainers.iterative as I, comlrl_nb.comparators as C, comlrl_nb.trainers.actor_critic as A
+from comlrl_nb.reward_model import JointRewardModel as J
 split = {"generate": 0.0, "reward": 0.0, "reward_model_fit": 0.0, "update": 0.0}
 def timed(fn, key):
     def w(*args, **kw):
@@ -54,16 +77,17 @@ def timed(fn, key):
         try: return fn(*args, **kw)
         finally: split[key] += time.perf_counter() - t
     return w
-for mod in (P, R, D): mod.generate_completions = timed(mod.generate_completions, "generate")
+for mod in (P, R, D, I, C, A): mod.generate_completions = timed(mod.generate_completions, "generate")
 W.RewardFunction.__call__ = timed(W.RewardFunction.__call__, "reward")
-H.fit_reward_model = timed(H.fit_reward_model, "reward_model_fit")
+J.fit_texts = timed(J.fit_texts, "reward_model_fit")
 D.MADPOTrainer._update = timed(D.MADPOTrainer._update, "update")
 R.MAGRPOTrainer._update_full_buffers = timed(R.MAGRPOTrainer._update_full_buffers, "update")
+A.ActorCriticTrainer._update_full_buffers = timed(A.ActorCriticTrainer._update_full_buffers, "update")
 bu.seed_like_peer(0)
 t0 = time.perf_counter(); tr.train(); dt = time.perf_counter() - t0
 split["reward"] = max(0.0, split["reward"])
 print("RESULT " + json.dumps({"train_s": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                              "split": split, "pairs": len(tr.pairs)}))
+                              "split": split, "pairs": len(getattr(tr, "pairs", []))}))
 '''
 
 
@@ -71,14 +95,14 @@ def run(cmd, env=None):
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=900)
     line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
     if line is None:
-        raise RuntimeError(f"{cmd[:3]} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{cmd[0]} ({cmd[-3] if len(cmd) > 3 else ''}) failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     return json.loads(line[7:])
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--algos", default="madpo,marlhf")
+    p.add_argument("--algos", default="madpo,marlhf", help="any of madpo, marlhf, madpo_iter, marlhf_iter, maac, iac")
     a = p.parse_args()
     model = os.path.join(PEER, "tiny-model")
     env = {"PEER_DIR": PEER, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -93,14 +117,15 @@ def main():
         mo, mt = statistics.median(x["train_s"] for x in ours), statistics.median(x["train_s"] for x in theirs)
         sp = {k: statistics.median(x["split"][k] for x in ours) for k in ours[0]["split"]}
         rows.append((algo, mo, mt, mo / mt, max(x["peak_rss_mb"] for x in ours), max(x.get("peak_rss_mb", float("nan")) for x in theirs), sp))
-    print(f"\n{'algo':8s} {'ours s':>8s} {'theirs s':>9s} {'ours/theirs':>12s} {'RSS ours MB':>12s} {'RSS theirs MB':>14s}  target <= 0.5")
+    print(f"\n{'algo':11s} {'ours s':>8s} {'theirs s':>9s} {'ours/theirs':>12s} {'RSS ours MB':>12s} {'RSS theirs MB':>14s}  target <= 0.5")
     for algo, mo, mt, ratio, ro, rt, _ in rows:
-        print(f"{algo:8s} {mo:8.3f} {mt:9.3f} {ratio:12.2f} {ro:12.0f} {rt:14.0f}  {'met' if ratio <= 0.5 else 'NOT met'}")
+        verdict = ("met" if ratio <= 0.5 else "NOT met") if algo in ("madpo", "marlhf") else "(no target set)"
+        print(f"{algo:11s} {mo:8.3f} {mt:9.3f} {ratio:12.2f} {ro:12.0f} {rt:14.0f}  {verdict}")
     print(f"\nsplit of our train() (median seconds): generate = sampling loops, reward = task reward / oracle calls,\n"
           f"reward_model_fit = MARLHF's Bradley-Terry fit, update = log-probs + backward + AdamW steps, other = the rest")
-    print(f"{'algo':8s} {'generate':>9s} {'reward':>7s} {'rm fit':>7s} {'update':>7s} {'other':>7s}")
+    print(f"{'algo':11s} {'generate':>9s} {'reward':>7s} {'rm fit':>7s} {'update':>7s} {'other':>7s}")
     for algo, mo, *_, sp in rows:
-        print(f"{algo:8s} {sp['generate']:9.3f} {sp['reward']:7.3f} {sp['reward_model_fit']:7.3f} {sp['update']:7.3f} "
+        print(f"{algo:11s} {sp['generate']:9.3f} {sp['reward']:7.3f} {sp['reward_model_fit']:7.3f} {sp['update']:7.3f} "
               f"{mo - sum(sp.values()):7.3f}")
 
 

@@ -195,6 +195,7 @@ class ActorCriticConfig:
     save_total_limit: Optional[int] = None
     progress_bar: bool = True
     tensorboard: bool = False
+    save_plot: bool = True                      # draw output_dir/training_curves.png at the end of train()
 
     def __post_init__(self): _validate_ac(self, type(self).__name__, critics=1)
 
@@ -212,7 +213,7 @@ def _validate_ac(c, owner: str, critics: int):
     num("discount", min=0, max=1); num("early_termination_threshold", allow_none=True); num("weight_decay", min=0)
     num("max_grad_norm", min=0, min_exclusive=True, allow_none=True); num("save_steps", integer=True, min=-1)
     for b in ("advantage_normalization", "external_prompt_passthrough", "reward_batched", "use_chat_template",
-              "progress_bar", "tensorboard"): check_bool(getattr(c, b), b, owner)
+              "progress_bar", "tensorboard", "save_plot"): check_bool(getattr(c, b), b, owner)
     c.critic_type = check_choice(c.critic_type, "critic_type", ("v", "q"), owner, {"V": "v", "Q": "q"})
     c.parallel_training = check_choice(c.parallel_training, "parallel_training", ("none", "mp"), owner)
     _check_devices(c.agent_devices, "agent_devices", owner); _check_devices(c.critic_devices, "critic_devices", owner)
@@ -733,9 +734,9 @@ def _train_batch(self: ActorCriticTrainer, order, metrics, bar, ckpt, stop_after
 
 def _finish(self: ActorCriticTrainer, metrics, bar, stopped: bool = False) -> dict:
     bar.close(); metrics.close()
-    try: plot_run(metrics.path, self.output_dir / "training_curves.png", f"{self.algo}: reward per batch")
-    except Exception as e: logger.warning(f"could not draw the run plot: {e}")
-
+    if self.args.save_plot:
+        try: plot_run(metrics.path, self.output_dir / "training_curves.png", f"{self.algo}: reward per batch")
+        except Exception as e: logger.warning(f"could not draw the run plot: {e}")
     return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path)}
 
 ActorCriticTrainer._train_batch, ActorCriticTrainer._finish = _train_batch, _finish

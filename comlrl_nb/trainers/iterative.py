@@ -21,7 +21,7 @@ from ..replay import ReplayBuffer, check_replay_options
 from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, ComparatorSide,
                                    centralized_parse_error, sample_comparator, select_comparisons)
 from ..reward_model import _pair_texts
-from ..engine import CheckpointManager, MetricsLogger, progress_bar, read_metrics, rng_state, set_rng_state
+from ..engine import CheckpointManager, MetricsLogger, new_figure, progress_bar, read_metrics, rng_state, set_rng_state
 from .reinforce import _check_devices
 from .madpo import MADPOConfig, MADPOTrainer
 from .marlhf import MARLHFConfig, MARLHFTrainer
@@ -357,10 +357,9 @@ def _keep_rounds(path: Path, done: int):
 
 def _iter_finish(self, metrics, bar, stopped: bool = False) -> dict:
     bar.close(); metrics.close()
-    try:
-        import matplotlib.pyplot as plt
-        plot_rounds(metrics.path, self.output_dir / "rounds.png", f"{self.algo}: per round"); plt.close("all")
-    except Exception as e: logger.warning(f"could not draw the rounds plot: {e}")
+    if self.args.save_plot:
+        try: plot_rounds(metrics.path, self.output_dir / "rounds.png", f"{self.algo}: per round")
+        except Exception as e: logger.warning(f"could not draw the rounds plot: {e}")
     return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path), "rounds": list(self.rounds)}
 
 # %% ../../nbs/53_iterative.ipynb #acb06bfc
@@ -383,12 +382,11 @@ def _iter_restore(self, ckpt: CheckpointManager, which):
 # %% ../../nbs/53_iterative.ipynb #42199090
 def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
     "Per-round pairs, comparator win rate and rewards (round lines of a metrics file or list of records)."
-    import matplotlib.pyplot as plt
     rows = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
     rr = [r for r in rows if r.get("phase") == "round" and r.get("iteration", 0) >= 1]
     ev = [r for r in rows if r.get("phase") == "round" and "eval/turn_1/reward_mean" in r]
     x = [r["iteration"] for r in rr]
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 3.4))
+    fig, (a1, a2, a3) = new_figure((13, 3.4), 3)                      # no pyplot: no global figures to close
     a1.bar(x, [r["round/pairs"] for r in rr], color="#4c72b0", label="new pairs")
     a1.plot(x, [r["round/train_pairs"] for r in rr], "ko-", label="training pairs"); a1.set(xlabel="round", title="pairs")
     a2.plot(x, [r["round/comparator_win_rate"] for r in rr], "o-", color="#dd8452"); a2.axhline(0.5, color="grey", lw=0.8)
