@@ -25,8 +25,8 @@ import benchutil as bu  # noqa: E402
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--rollout-batch-size", default="default",
-                   help="task items per sampling loop; 'default' = the config's default (one rollout buffer: 2 items here)")
+    p.add_argument("--rollout-batch-size", default="1",
+                   help="task items per sampling loop (the default is 1); 'auto' = None: one rollout buffer, 2 items here")
     p.add_argument("--model", default=str(bu.TINY_MODEL))
     a = p.parse_args()
 
@@ -63,7 +63,7 @@ def main() -> None:
         num_agents=2, num_generations=4, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1,
         agent_learning_rate=5e-6, eval_interval=0, rollout_buffer_size=2, joint_mode="aligned",
         early_termination_threshold=None, output_dir=out_dir, progress_bar=False, save_steps=-1,
-        logging_steps=1000, rollout_batch_size=None if a.rollout_batch_size == "default" else int(a.rollout_batch_size),
+        logging_steps=1000, rollout_batch_size=None if a.rollout_batch_size == "auto" else int(a.rollout_batch_size),
         save_plot=False,  # the yardstick draws no plot: compare the same work
     )
     tr = MAGRPOTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, args=cfg,

@@ -4,8 +4,9 @@
     .venv/bin/python benchmarks/pref.py [--repeats 3]
 
 Prints the median wall time of the training call on each side, the ratio, peak RSS, and the split of our time.
-Ours runs with its defaults: rollout_batch_size = one buffer (2 items) in MARLHF's policy phase, and pair collection in
-sampling loops of up to 64 rows (all 8 prompts x 4 candidates in one loop per agent). (Theirs: the yardstick's own
+Ours runs with its defaults (pair collection in sampling loops of up to 64 rows: all 8 prompts x 4 candidates in one
+loop per agent; rollout_batch_size 1 in MARLHF's policy phase) unless --ours-rbs auto: rollout_batch_size=None, one
+rollout buffer (2 items) per sampling loop, the same samples and updates as 1 with fewer loops. (Theirs: the yardstick's own
 `train_s`; ours: the same call, `train()`, timed the same way.)
 """
 import argparse
@@ -29,12 +30,13 @@ sys.path.insert(0, sys.argv[2])
 import benchutil as bu
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from comlrl_nb import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer
-algo, model = sys.argv[1], sys.argv[3]
+algo, model, rbs = sys.argv[1], sys.argv[3], sys.argv[4]
 tok = AutoTokenizer.from_pretrained(model)
 agents = [AutoModelForCausalLM.from_pretrained(model) for _ in range(2)]
 common = dict(num_agents=2, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1, agent_learning_rate=5e-6, eval_interval=0,
               rollout_buffer_size=2, output_dir=tempfile.mkdtemp(), progress_bar=False, save_steps=-1, logging_steps=1000,
-              save_plot=False, preference_num_candidates=4, preference_pairs_per_sample=2, pair_selection="reward_gap")
+              save_plot=False, preference_num_candidates=4, preference_pairs_per_sample=2, pair_selection="reward_gap",
+              rollout_batch_size=None if rbs == "auto" else int(rbs))
 ds = [{"prompt": p} for p in bu.PROMPTS]
 if algo == "madpo":
     tr = MADPOTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, args=MADPOConfig(**common, dpo_beta=0.1),
@@ -56,7 +58,7 @@ elif algo in ("maac", "iac"):                   # the yardstick's actor-critic s
     ac = dict(num_agents=2, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1, agent_learning_rate=5e-6,
               critic_learning_rate=5e-6, eval_interval=0, num_generations=4, num_turns=1, rollout_buffer_size=2,
               early_termination_threshold=None, output_dir=tempfile.mkdtemp(), progress_bar=False, save_steps=-1,
-              logging_steps=1000, save_plot=False)
+              logging_steps=1000, save_plot=False, rollout_batch_size=None if rbs == "auto" else int(rbs))
     cls, cfg = (IACTrainer, IACConfig(**ac, use_separate_critic=True)) if algo == "iac" else (MAACTrainer, MAACConfig(**ac))
     tr = cls(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=ds, args=cfg,
              critic_model=AutoModelForCausalLM.from_pretrained(model))
@@ -102,6 +104,8 @@ def run(cmd, env=None):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ours-rbs", default="1", help="our rollout_batch_size (MARLHF's policy phase, the actor-critic "
+                   "loops): 1 = the default; 'auto' = None, one rollout buffer (the same samples and updates, fewer loops)")
     p.add_argument("--algos", default="madpo,marlhf", help="any of madpo, marlhf, madpo_iter, marlhf_iter, maac, iac")
     a = p.parse_args()
     model = os.path.join(PEER, "tiny-model")
@@ -110,14 +114,15 @@ def main():
     for algo in a.algos.split(","):
         ours, theirs = [], []
         for r in range(a.repeats):
-            ours.append(run([sys.executable, "-c", OURS, algo, HERE, model], env))
+            ours.append(run([sys.executable, "-c", OURS, algo, HERE, model, a.ours_rbs], env))
             theirs.append(run([os.path.join(PEER, "venv", "bin", "python"), "/work/shared/bench/run_peer.py" if os.path.exists("/work/shared/bench/run_peer.py")
                                else os.path.join(ROOT, "..", "shared", "bench", "run_peer.py"), "--single", algo, "--threads", "1"], env))
             print(f"# {algo} round {r + 1}: ours {ours[-1]['train_s']:.3f}s  theirs {theirs[-1]['train_s']:.3f}s", flush=True)
         mo, mt = statistics.median(x["train_s"] for x in ours), statistics.median(x["train_s"] for x in theirs)
         sp = {k: statistics.median(x["split"][k] for x in ours) for k in ours[0]["split"]}
         rows.append((algo, mo, mt, mo / mt, max(x["peak_rss_mb"] for x in ours), max(x.get("peak_rss_mb", float("nan")) for x in theirs), sp))
-    print(f"\n{'algo':11s} {'ours s':>8s} {'theirs s':>9s} {'ours/theirs':>12s} {'RSS ours MB':>12s} {'RSS theirs MB':>14s}  target <= 0.5")
+    print(f"\n# ours with rollout_batch_size={'None (one buffer)' if a.ours_rbs == 'auto' else a.ours_rbs}")
+    print(f"{'algo':11s} {'ours s':>8s} {'theirs s':>9s} {'ours/theirs':>12s} {'RSS ours MB':>12s} {'RSS theirs MB':>14s}  target <= 0.5")
     for algo, mo, mt, ratio, ro, rt, _ in rows:
         verdict = ("met" if ratio <= 0.5 else "NOT met") if algo in ("madpo", "marlhf") else "(no target set)"
         print(f"{algo:11s} {mo:8.3f} {mt:9.3f} {ratio:12.2f} {ro:12.0f} {rt:14.0f}  {verdict}")

@@ -75,7 +75,7 @@ def suite_magrpo(a, out_fh) -> None:
                  f"  PEER_DIR={bu.PEER_DIR} bash {bu.BENCH_DIR}/setup_peer.sh")
     if a.repeats < 3:
         print(f"# note: --repeats {a.repeats} < 3 pairs; medians of so few runs are fragile")
-    rbs = [x.strip() for x in a.rollout_batch_sizes.split(",")]     # ints, or "default" (the config's default)
+    rbs = [x.strip() for x in a.rollout_batch_sizes.split(",")]     # ints, or "auto" (None: one rollout buffer)
     print(f"## suite magrpo: tiny Qwen2 (107k params), 8 prompts, 2 agents, K=4, 16 new tokens, 1 epoch, 1 thread")
     print(f"# {a.repeats} rounds; each round runs, in fresh subprocesses: "
           + ", ".join(f"ours(rbs={r}), theirs" for r in rbs) + f"   [{machine_load()}]", flush=True)
@@ -230,8 +230,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", choices=["magrpo", "gen_score", "smollm2_floor", "all"], default="magrpo")
     p.add_argument("--repeats", type=int, default=3, help="magrpo: rounds of alternating ours/theirs runs (>= 3)")
-    p.add_argument("--rollout-batch-sizes", default="default,1,8",
-                   help="magrpo: our rollout_batch_size values, one row each ('default' = the config default, one buffer = 2 items)")
+    p.add_argument("--rollout-batch-sizes", default="1,auto,8",
+                   help="magrpo: our rollout_batch_size values, one row each (1 = the default; 'auto' = None, one buffer = 2 items)")
     p.add_argument("--gs-tiny-repeats", type=int, default=10)
     p.add_argument("--gs-smollm2-repeats", type=int, default=2)
     p.add_argument("--floor-dtypes", default="bf16,fp32")

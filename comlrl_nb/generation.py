@@ -56,6 +56,11 @@ class Completions:
         "Texts as B lists of K completions."
         return [self.texts[b * self.k:(b + 1) * self.k] for b in range(self.num_prompts)]
     def rows(self, b: int) -> slice: return slice(b * self.k, (b + 1) * self.k)
+    def take(self, start: int, count: int) -> "Completions":
+        "Prompts start .. start+count-1 with their k completions (rows sliced; masks mark the padding, as before)."
+        r = slice(start * self.k, (start + count) * self.k)
+        return Completions(self.prompt_ids[r], self.prompt_mask[r], self.completion_ids[r], self.completion_mask[r],
+                           self.texts[r], count, self.k, None if self.ended is None else self.ended[r])
 
 # %% ../nbs/02_generation.ipynb #6e444dcf
 def _forward_kwargs(model) -> dict:

@@ -148,6 +148,27 @@ def test_resume_gives_the_same_result(tmp_path):
     assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
 
 
+def test_sampling_ahead_within_a_buffer_changes_nothing_but_the_number_of_sampling_loops(tmp_path, monkeypatch):
+    """Batches that no update separates are sampled in one loop (same policy, same per-row keys): the run is bit-identical
+    to sampling every batch on its own, with fewer generate calls."""
+    import comlrl_nb.trainers.reinforce as R
+    calls = []
+    real = R.generate_completions
+    monkeypatch.setattr(R, "generate_completions", lambda *a, **kw: calls.append(len(a[2])) or real(*a, **kw))
+    kw = dict(num_train_epochs=2, rollout_buffer_size=3, train_batch_size=2)
+    ahead = make(tmp_path / "ahead", **kw)
+    ahead.train()
+    n_ahead, calls[:] = list(calls), []
+    alone = make(tmp_path / "alone", **kw)
+    alone._batches_ahead = lambda *a: []                                   # every batch samples on its own
+    alone.train()
+    assert all(torch.equal(x, y) for x, y in zip(params(ahead), params(alone)))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and not k.endswith("per_s")} for r in rows]
+    assert strip(read_metrics(tmp_path / "ahead" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "alone" / "metrics.jsonl"))
+    # per epoch of 4 one-item batches with a 3-sample buffer: batches 1-3 in one loop, batch 4 alone (per agent)
+    assert n_ahead == [3, 3, 1, 1] * 2 and calls == [1] * 16
+
+
 def test_resume_via_environment_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("COMLRL_NB_STOP_AFTER_BATCH", "3")
     st = make(tmp_path, num_train_epochs=1).train()

@@ -185,7 +185,7 @@ class ActorCriticConfig:
     critic_max_length: Optional[int] = None     # keep the last N tokens of a critic's text
     seed: int = 0
     output_dir: Optional[str] = None            # default runs/<algo>
-    rollout_batch_size: Optional[int] = None    # task items per batch; None: one buffer's worth of episodes
+    rollout_batch_size: Optional[int] = 1       # task items per batch; None: one buffer's worth of episodes
     reward_batched: bool = True
     use_chat_template: bool = False
     autocast_dtype: Optional[str] = None

@@ -61,7 +61,7 @@ class MAGRPOConfig:
     # --- beyond the library ---
     seed: int = 0
     output_dir: Optional[str] = None            # default runs/<algo>
-    rollout_batch_size: Optional[int] = None    # task items per batch (one sampling loop per agent); None: one buffer's worth
+    rollout_batch_size: Optional[int] = 1       # task items per batch (one sampling loop per agent); None: one buffer's worth
     reward_batched: bool = True                 # one reward call per batch; False: one per joint response
     use_chat_template: bool = False             # wrap formatted prompts in the tokenizer's chat template
     autocast_dtype: Optional[str] = None        # "bfloat16": fp32 weights, bf16 matmuls
@@ -207,6 +207,7 @@ class MAGRPOTrainer:
         self.buffers = [SampleBuffer(args.rollout_buffer_size) for _ in range(n)]
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
         self._update_times = {}             # per agent: [log-prob forward s, backward + optimizer step s] of the current batch
+        self._sample_cache, self._ahead = {}, {}   # completions sampled ahead for later batches of the same buffer
 
 # %% ../../nbs/30_reinforce.ipynb #2b80a87c
 def _check_dataset(self: MAGRPOTrainer, ds, name: str):
@@ -242,13 +243,22 @@ def _level_fns(self: MAGRPOTrainer, items, item_ids, round_key, K, timers):
     "The generate / score / next-prompt callables that plug the models into `grow_tree`."
     a = self.args
     def generate(nodes):
-        t0 = time.perf_counter()
-        def gen(i):
-            keys = [(a.seed, round_key, int(item_ids[nd.item]), i) + ((nd.path,) if nd.path else ()) for nd in nodes]
-            return generate_completions(self.agents[i], self.tokenizers[i], [nd.prompts[i] for nd in nodes], k=K,
-                                        max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-                                        top_k=a.top_k, autocast_dtype=a.autocast_dtype, keys=keys)
-        comps = self._map_agents(gen); timers["generate"] += time.perf_counter() - t0
+        t0 = time.perf_counter(); roots = all(not nd.path for nd in nodes)
+        comps = self._sample_cache.pop((round_key, tuple(int(item_ids[nd.item]) for nd in nodes)), None) if roots else None
+        if comps is None:                    # sample these nodes, plus the later batches that `_ahead` says share this policy
+            ahead = self._ahead.get(round_key, []) if roots else []
+            rows = [(nd.prompts, int(item_ids[nd.item]), nd.path) for nd in nodes] + \
+                   [([self._prompt(it, i) for i in range(self.n)], int(j), ()) for its, js in ahead for it, j in zip(its, js)]
+            def gen(i):
+                keys = [(a.seed, round_key, j, i) + ((p,) if p else ()) for _, j, p in rows]
+                return generate_completions(self.agents[i], self.tokenizers[i], [pr[i] for pr, _, _ in rows], k=K,
+                                            max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
+                                            top_k=a.top_k, autocast_dtype=a.autocast_dtype, keys=keys)
+            full, s = self._map_agents(gen), len(nodes)
+            comps = [c.take(0, s) for c in full] if ahead else full
+            for _, js in ahead:
+                self._sample_cache[(round_key, tuple(int(j) for j in js))] = [c.take(s, len(js)) for c in full]; s += len(js)
+        timers["generate"] += time.perf_counter() - t0
         return [([c.grouped()[b] for c in comps], (comps, b)) for b in range(len(nodes))]
     def score(nodes, joint):
         t0 = time.perf_counter(); J = len(joint[0][0])
@@ -401,13 +411,25 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     return self._finish(metrics, bar, stopped=stopped)
 
 # %% ../../nbs/30_reinforce.ipynb #660ad749
+def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
+    "The later batches of this epoch that no update separates from batch b (single-turn, one process): [(items, ids)]."
+    a = self.args
+    if a.num_turns != 1 or self.dist.enabled: return []
+    filled, out, j, r = len(self.buffers[0].items) + n_now, [], b + 1, a.rollout_batch_size
+    while filled < a.rollout_buffer_size and j < per_epoch:           # the buffer is not full yet: no update before batch j
+        js = [int(x) for x in order[j * r:(j + 1) * r]]
+        out.append(([self.train_dataset[x] for x in js], js)); filled += len(js); j += 1
+    return out
+
 def _train_batch(self: MAGRPOTrainer, order, per_epoch, metrics, bar, ckpt, stop_after_batch) -> bool:
     "One batch of the loop; returns True when the run should stop here."
     a, st, t0 = self.args, self.state, time.perf_counter()
     b = st["batch_in_epoch"]; ids = order[b * a.rollout_batch_size:(b + 1) * a.rollout_batch_size]
     ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, ("train", st["epoch"])) if local else None
+    self._ahead = {("train", st["epoch"]): self._batches_ahead(order, b, per_epoch, len(ids))}
+    try: ro = self.rollout([self.train_dataset[int(j)] for j in local], local, ("train", st["epoch"])) if local else None
+    finally: self._ahead = {}
     ro = self._gather_rollouts(ro, ids)
     for i in range(self.n):
         for s in ro["samples"][i]: self.buffers[i].add(s)
@@ -449,13 +471,14 @@ def _gather_rollouts(self: MAGRPOTrainer, ro: Optional[dict], ids) -> dict:
             "time_reward": max(p["time_reward"] for p in parts), "time_kl": max(p["time_kl"] for p in parts)}
 
 MAGRPOTrainer.train, MAGRPOTrainer._train_batch, MAGRPOTrainer._finish, MAGRPOTrainer._gather_rollouts = train, _train_batch, _finish, _gather_rollouts
+MAGRPOTrainer._batches_ahead = _batches_ahead
 
 # %% ../../nbs/30_reinforce.ipynb #79d52fe0
 def _save_checkpoint(self: MAGRPOTrainer, ckpt: CheckpointManager):
     state = {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
              "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None,
              "buffers": [b.items for b in self.buffers], "state": copy.deepcopy(self.state), "rng": rng_state(),
-             "config": asdict(self.args)}
+             "config": asdict(self.args), "sample_cache": self._sample_cache}
     if self.dist.is_main:
         p = ckpt.save(self.state["global_batch"], state, {"epoch": self.state["epoch"]})
         logger.info(f"checkpoint saved: {p}")
@@ -468,7 +491,7 @@ def _restore(self: MAGRPOTrainer, ckpt: CheckpointManager, which):
     if self.ref_agents and s["refs"]:
         for m, sd in zip(self.ref_agents, s["refs"]): m.load_state_dict(sd)
     for b, items in zip(self.buffers, s["buffers"]): b.items = list(items)
-    self.state = s["state"]; set_rng_state(s["rng"])
+    self.state, self._sample_cache = s["state"], dict(s.get("sample_cache") or {}); set_rng_state(s["rng"])
     logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state['epoch']})")
 
 def save_model(self: MAGRPOTrainer, output_dir) -> Path:
