@@ -14,7 +14,8 @@ from .core import atomic_write_json, logger, seed_everything
 
 # %% auto #0
 __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
-           'set_rng_state', 'CheckpointManager', 'start_run', 'stop_after', 'run_epochs', 'new_figure', 'plot_run']
+           'set_rng_state', 'CheckpointManager', 'start_run', 'stop_after', 'run_epochs', 'batches_ahead', 'new_figure',
+           'plot_run']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -203,6 +204,15 @@ def run_epochs(trainer, per_epoch: int, order: Callable[[int], Any], batch: Call
         trainer._save_checkpoint(ckpt); bar.close(); metrics.close(); raise
     if trainer.args.save_steps >= 0: trainer._save_checkpoint(ckpt)
     return False
+
+# %% ../nbs/25_engine.ipynb #3a564587
+def batches_ahead(order, b: int, per_epoch: int, batch_size: int, filled: int, buffer_size: int, per_item: int, dataset) -> list:
+    "The batches after b (this epoch) that no update separates from it: [(items, ids)]. `filled` = buffer after batch b."
+    out, j = [], b + 1
+    while filled < buffer_size and j < per_epoch:                   # not full yet: no update before batch j
+        ids = [int(x) for x in order[j * batch_size:(j + 1) * batch_size]]
+        out.append(([dataset[x] for x in ids], ids)); filled += per_item * len(ids); j += 1
+    return out
 
 # %% ../nbs/25_engine.ipynb #2bb5440f
 def _moving_average(x: Sequence[float], w: int) -> np.ndarray:

@@ -288,6 +288,32 @@ def test_resume_gives_the_same_result(tmp_path, cls, kw):
     assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
 
 
+@pytest.mark.parametrize("cls", [MAACTrainer, IACTrainer])
+def test_sampling_ahead_is_bit_identical_and_resumes(tmp_path, cls, monkeypatch):
+    """Single-turn batches that no update separates share one sampling loop; weights, metrics and a resume through a
+    checkpoint taken mid-buffer are exactly those of sampling every batch alone."""
+    import comlrl_nb.trainers.actor_critic as A
+    calls, real = [], A.generate_completions
+    monkeypatch.setattr(A, "generate_completions", lambda *a, **kw: calls.append(len(a[2])) or real(*a, **kw))
+    cfg = dict(cls=cls, num_train_epochs=2, num_generations=1, rollout_buffer_size=3, save_steps=1)
+    ahead = make(tmp_path / "ahead", **cfg)
+    ahead.train()
+    assert calls == [3, 3, 1, 1] * 2                       # per epoch: batches 1-3 in one loop per agent, batch 4 alone
+    alone = make(tmp_path / "alone", **cfg)
+    alone._batches_ahead = lambda *a: []
+    alone.train()
+    part = make(tmp_path / "part", **cfg)
+    assert part.train(stop_after_batch=2)["stopped"] and part._sample_cache     # batch 3's completions wait in the cache
+    resumed = make(tmp_path / "part", **cfg)
+    resumed.train(resume_from_checkpoint=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "tokens_per_s"} for r in rows]
+    for other, d in ((alone, "alone"), (resumed, "part")):
+        for x, y in zip(params(ahead.agents) + [p for c in ahead.critics for p in c.parameters()],
+                        params(other.agents) + [p for c in other.critics for p in c.parameters()]):
+            assert torch.equal(x, y)
+        assert strip(read_metrics(tmp_path / "ahead" / "metrics.jsonl")) == strip(read_metrics(tmp_path / d / "metrics.jsonl"))
+
+
 def test_mp_matches_sequential(tmp_path):
     seq = make(tmp_path / "seq", cls=IACTrainer)
     seq.train()

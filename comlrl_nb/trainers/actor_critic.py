@@ -19,7 +19,7 @@ from ..generation import generate_completions
 from ..scoring import collate, completion_logprobs
 from ..rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..engine import (adamw, end_of_batch, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
+from ..engine import (adamw, batches_ahead, end_of_batch, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
                               rng_state, set_rng_state)
 from ..rollout import TransitionError, call_transition
 from .reinforce import _check_dataset, _check_devices
@@ -325,6 +325,7 @@ class ActorCriticTrainer:
                       "critic_steps": [0] * len(self.critics)}
         self.buffers = [SampleBuffer(args.rollout_buffer_size) for _ in range(self.n)]
         self.value_buffers = [SampleBuffer(args.rollout_buffer_size) for _ in self.critics]
+        self._sample_cache, self._ahead = {}, {}   # first-turn completions sampled ahead for later batches (see the MAGRPO notebook)
         if args.num_turns > 1 and args.early_termination_threshold is not None:
             logger.info(f"episodes end after any turn whose reward is > early_termination_threshold={args.early_termination_threshold}; "
                         "with non-negative rewards and the default -0.2 every episode stops after turn 1 (set it to None to never stop early)")
@@ -480,7 +481,28 @@ def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
             eps.append(e)
     return eps
 
+def _first_turn(self: ActorCriticTrainer, heads: list, round_key, K: int) -> list:
+    "First-turn completions of these items (one episode head per item), from the sampling-ahead cache or sampled now with the later batches."
+    a = self.args
+    got = self._sample_cache.pop((round_key, tuple(e.item_id for e in heads)), None)
+    if got is not None: return got
+    ahead = self._ahead.get(round_key, [])
+    texts = [[e.inputs[i][0] for e in heads] + [self._chat(i, self._prompt(it, i)) for its, _ in ahead for it in its] for i in range(self.n)]
+    keys = [[(a.seed, round_key, e.item_id, i) for e in heads] + [(a.seed, round_key, j, i) for _, js in ahead for j in js] for i in range(self.n)]
+    full, s = self._map_agents(lambda i: self._generate(i, texts[i], K, keys[i])), len(heads)
+    for _, js in ahead:
+        self._sample_cache[(round_key, tuple(js))] = [c.take(s, len(js)) for c in full]; s += len(js)
+    return [c.take(0, len(heads)) for c in full] if ahead else full
+
+def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
+    "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item in every buffer)."
+    a = self.args
+    if a.num_turns != 1: return []
+    filled = min(len(buf.items) for buf in self.buffers + self.value_buffers) + n_now * a.num_generations
+    return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations, self.train_dataset)
+
 ActorCriticTrainer._generate, ActorCriticTrainer._new_episodes = _generate, _new_episodes
+ActorCriticTrainer._first_turn, ActorCriticTrainer._batches_ahead = _first_turn, _batches_ahead
 
 # %% ../../nbs/31_actor_critic.ipynb #8073dbff
 def _rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key, k: Optional[int] = None,
@@ -493,8 +515,7 @@ def _rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence
         live = [e for e in eps if not e.done]
         if not live: break
         t0 = time.perf_counter()
-        if t == 0: comps = self._map_agents(lambda i: self._generate(i, [e.inputs[i][0] for e in live[::K]], K,
-                                                                        [(a.seed, round_key, e.item_id, i) for e in live[::K]]))
+        if t == 0: comps = self._first_turn(live[::K], round_key, K)
         else: comps = self._map_agents(lambda i: self._generate(i, [e.inputs[i][-1] for e in live], 1,
                                                                    [(a.seed, round_key, e.item_id, i, t) for e in live]))
         for i, c in enumerate(comps):
@@ -724,7 +745,10 @@ def _train_batch(self: ActorCriticTrainer, order, metrics, bar, ckpt, stop_after
     a, st, t0 = self.args, self.state, time.perf_counter()
     b = st["batch_in_epoch"]; ids = order[b * a.rollout_batch_size:(b + 1) * a.rollout_batch_size]
     ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
-    ro = self.rollout([self.train_dataset[int(j)] for j in ids], ids, ("train", st["epoch"]))
+    per_epoch = math.ceil(len(self.train_dataset) / a.rollout_batch_size)
+    self._ahead = {("train", st["epoch"]): self._batches_ahead(order, b, per_epoch, len(ids))}
+    try: ro = self.rollout([self.train_dataset[int(j)] for j in ids], ids, ("train", st["epoch"]))
+    finally: self._ahead = {}
     self._store(ro["episodes"])
     t1 = time.perf_counter(); upd = self._update_full_buffers()
     st["batch_in_epoch"] += 1; st["global_batch"] += 1
@@ -747,7 +771,7 @@ def _save_checkpoint(self: ActorCriticTrainer, ckpt: CheckpointManager):
              "critics": [c.state_dict() for c in self.critics],
              "critic_optimizers": [o.state_dict() if o is not None else None for o in self.critic_optimizers],
              "buffers": [b.items for b in self.buffers], "value_buffers": [b.items for b in self.value_buffers],
-             "state": copy.deepcopy(self.state), "rng": rng_state(), "config": asdict(self.args)}
+             "state": copy.deepcopy(self.state), "rng": rng_state(), "config": asdict(self.args), "sample_cache": self._sample_cache}
     p = ckpt.save(self.state["global_batch"], state, {"epoch": self.state["epoch"]})
     logger.info(f"checkpoint saved: {p}")
 
@@ -760,7 +784,7 @@ def _restore(self: ActorCriticTrainer, ckpt: CheckpointManager, which):
         if o is not None and sd is not None: o.load_state_dict(sd)
     for b, items in zip(self.buffers, s["buffers"]): b.items = list(items)
     for b, items in zip(self.value_buffers, s["value_buffers"]): b.items = list(items)
-    self.state = s["state"]; set_rng_state(s["rng"])
+    self.state, self._sample_cache = s["state"], dict(s.get("sample_cache") or {}); set_rng_state(s["rng"])
     logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state['epoch']})")
 
 ActorCriticTrainer._save_checkpoint, ActorCriticTrainer._restore = _save_checkpoint, _restore

@@ -22,7 +22,7 @@ from ..advantages import advantage_stats, check_advantage_mode, node_advantages,
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
-from ..engine import adamw, end_of_batch, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
+from ..engine import adamw, batches_ahead, end_of_batch, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'Sample', 'MAGRPOTrainer', 'rollout', 'evaluate',
@@ -414,12 +414,9 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
 def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "The later batches of this epoch that no update separates from batch b (single-turn, one process): [(items, ids)]."
     a = self.args
-    if a.num_turns != 1 or self.dist.enabled: return []
-    filled, out, j, r = len(self.buffers[0].items) + n_now, [], b + 1, a.rollout_batch_size
-    while filled < a.rollout_buffer_size and j < per_epoch:           # the buffer is not full yet: no update before batch j
-        js = [int(x) for x in order[j * r:(j + 1) * r]]
-        out.append(([self.train_dataset[x] for x in js], js)); filled += len(js); j += 1
-    return out
+    if a.num_turns != 1 or self.dist.enabled: return []                  # one sample per item and agent: single-turn
+    return batches_ahead(order, b, per_epoch, a.rollout_batch_size, len(self.buffers[0].items) + n_now, a.rollout_buffer_size,
+                         1, self.train_dataset)
 
 def _train_batch(self: MAGRPOTrainer, order, per_epoch, metrics, bar, ckpt, stop_after_batch) -> bool:
     "One batch of the loop; returns True when the run should stop here."
