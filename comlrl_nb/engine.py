@@ -205,7 +205,7 @@ def run_epochs(trainer, per_epoch: int, order: Callable[[int], Any], batch: Call
     if trainer.args.save_steps >= 0: trainer._save_checkpoint(ckpt)
     return False
 
-# %% ../nbs/25_engine.ipynb #3a564587
+# %% ../nbs/25_engine.ipynb #aec696e6
 def batches_ahead(order, b: int, per_epoch: int, batch_size: int, filled: int, buffer_size: int, per_item: int, dataset) -> list:
     "The batches after b (this epoch) that no update separates from it: [(items, ids)]. `filled` = buffer after batch b."
     out, j = [], b + 1
