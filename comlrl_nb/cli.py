@@ -69,17 +69,17 @@ def build_config(config_cls, overrides: dict):
 # %% ../nbs/80_cli.ipynb #3aaf33cc
 def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -> dict:
     "Mean, standard error and count of the task reward on held-out items (samples_per_item joint responses each)."
+    items, K, extra = list(items), samples_per_item, {}
     if getattr(trainer.args, "collaboration_mode", None) == "centralized":            # one actor writes every role
-        x, K = trainer.central_sample(list(items), [(trainer.args.seed, "heldout", j, "actor") for j in range(len(items))], samples_per_item), samples_per_item
+        x = trainer.central_sample(items, [(trainer.args.seed, "heldout", j, "actor") for j in range(len(items))], K)
         rep = lambda xs: [v for v in xs for _ in range(K)]
-        r = np.asarray(trainer.reward_fn(x["texts"], rep(list(items)), [rep(p) for p in x["prompts"]]), dtype=float)
-        return {"mean": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(len(r))), "n": int(len(r)), "unparsed": x["unparsed"],
-                "completion_len": [float(x["comps"].lengths.float().mean())], "example": [x["comps"].texts[0]]}
-    ro = trainer.rollout(list(items), list(range(len(items))), "heldout", k=samples_per_item)
-    r = ro["rewards"].flatten().numpy()
-    return {"mean": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(len(r))), "n": int(len(r)),
-            "completion_len": [float(c.lengths.float().mean()) for c in ro["comps"]],
-            "example": [c.texts[0] for c in ro["comps"]]}
+        r, comps = np.asarray(trainer.reward_fn(x["texts"], rep(items), [rep(p) for p in x["prompts"]]), dtype=float), [x["comps"]]
+        extra = {"unparsed": x["unparsed"]}
+    else:
+        ro = trainer.rollout(items, list(range(len(items))), "heldout", k=K)
+        r, comps = ro["rewards"].flatten().numpy(), ro["comps"]
+    return {"mean": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(len(r))), "n": int(len(r)), **extra,
+            "completion_len": [float(c.lengths.float().mean()) for c in comps], "example": [c.texts[0] for c in comps]}
 
 # %% ../nbs/80_cli.ipynb #a62572e7
 def _parser() -> argparse.ArgumentParser:

@@ -14,8 +14,8 @@ from .core import atomic_write_json, logger, seed_everything
 
 # %% auto #0
 __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
-           'set_rng_state', 'CheckpointManager', 'start_run', 'stop_after', 'run_epochs', 'batches_ahead', 'new_figure',
-           'plot_run']
+           'set_rng_state', 'CheckpointManager', 'start_run', 'eval_count', 'stop_after', 'run_epochs', 'batches_ahead',
+           'keep_ahead', 'new_figure', 'plot_run']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -182,6 +182,10 @@ def start_run(trainer, resume_from_checkpoint=None, is_main: bool = True) -> tup
     elif is_main and metrics.path.exists(): metrics.path.unlink()
     return ckpt, metrics
 
+def eval_count(eval_dataset, num_samples: Optional[int], default: int) -> int:
+    "How many eval items an evaluate() call uses: `num_samples` (else the config's `default`), at most the set; 0 without one."
+    return 0 if eval_dataset is None else min(num_samples if num_samples is not None else default, len(eval_dataset))
+
 def stop_after(stop_after_batch: Optional[int] = None) -> Optional[int]:
     "The batch to stop after: the argument, else $COMLRL_NB_STOP_AFTER_BATCH (how the crash tests stop a run), else None."
     env = os.environ.get("COMLRL_NB_STOP_AFTER_BATCH")
@@ -213,6 +217,13 @@ def batches_ahead(order, b: int, per_epoch: int, batch_size: int, filled: int, b
         ids = [int(x) for x in order[j * batch_size:(j + 1) * batch_size]]
         out.append(([dataset[x] for x in ids], ids)); filled += per_item * len(ids); j += 1
     return out
+
+def keep_ahead(full: list, n_now: int, ahead: list, round_key, cache: dict) -> list:
+    "Per-agent completions of this batch (first `n_now` prompts of `full`); the later batches' prompts go to `cache`."
+    s = n_now
+    for _, ids in ahead:
+        cache[(round_key, tuple(int(j) for j in ids))] = [c.take(s, len(ids)) for c in full]; s += len(ids)
+    return [c.take(0, n_now) for c in full] if ahead else full
 
 # %% ../nbs/25_engine.ipynb #2bb5440f
 def _moving_average(x: Sequence[float], w: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from ..generation import generate_completions
 from ..scoring import collate, completion_logprobs
 from ..rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..engine import (adamw, batches_ahead, end_of_batch, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
+from ..engine import (adamw, batches_ahead, end_of_batch, eval_count, keep_ahead, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
                               rng_state, set_rng_state)
 from ..rollout import TransitionError, call_transition
 from .reinforce import _check_dataset, _check_devices
@@ -489,10 +489,7 @@ def _first_turn(self: ActorCriticTrainer, heads: list, round_key, K: int) -> lis
     ahead = self._ahead.get(round_key, [])
     texts = [[e.inputs[i][0] for e in heads] + [self._chat(i, self._prompt(it, i)) for its, _ in ahead for it in its] for i in range(self.n)]
     keys = [[(a.seed, round_key, e.item_id, i) for e in heads] + [(a.seed, round_key, j, i) for _, js in ahead for j in js] for i in range(self.n)]
-    full, s = self._map_agents(lambda i: self._generate(i, texts[i], K, keys[i])), len(heads)
-    for _, js in ahead:
-        self._sample_cache[(round_key, tuple(js))] = [c.take(s, len(js)) for c in full]; s += len(js)
-    return [c.take(0, len(heads)) for c in full] if ahead else full
+    return keep_ahead(self._map_agents(lambda i: self._generate(i, texts[i], K, keys[i])), len(heads), ahead, round_key, self._sample_cache)
 
 def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item in every buffer)."
@@ -663,8 +660,7 @@ ActorCriticTrainer._store, ActorCriticTrainer._update_full_buffers = _store, _up
 # %% ../../nbs/31_actor_critic.ipynb #ecba296d
 def _evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dict:
     "Run episodes of the current policies on eval items; returns eval/ metrics (task reward per turn, lengths, logger output)."
-    if self.eval_dataset is None: return {}
-    m = min(num_samples if num_samples is not None else self.args.eval_num_samples, len(self.eval_dataset))
+    m = eval_count(self.eval_dataset, num_samples, self.args.eval_num_samples)
     if m == 0: return {}
     per_turn, lens, logged = {}, [[] for _ in range(self.n)], []
     for s in range(0, m, self.args.eval_batch_size):

@@ -18,7 +18,7 @@ from ..preference import build_pair_dataset, check_preference_config, encode_sid
 from ..generation import generate_completions
 from ..rewards import apply_chat_template, format_prompt
 from ..comparators import centralized_prompt, parse_agent_sections
-from ..engine import CheckpointManager, MetricsLogger, end_of_batch, progress_bar, rng_state, run_epochs, set_rng_state, start_run, stop_after
+from ..engine import CheckpointManager, MetricsLogger, end_of_batch, eval_count, progress_bar, rng_state, run_epochs, set_rng_state, start_run, stop_after
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
@@ -258,7 +258,7 @@ def _evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
     "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores the parsed roles."
     if self.args.collaboration_mode != "centralized": return MAGRPOTrainer.evaluate(self, num_samples)
     a = self.args
-    m = 0 if self.eval_dataset is None else min(num_samples if num_samples is not None else a.eval_num_samples, len(self.eval_dataset))
+    m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
     if m == 0: return {}
     rewards, lens, unparsed, logged = [], [], 0, []
     for s in range(0, m, a.eval_batch_size):

@@ -22,7 +22,7 @@ from ..advantages import advantage_stats, check_advantage_mode, node_advantages,
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
-from ..engine import adamw, batches_ahead, end_of_batch, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
+from ..engine import adamw, batches_ahead, end_of_batch, eval_count, keep_ahead, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'Sample', 'MAGRPOTrainer', 'rollout', 'evaluate',
@@ -254,10 +254,7 @@ def _level_fns(self: MAGRPOTrainer, items, item_ids, round_key, K, timers):
                 return generate_completions(self.agents[i], self.tokenizers[i], [pr[i] for pr, _, _ in rows], k=K,
                                             max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
                                             top_k=a.top_k, autocast_dtype=a.autocast_dtype, keys=keys)
-            full, s = self._map_agents(gen), len(nodes)
-            comps = [c.take(0, s) for c in full] if ahead else full
-            for _, js in ahead:
-                self._sample_cache[(round_key, tuple(int(j) for j in js))] = [c.take(s, len(js)) for c in full]; s += len(js)
+            comps = keep_ahead(self._map_agents(gen), len(nodes), ahead, round_key, self._sample_cache)
         timers["generate"] += time.perf_counter() - t0
         return [([c.grouped()[b] for c in comps], (comps, b)) for b in range(len(nodes))]
     def score(nodes, joint):
@@ -347,8 +344,7 @@ MAGRPOTrainer._update_agent, MAGRPOTrainer._update_full_buffers = _update_agent,
 # %% ../../nbs/30_reinforce.ipynb #b1c662c9
 def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     "Sample the current policies on eval items and return eval/ metrics (task reward, lengths, custom logger output)."
-    if self.eval_dataset is None: return {}
-    m = min(num_samples if num_samples is not None else self.args.eval_num_samples, len(self.eval_dataset))
+    m = eval_count(self.eval_dataset, num_samples, self.args.eval_num_samples)
     if m == 0: return {}
     rewards, lens, logged = [], [[] for _ in range(self.n)], []
     for s in range(0, m, self.args.eval_batch_size):
