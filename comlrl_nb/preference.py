@@ -12,13 +12,13 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 from .core import atomic_write_json, check_choice, check_number, config_error, derive_seed, logger
-from .generation import check_joint_mode, generate_completions
+from .generation import check_joint_mode
 from .engine import progress_bar
 from .rewards import RewardFunction
 
 # %% auto #0
 __all__ = ['PAIR_SELECTIONS', 'COLLECTION_ROWS', 'PAIR_RECORD_FIELDS', 'untied_pairs', 'select_pairs', 'check_pair_selection',
-           'make_pair_record', 'validate_pair_record', 'save_pairs', 'load_pairs', 'resolve_oracle',
+           'make_pair_record', 'validate_pair_record', 'save_pairs', 'load_pairs', 'resolve_oracle', 'team_candidates',
            'collect_preference_pairs', 'encode_side', 'tokenize_pairs', 'check_preference_config', 'build_pair_dataset']
 
 # %% ../nbs/40_preference.ipynb #c58c2084
@@ -133,14 +133,12 @@ def resolve_oracle(oracle, num_agents: int, default: Optional[RewardFunction] = 
     return RewardFunction(oracle, num_agents, None, batched)
 
 # %% ../nbs/40_preference.ipynb #4c8becf3
-def _candidates(trainer, chunk: list, ids: list, K: int, round_key) -> dict:
-    "Every agent's prompts and K sampled candidates per item: texts[i][b*K + k] is agent i's part of joint response k of item b."
-    a, n = trainer.args, trainer.n
-    prompts = [[trainer._prompt(it, i) for it in chunk] for i in range(n)]
-    comps = trainer._map_agents(lambda i: generate_completions(
-        trainer.agents[i], trainer.tokenizers[i], prompts[i], k=K, max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype,
-        keys=[(a.seed, "preference", round_key, j, i) for j in ids]))
+def team_candidates(team, chunk: list, ids: list, K: int, round_key, sampling: Optional[dict] = None,
+                    seed: int = 0) -> dict:
+    "Every agent's prompts and K candidates per item: texts[i][b*K + k] is agent i's part of joint response k of item b."
+    prompts = team.prompts(chunk)
+    keys = lambda i: [(seed, "preference", round_key, j, i) for j in ids]
+    comps = team.map(lambda i: team.generate(i, prompts[i], K, keys(i), **(sampling or {})))
     return {"prompts": prompts, "texts": [c.texts for c in comps], "ended": [c.ended.tolist() for c in comps]}
 
 def _item_records(c: dict, scores, b: int, K: int, kept) -> list[dict]:
@@ -149,37 +147,48 @@ def _item_records(c: dict, scores, b: int, K: int, kept) -> list[dict]:
     part = lambda k: [c["texts"][i][b * K + k] for i in range(n)]
     eos = lambda k: [bool(c["ended"][i][b * K + k]) for i in range(n)]
     extra = c.get("extra") or (lambda b, w, l: {})
-    return [{**make_pair_record([p[b] for p in c["prompts"]], part(w), part(l), sc[w], sc[l], float(np.mean(sc)), eos(w), eos(l)),
+    prompts = [p[b] for p in c["prompts"]]
+    return [{**make_pair_record(prompts, part(w), part(l), sc[w], sc[l], float(np.mean(sc)), eos(w), eos(l)),
              **extra(b, w, l)} for w, l in kept]
 
 # %% ../nbs/40_preference.ipynb #2d11b71e
 @torch.no_grad()
-def collect_preference_pairs(trainer, items: Sequence[dict], item_ids: Sequence[int], num_candidates: int,
+def collect_preference_pairs(team, items: Sequence[dict], item_ids: Sequence[int], num_candidates: int,
                              pair_selection: str = "reward_gap", pairs_per_sample: Optional[int] = 16, oracle=None,
-                             round_key: Any = "collect") -> tuple[list[dict], dict]:
+                             round_key: Any = "collect", *, sampling: Optional[dict] = None, seed: int = 0,
+                             batch_size: Optional[int] = None, sampler: Optional[Callable] = None,
+                             progress: bool = False) -> tuple[list[dict], dict]:
     "Sample candidates for every item, score the aligned joint responses, keep the selected untied pairs as records."
-    a, K = trainer.args, num_candidates
-    check_number(K, "preference_num_candidates", integer=True, min=2); check_pair_selection(pair_selection, pairs_per_sample)
-    score = resolve_oracle(oracle, trainer.n, getattr(trainer, "reward_fn", None), getattr(a, "reward_batched", True))
+    K = check_number(num_candidates, "preference_num_candidates", integer=True, min=2)
+    check_pair_selection(pair_selection, pairs_per_sample)
+    score = resolve_oracle(oracle, team.n)
+    sample = sampler or (lambda chunk, ids, K, rk: team_candidates(team, chunk, ids, K, rk, sampling, seed))
+    bs = batch_size or max(1, COLLECTION_ROWS // K)
     records, st, cand = [], {"items": 0, "comparisons": 0, "ties": 0, "items_without_pairs": 0, "unparsed": 0}, []
-    sample = getattr(trainer, "preference_sampler", None) or _candidates
-    bar = progress_bar(len(items), "collecting preference pairs", getattr(a, "progress_bar", False))
-    bs = getattr(a, "collection_batch_size", None) or a.rollout_batch_size
+    bar = progress_bar(len(items), "collecting preference pairs", progress)
     for s in range(0, len(items), bs):
         chunk, ids = list(items[s:s + bs]), [int(j) for j in item_ids[s:s + bs]]
-        c = sample(trainer, chunk, ids, K, round_key)                   # a trainer may bring its own sampler
+        c = sample(chunk, ids, K, round_key)                             # a trainer may bring its own sampler
         rep = lambda xs: [x for x in xs for _ in range(K)]
         scores = score(c["texts"], rep(chunk), [rep(p) for p in c["prompts"]])
         st["unparsed"] += c.get("unparsed", 0)
         for b, j in enumerate(ids):
-            sc = scores[b * K:(b + 1) * K]; cand += sc
-            kept = select_pairs(sc, pair_selection, pairs_per_sample, key=(a.seed, round_key, j))
+            sc = scores[b * K:(b + 1) * K]
+            kept = select_pairs(sc, pair_selection, pairs_per_sample, key=(seed, round_key, j))
             records += _item_records(c, scores, b, K, kept)
-            st["items"] += 1; st["comparisons"] += K * (K - 1) // 2; st["ties"] += K * (K - 1) // 2 - len(untied_pairs(sc))
-            st["items_without_pairs"] += not kept
-        bar.update(len(chunk)); bar.set_postfix(pairs=len(records))
+            cand += sc
+            _count_item(st, K, len(untied_pairs(sc)), bool(kept))
+        bar.update(len(chunk))
+        bar.set_postfix(pairs=len(records))
     bar.close()
     return records, {**st, "pairs": len(records), "candidate_reward_mean": float(np.mean(cand)) if cand else float("nan")}
+
+def _count_item(st: dict, K: int, untied: int, kept: bool):
+    "Add one item's comparisons, ties and (no) pairs to the collection statistics."
+    st["items"] += 1
+    st["comparisons"] += K * (K - 1) // 2
+    st["ties"] += K * (K - 1) // 2 - untied
+    st["items_without_pairs"] += not kept
 
 # %% ../nbs/40_preference.ipynb #bba533e6
 def encode_side(tokenizer, prompt: str, completion: str, eos: bool, eos_id: Optional[int] = None):
@@ -216,13 +225,14 @@ def check_preference_config(c, owner: str):
         raise config_error(owner, f"joint_mode={c.joint_mode!r} is invalid: preference candidates are compared index by "
                                   "index (candidate k of every agent forms joint response k); use joint_mode='aligned'")
 
-def build_pair_dataset(trainer, path, oracle=None, round_key: Any = "collect") -> tuple[list[dict], dict]:
-    "Collect pairs over `trainer.train_dataset` with its config's preference settings, save them to `path`, read them back."
-    a, ds = trainer.args, trainer.train_dataset
-    records, stats = collect_preference_pairs(trainer, [ds[j] for j in range(len(ds))], list(range(len(ds))),
-                                              a.preference_num_candidates, a.pair_selection, a.preference_pairs_per_sample,
-                                              oracle, round_key)
+def build_pair_dataset(team, dataset, args, path, oracle, round_key: Any = "collect",
+                       sampler: Optional[Callable] = None) -> tuple[list[dict], dict]:
+    "Collect pairs over `dataset` with `args`' preference and sampling settings, save them to `path`, read them back."
+    records, stats = collect_preference_pairs(
+        team, [dataset[j] for j in range(len(dataset))], list(range(len(dataset))), args.preference_num_candidates,
+        args.pair_selection, args.preference_pairs_per_sample, oracle, round_key, seed=args.seed,
+        batch_size=args.collection_batch_size, sampler=sampler, progress=args.progress_bar)
     save_pairs(path, records)
     logger.info(f"collected {stats['pairs']} preference pairs from {stats['items']} items ({stats['ties']} tied comparisons "
                 f"dropped, {stats['items_without_pairs']} items without a pair) -> {path}")
-    return load_pairs(path, trainer.n), stats
+    return load_pairs(path, team.n), stats

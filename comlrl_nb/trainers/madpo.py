@@ -4,25 +4,28 @@
 
 # %% ../../nbs/42_madpo.ipynb #d1ea22f1
 from __future__ import annotations
-import copy, math, os, time
+import copy, math, time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-from ..core import check_choice, check_number, derive_seed, logger, seed_everything
+from fastcore.basics import patch
+from ..core import check_choice, check_number, derive_seed, logger
 from ..scoring import collate, completion_logprobs
 from ..losses import check_finite_loss, madpo_loss, team_margin
 from ..preference import build_pair_dataset, check_preference_config, encode_side, resolve_oracle, tokenize_pairs
-from ..generation import generate_completions
-from ..rewards import apply_chat_template, format_prompt
+from ..rewards import RewardFunction
 from ..comparators import centralized_prompt, parse_agent_sections
-from ..engine import CheckpointManager, MetricsLogger, end_of_batch, eval_count, progress_bar, rng_state, run_epochs, set_rng_state, start_run, stop_after
+from ..team import Team
+from ..engine import (CheckpointManager, MetricsLogger, end_of_batch, eval_count, plot_run, progress_bar, rng_state,
+                              run_epochs, set_rng_state, start_run, stop_after)
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
-__all__ = ['MADPOConfig', 'MADPOTrainer', 'tokenize_centralized', 'central_sample']
+__all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args',
+           'tokenize_centralized', 'central_candidates']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 @dataclass
@@ -42,31 +45,91 @@ class MADPOConfig(MAGRPOConfig):
         self.collaboration_mode = check_choice(self.collaboration_mode, "collaboration_mode", ("decentralized", "centralized"), owner)
 
 # %% ../../nbs/42_madpo.ipynb #a116df39
-class MADPOTrainer(MAGRPOTrainer):
-    "Multi-agent DPO on self-collected preference pairs; MAGRPOTrainer's arguments plus `oracle=` (and the centralized hooks)."
-    config_class, algo = MADPOConfig, "madpo"
-    def _num_policies(self, args) -> int: return 1 if args.collaboration_mode == "centralized" else args.num_agents
+class FromTeam:
+    "A trainer attribute that is its team's attribute of the same name (read and written through)."
+    def __set_name__(self, owner, name): self.name = name
+    def __get__(self, obj, owner=None): return self if obj is None else getattr(obj.team, self.name)
+    def __set__(self, obj, value): setattr(obj.team, self.name, value)
 
-    def __init__(self, *args, oracle=None, centralized_prompt_builder=None, centralized_parser=None, **kwargs):
-        cfg = kwargs.get("args")
-        if cfg is not None and not isinstance(cfg, MADPOConfig):
-            raise TypeError(f"args must be a MADPOConfig, got {type(cfg).__name__}")
-        if cfg is not None and cfg.reference_kl_enabled:
-            logger.warning("MADPO is reference-free: reference_kl_enabled/reference_kl_coef/reference_devices add nothing to its loss; no reference copies are made")
-            kwargs["args"] = replace(cfg, reference_kl_enabled=False)
-        central = cfg is not None and cfg.collaboration_mode == "centralized"
-        if central and hasattr(kwargs.get("agents"), "build"):
-            raise ValueError("collaboration_mode='centralized' trains ONE actor model and an adapter spec builds one per agent: "
-                             "pass agents=[model] or agent_model=")
-        if not central and (centralized_prompt_builder is not None or centralized_parser is not None):
-            raise ValueError("centralized_prompt_builder= and centralized_parser= apply only with MADPOConfig(collaboration_mode='centralized')")
-        super().__init__(*args, **kwargs)
-        self.oracle = resolve_oracle(oracle, self.n, self.reward_fn, self.args.reward_batched)
-        self.pairs, self._tokens = [], None
-        self.state["collected"] = False
+class MADPOTrainer:
+    "Multi-agent DPO on preference pairs the team collects itself (see the loop below)."
+    config_class, algo = MADPOConfig, "madpo"
+    agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
+
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
+                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
+                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
+                 wandb_config: Optional[dict] = None, oracle=None, centralized_prompt_builder=None,
+                 centralized_parser=None):
+        self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
+                                      centralized_parser)
+        self.n, central = args.num_agents, args.collaboration_mode == "centralized"
+        check_task(reward_func, eval_logger, eval_aggregator)
+        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, 1 if central else None)
+        self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        self.oracle = resolve_oracle(oracle, self.n, self.reward_fn, args.reward_batched)
+        for ds, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")): self.team.check_dataset(ds, name)
+        self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
+        self.eval_logger, self.eval_aggregator, self.ref_agents = eval_logger, eval_aggregator, None
+        self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
+        self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * len(self.agents)}
+        self.pairs, self._tokens, self.preference_sampler = [], None, None
         if central: self._setup_centralized(centralized_prompt_builder, centralized_parser)
 
+    def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
+    def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
+
+# %% ../../nbs/42_madpo.ipynb #b1c0a002
+def default_args(config_class, args, num_agents: Optional[int], agents):
+    "`args`, checked to be a `config_class`; None -> the default config for `num_agents` (or the agents given)."
+    if args is None:
+        n = num_agents or (len(agents) if isinstance(agents, (list, tuple)) else getattr(agents, "num_agents", None))
+        return config_class(num_agents=n) if n else config_class()
+    if not isinstance(args, config_class):
+        raise TypeError(f"args must be a {config_class.__name__}, got {type(args).__name__}")
+    if num_agents is not None and num_agents != args.num_agents:
+        raise ValueError(f"num_agents={num_agents} but args.num_agents={args.num_agents}; make them agree")
+    return args
+
+def check_agents(args, agents, num_policies: int):
+    "The agent arguments against the config: a list holds one model per trained policy; an adapter spec fits."
+    n = args.num_agents
+    if isinstance(agents, (list, tuple)) and len(agents) != num_policies:
+        raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree" if num_policies == n
+                         else f"{len(agents)} agents were given but this configuration trains {num_policies} model(s) for "
+                              f"{n} roles: pass agents=[model] or agent_model=")
+    if hasattr(agents, "build") and agents.num_agents != n:
+        raise ValueError(f"the adapter spec has num_agents={agents.num_agents} but args.num_agents={n}; make them agree")
+    if hasattr(agents, "build") and args.parallel_training == "mp":
+        raise ValueError("adapter agents share one base model and cannot run concurrently: use parallel_training='none'")
+
+def check_task(reward_func, eval_logger, eval_aggregator):
+    "A reward function is required; the evaluation logger and aggregator come together."
+    if reward_func is None:
+        raise ValueError("reward_func is required: a function scoring joint responses (see the rewards notebook)")
+    if (eval_logger is None) != (eval_aggregator is None):
+        raise ValueError("eval_logger and eval_aggregator go together: pass both or neither")
+
+# %% ../../nbs/42_madpo.ipynb #b1c0a003
+def madpo_args(config_class, args, num_agents, agents, builder=None, parser=None):
+    "The MADPO config of a trainer: checked, centralized hooks only with the centralized mode, reference-KL off."
+    args = default_args(config_class, args, num_agents, agents)
+    central = args.collaboration_mode == "centralized"
+    if central and hasattr(agents, "build"):
+        raise ValueError("collaboration_mode='centralized' trains ONE actor model and an adapter spec builds one per "
+                         "agent: pass agents=[model] or agent_model=")
+    if not central and (builder is not None or parser is not None):
+        raise ValueError("centralized_prompt_builder= and centralized_parser= apply only with "
+                         "MADPOConfig(collaboration_mode='centralized')")
+    check_agents(args, agents, 1 if central else args.num_agents)
+    if args.reference_kl_enabled:
+        logger.warning("MADPO is reference-free: reference_kl_enabled/reference_kl_coef/reference_devices add nothing to "
+                       "its loss; no reference copies are made")
+        args = replace(args, reference_kl_enabled=False)
+    return args
+
 # %% ../../nbs/42_madpo.ipynb #079becf6
+@patch
 def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
     "Agent i's margins log pi_i(w_i) - log pi_i(l_i) for the pairs `idx` (with gradient when enabled)."
     toks, B = [self._tokens[i][j] for j in idx], len(idx)
@@ -75,24 +138,29 @@ def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
     _, seq = completion_logprobs(self.agents[i], *batch, autocast_dtype=self.args.autocast_dtype)
     return seq[:B] - seq[B:]
 
+@patch
 def _update(self: MADPOTrainer, idx) -> dict:
     "One MADPO step for every agent on the pairs `idx`; returns the margins (before the step) and the loss."
     for m in self.agents: m.train()
-    own = self._map_agents(lambda i: self._margins(i, idx))                 # with graphs
+    own = self.team.map(lambda i: self._margins(i, idx))                  # with graphs
     M = torch.stack([m.detach().float().cpu() for m in own])              # [n, B]: every margin, computed once
-    beta = self.args.dpo_beta
-    def step(i):
-        ms = [own[i] if j == i else M[j].to(own[i].device) for j in range(len(own))]
-        loss = check_finite_loss(madpo_loss(ms, beta, agent=i), f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
-        opt = self.optimizers[i]; opt.zero_grad(set_to_none=True); loss.backward()
-        if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(self.agents[i].parameters(), self.args.max_grad_norm)
-        opt.step(); self.state["optimizer_steps"][i] += 1
-        return float(loss.detach())
-    losses = self._map_agents(step)
+    losses = self.team.map(lambda i: self._step(i, own[i], M))
     for m in self.agents: m.eval()
     return {"margins": M, "loss": losses[0], "losses": losses}
 
-MADPOTrainer._margins, MADPOTrainer._update = _margins, _update
+@patch
+def _step(self: MADPOTrainer, i: int, margin: torch.Tensor, M: torch.Tensor) -> float:
+    "Agent i's loss with its own margin differentiable (the others' detached), and one step of its optimizer."
+    ms = [margin if j == i else M[j].to(margin.device) for j in range(len(M))]
+    where = f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}"
+    loss = check_finite_loss(madpo_loss(ms, self.args.dpo_beta, agent=i), where)
+    opt = self.optimizers[i]
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(self.agents[i].parameters(), self.args.max_grad_norm)
+    opt.step()
+    self.state["optimizer_steps"][i] += 1
+    return float(loss.detach())
 
 # %% ../../nbs/42_madpo.ipynb #67a7641b
 def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> list[tuple]:
@@ -101,69 +169,73 @@ def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> li
     for j, r in enumerate(records):
         c = r.get("centralized")
         if not isinstance(c, dict) or not all(isinstance(c.get(f), str) for f in ("prompt", "winner", "loser")):
-            raise ValueError(f"pair record {j}, field 'centralized': missing or malformed. Centralized MADPO trains on the actor's "
-                             "prompt and raw joint completions ({'prompt', 'winner', 'loser', 'winner_eos', 'loser_eos'}); "
-                             "pairs collected by decentralized agents do not have them")
+            raise ValueError(f"pair record {j}, field 'centralized': missing or malformed. Centralized MADPO trains on "
+                             "the actor's prompt and raw joint completions ({'prompt', 'winner', 'loser', 'winner_eos', "
+                             "'loser_eos'}); pairs collected by decentralized agents do not have them")
         p, w = encode_side(tokenizer, c["prompt"], c["winner"], bool(c.get("winner_eos", True)), eos_id)
         _, l = encode_side(tokenizer, c["prompt"], c["loser"], bool(c.get("loser_eos", True)), eos_id)
         out.append((p, w, l))
     return out
 
+@patch
 def _tokenize(self: MADPOTrainer, records) -> list[list[tuple]]:
     "Per trained model, the token ids of every record (one list per agent, or the actor's one list)."
     if self.args.collaboration_mode == "centralized": return [tokenize_centralized(records, self.tokenizers[0])]
     return [tokenize_pairs(records, i, self.tokenizers[i]) for i in range(self.n)]
 
-MADPOTrainer._tokenize = _tokenize
-
 # %% ../../nbs/42_madpo.ipynb #49288714
+@patch
 @torch.no_grad()
-def _all_margins(self: MADPOTrainer, records=None, batch_size: int = 8) -> torch.Tensor:
+def margins(self: MADPOTrainer, records=None, batch_size: int = 8) -> torch.Tensor:
     "Per-agent margins [n, P] of `records` (default: the collected pairs), re-tokenized from their text."
-    if records is not None:
-        saved = self._tokens; self._tokens = self._tokenize(records)
+    saved = self._tokens
+    if records is not None: self._tokens = self._tokenize(records)
     try:
         P = len(self._tokens[0]) if self._tokens else 0
-        cols = [torch.stack([self._margins(i, list(range(s, min(P, s + batch_size)))).float().cpu() for i in range(len(self.agents))])
-                for s in range(0, P, batch_size)]
+        cols = [torch.stack([self._margins(i, list(range(s, min(P, s + batch_size)))).float().cpu()
+                             for i in range(len(self.agents))]) for s in range(0, P, batch_size)]
     finally:
-        if records is not None: self._tokens = saved
+        self._tokens = saved
     return torch.cat(cols, 1) if cols else torch.zeros(len(self.agents), 0)
 
-MADPOTrainer.margins = _all_margins
-
 # %% ../../nbs/42_madpo.ipynb #a8d3fe1a
+@patch
 def _dpo_metrics(self: MADPOTrainer, idx, out: dict, wall: float) -> dict:
+    "The metrics line of one batch of pairs (margins before the step, the oracle's rewards at collection time)."
     M, recs = out["margins"], [self.pairs[j] for j in idx]
-    D = team_margin(M)
-    cand = float(np.mean([r["candidate_reward_mean"] for r in recs]))
+    D, mean = team_margin(M), lambda f: float(np.mean([f(r) for r in recs]))
+    cand = mean(lambda r: r["candidate_reward_mean"])
     m = {"dpo/loss": out["loss"], "dpo/accuracy": float((D > 0).float().mean()), "dpo/margin_mean": float(D.mean()),
-         "dpo/reward_gap": float(np.mean([r["winner_reward"] - r["loser_reward"] for r in recs])),
-         "dpo/winner_reward_mean": float(np.mean([r["winner_reward"] for r in recs])),
-         "dpo/loser_reward_mean": float(np.mean([r["loser_reward"] for r in recs])), "dpo/pairs": len(idx),
+         "dpo/reward_gap": mean(lambda r: r["winner_reward"] - r["loser_reward"]),
+         "dpo/winner_reward_mean": mean(lambda r: r["winner_reward"]),
+         "dpo/loser_reward_mean": mean(lambda r: r["loser_reward"]), "dpo/pairs": len(idx),
          "turn_1/reward_mean": cand, "turn_1/expected_return": cand, "turn_1/reward_source": "collection-time candidates",
          "time/batch": wall, "pairs_per_s": len(idx) / max(wall, 1e-9)}
     for i in range(len(self.agents)):
-        m[f"agent_{i}/margin"] = float(M[i].mean()); m[f"agent_{i}/loss"] = out["losses"][i]
+        m[f"agent_{i}/margin"] = float(M[i].mean())
+        m[f"agent_{i}/loss"] = out["losses"][i]
         m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
     return m
 
-MADPOTrainer._dpo_metrics = _dpo_metrics
-
 # %% ../../nbs/42_madpo.ipynb #928dbaf1
+@patch
 def _pair_order(self: MADPOTrainer, epoch: int) -> np.ndarray:
+    "The shuffled order of the pairs in `epoch` (seeded: a resumed run sees the same order)."
     return np.random.default_rng(derive_seed(self.args.seed, "pair_order", epoch)).permutation(len(self.pairs))
 
+@patch
 def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:
-    self.pairs, stats = build_pair_dataset(self, self.output_dir / "pairs.json", self.oracle)
-    self.state["collected"] = True
+    "The team's pairs over the training set, stored in pairs.json and read back; logs the collection statistics."
+    sampler = None if self.preference_sampler is None else \
+        lambda chunk, ids, K, round_key: self.preference_sampler(self, chunk, ids, K, round_key)
+    self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
+                                           self.oracle, sampler=sampler)
     metrics.log({"batch": 0, "phase": "collection", **{f"collection/{k}": v for k, v in stats.items()}}, 0, console=False)
     return stats
 
-MADPOTrainer._pair_order, MADPOTrainer._collect = _pair_order, _collect
-
 # %% ../../nbs/42_madpo.ipynb #40b3548a
-def _train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+@patch
+def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
     "Collect preference pairs, then run MADPO over them for num_train_epochs (or resume); returns the final state."
     a = self.args
     if self.train_dataset is None: raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
@@ -171,90 +243,113 @@ def _train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     if not resume_from_checkpoint: self._collect(metrics)                 # resumed runs bring their pairs back
     if not self.pairs:
         logger.warning("no item produced an untied pair (every comparison was a tie): training ends without updating the policies")
-        metrics.close(); return {**self.state, "num_pairs": 0, "stopped": False, "metrics_path": str(metrics.path)}
+        metrics.close()
+        return {**self.state, "num_pairs": 0, "stopped": False, "metrics_path": str(metrics.path)}
     self._tokens = self._tokenize(self.pairs)
     stop, per_epoch = stop_after(stop_after_batch), math.ceil(len(self.pairs) / a.train_batch_size)
-    bar = progress_bar(a.num_train_epochs * per_epoch, f"{self.algo} ({self.n} agents)", a.progress_bar, self.state["global_batch"])
-    stopped = run_epochs(self, per_epoch, self._pair_order, lambda order: self._dpo_batch(order, metrics, bar, ckpt, stop), ckpt, metrics, bar)
+    bar = progress_bar(a.num_train_epochs * per_epoch, f"{self.algo} ({self.n} agents)", a.progress_bar,
+                       self.state["global_batch"])
+    batch = lambda order: self._dpo_batch(order, metrics, bar, ckpt, stop)
+    stopped = run_epochs(self, per_epoch, self._pair_order, batch, ckpt, metrics, bar)
     return {**self._finish(metrics, bar, stopped=stopped), "num_pairs": len(self.pairs)}
 
 # %% ../../nbs/42_madpo.ipynb #2d86b1c4
+@patch
 def _dpo_batch(self: MADPOTrainer, order, metrics, bar, ckpt, stop_after_batch) -> bool:
-    "One batch of pairs; returns True when the run should stop here."
+    "One batch of pairs: evaluate when due, one MADPO step, log; returns True when the run should stop here."
     a, st, t0 = self.args, self.state, time.perf_counter()
-    b = st["batch_in_epoch"]; idx = [int(j) for j in order[b * a.train_batch_size:(b + 1) * a.train_batch_size]]
+    b, bs = st["batch_in_epoch"], a.train_batch_size
+    idx = [int(j) for j in order[b * bs:(b + 1) * bs]]
     ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
     out = self._update(idx)
-    st["batch_in_epoch"] += 1; st["global_batch"] += 1
+    st["batch_in_epoch"] += 1
+    st["global_batch"] += 1
     rec = {"batch": st["global_batch"], "epoch": st["epoch"], **self._dpo_metrics(idx, out, time.perf_counter() - t0), **ev}
-    return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt), stop_after_batch,
-                        postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
+    return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt),
+                        stop_after_batch, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
 
-MADPOTrainer.train, MADPOTrainer._dpo_batch = _train, _dpo_batch
+@patch
+def _finish(self: MADPOTrainer, metrics, bar, stopped: bool = False) -> dict:
+    "Close the bar and the metrics, draw the run plot; the final state."
+    bar.close()
+    metrics.close()
+    if self.args.save_plot:
+        try: plot_run(metrics.path, self.output_dir / "training_curves.png", f"{self.algo}: reward per batch")
+        except Exception as e: logger.warning(f"could not draw the run plot: {e}")
+    return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path)}
 
 # %% ../../nbs/42_madpo.ipynb #89341f3f
+@patch
 def _save_checkpoint(self: MADPOTrainer, ckpt: CheckpointManager):
-    state = {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
-             "pairs": self.pairs, "state": copy.deepcopy(self.state), "rng": rng_state(), "config": asdict(self.args)}
+    "The team (weights, optimizers), the pairs, the counters and the RNG states, as one checkpoint."
+    state = {**self.team.state_dict(), "pairs": self.pairs, "state": copy.deepcopy(self.state), "rng": rng_state(),
+             "config": asdict(self.args)}
     p = ckpt.save(self.state["global_batch"], state, {"epoch": self.state["epoch"], "num_pairs": len(self.pairs)})
     logger.info(f"checkpoint saved: {p}")
 
+@patch
 def _restore(self: MADPOTrainer, ckpt: CheckpointManager, which):
+    "Load a checkpoint (a path, or True for the newest) back into the team and the trainer."
     p, s = ckpt.load(which)
-    for m, sd in zip(self.agents, s["agents"]): m.load_state_dict(sd)
-    for o, sd in zip(self.optimizers, s["optimizers"]): o.load_state_dict(sd)
-    self.pairs, self.state = list(s["pairs"]), s["state"]; set_rng_state(s["rng"])
+    self.team.load_state_dict(s)
+    self.pairs, self.state = list(s["pairs"]), s["state"]
+    set_rng_state(s["rng"])
     logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state['epoch']}, {len(self.pairs)} pairs)")
 
-MADPOTrainer._save_checkpoint, MADPOTrainer._restore = _save_checkpoint, _restore
+@patch
+def save_model(self: MADPOTrainer, output_dir) -> Path:
+    "Write each trained model and its tokenizer to output_dir/agent_<i>/."
+    return self.team.save_pretrained(output_dir)
 
 # %% ../../nbs/42_madpo.ipynb #480e5585
+@patch
 def _setup_centralized(self: MADPOTrainer, builder=None, parser=None):
     "One actor (agents[0]) writes every role: the builder makes its prompt, the parser splits its answers."
     self.build_prompt, self.parse = builder or centralized_prompt, parser or parse_agent_sections
-    self.preference_sampler = _central_candidates                          # collect_preference_pairs uses it
+    self.preference_sampler = central_candidates                       # the collection samples with it
 
+@patch
 def _central_prompt(self: MADPOTrainer, item) -> tuple[list[str], str]:
     "The roles' formatted prompts and the actor's prompt built from them (chat-templated when use_chat_template)."
-    roles = [format_prompt(self.formatters[i], item, i) for i in range(self.n)]
+    roles = [self.team.format(item, i) for i in range(self.n)]
     p = self.build_prompt(roles, item)
-    if not isinstance(p, str): raise TypeError(f"centralized_prompt_builder returned {type(p).__name__}; it must return the actor's prompt (a string)")
-    return roles, apply_chat_template(self.tokenizers[0], p) if self.args.use_chat_template else p
+    if not isinstance(p, str):
+        raise TypeError(f"centralized_prompt_builder returned {type(p).__name__}; it must return the actor's prompt (a string)")
+    return roles, self.team.chat(0, p)
 
+@patch
 def _split(self: MADPOTrainer, text: str) -> Optional[list[str]]:
     "The parser's role responses of one joint completion (checked), or None when it does not parse."
     parts = self.parse(text, self.n)
-    if parts is not None and (not isinstance(parts, (list, tuple)) or len(parts) != self.n or not all(isinstance(x, str) for x in parts)):
-        raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings (one per role) or None")
+    ok = parts is None or (isinstance(parts, (list, tuple)) and len(parts) == self.n and all(isinstance(x, str) for x in parts))
+    if not ok: raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings (one per role) or None")
     return None if parts is None else list(parts)
 
-MADPOTrainer._setup_centralized, MADPOTrainer._central_prompt, MADPOTrainer._split = _setup_centralized, _central_prompt, _split
-
 # %% ../../nbs/42_madpo.ipynb #bfd5e6a1
+@patch
 def central_sample(self: MADPOTrainer, items, keys, k: int) -> dict:
     "Role prompts, actor prompts, k actor completions per item and their role responses (an unparsed one -> empty roles)."
-    a = self.args
     roles, prompts = zip(*[self._central_prompt(it) for it in items])
-    c = generate_completions(self.agents[0], self.tokenizers[0], list(prompts), k=k, max_new_tokens=a.max_new_tokens,
-                             temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype, keys=keys)
+    c = self.team.generate(0, list(prompts), k, keys)
     parts = [self._split(t) for t in c.texts]
     return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
-            "texts": [[p[i] if p is not None else "" for p in parts] for i in range(self.n)], "unparsed": sum(p is None for p in parts)}
+            "texts": [[p[i] if p is not None else "" for p in parts] for i in range(self.n)],
+            "unparsed": sum(p is None for p in parts)}
 
-def _central_candidates(self: MADPOTrainer, chunk, ids, K: int, round_key) -> dict:
-    "The preference sampler of centralized mode (same contract as the decentralized one, plus the records' extra field)."
-    s = self.central_sample(chunk, [(self.args.seed, "preference", round_key, j, "actor") for j in ids], K)
+def central_candidates(trainer: MADPOTrainer, chunk, ids, K: int, round_key) -> dict:
+    "The collection sampler of centralized mode (the decentralized one's contract, plus the records' extra field)."
+    s = trainer.central_sample(chunk, [(trainer.args.seed, "preference", round_key, j, "actor") for j in ids], K)
     raw, ended = s["comps"].texts, [bool(e) for e in s["comps"].ended.tolist()]
     def extra(b, w, l):
         w, l = b * K + w, b * K + l
         return {"centralized": {"prompt": s["actor_prompts"][b], "winner": raw[w], "loser": raw[l],
                                 "winner_eos": ended[w], "loser_eos": ended[l]}}
-    return {"prompts": s["prompts"], "texts": s["texts"], "ended": [ended] * self.n, "extra": extra, "unparsed": s["unparsed"]}
-
-MADPOTrainer.central_sample = central_sample
+    return {"prompts": s["prompts"], "texts": s["texts"], "ended": [ended] * trainer.n, "extra": extra,
+            "unparsed": s["unparsed"]}
 
 # %% ../../nbs/42_madpo.ipynb #d16a7057
-def _evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
+@patch
+def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
     "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores the parsed roles."
     if self.args.collaboration_mode != "centralized": return MAGRPOTrainer.evaluate(self, num_samples)
     a = self.args
@@ -262,17 +357,18 @@ def _evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
     if m == 0: return {}
     rewards, lens, unparsed, logged = [], [], 0, []
     for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size))); items = [self.eval_dataset[j] for j in ids]
+        ids = list(range(s, min(m, s + a.eval_batch_size)))
+        items = [self.eval_dataset[j] for j in ids]
         x = self.central_sample(items, [(a.seed, "eval", j, "actor") for j in ids], 1)
-        rewards += self.reward_fn(x["texts"], items, x["prompts"]); lens += x["comps"].lengths.tolist(); unparsed += x["unparsed"]
+        rewards += self.reward_fn(x["texts"], items, x["prompts"])
+        lens += x["comps"].lengths.tolist()
+        unparsed += x["unparsed"]
         if self.eval_logger is not None:
-            logged += list(self.eval_logger(agent_completions_turns=[[[t] for t in x["texts"][i]] for i in range(self.n)],
-                                            batch_items=items, prompts=x["prompts"]))
+            turns = [[[t] for t in x["texts"][i]] for i in range(self.n)]
+            logged += list(self.eval_logger(agent_completions_turns=turns, batch_items=items, prompts=x["prompts"]))
     r = np.asarray(rewards)
     out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
            "eval/agent_0/completion_len": float(np.mean(lens)), "eval/unparsed_rate": unparsed / m}
     if self.eval_aggregator is not None:
         out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=1).items()})
     return out
-
-MADPOTrainer.evaluate = _evaluate
