@@ -17,6 +17,7 @@ from .tasks import Task, get_task, length_ratio_reward
 from .advantages import ADVANTAGE_MODES, baselines, node_advantages, penalized_returns
 from .losses import reinforce_loss
 from .engine import plot_run, read_metrics
+from .team import Team
 from .trainers.reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer,
                                           MARLOOConfig, MARLOOTrainer, MAReMaxConfig, MAReMaxTrainer)
 from .trainers.actor_critic import MAACConfig, MAACTrainer, IACConfig, IACTrainer, td_targets
