@@ -7,19 +7,23 @@ from __future__ import annotations
 import importlib, io
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
+from fastcore.basics import patch
 from ..core import (atomic_write_bytes, check_bool, check_choice, check_number, config_error, logger, resolve_device,
                             seed_everything)
 from ..preference import build_pair_dataset, check_preference_config, load_pairs, resolve_oracle
 from ..reward_model import JointRewardModel, _pair_texts
+from ..rewards import RewardFunction
+from ..team import SAMPLING_FIELDS, Team
 from ..engine import CheckpointManager, MetricsLogger
 from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer,
                                           _validate_reinforce)
+from .madpo import FromTeam, check_task, default_args
 
 # %% auto #0
-__all__ = ['RL_ALGORITHMS', 'MARLHFConfig', 'rl_backend', 'MARLHFTrainer']
+__all__ = ['RL_ALGORITHMS', 'MARLHFConfig', 'rl_backend', 'MARLHFTrainer', 'backend_config', 'backend_team']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 RL_ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac")
@@ -81,25 +85,66 @@ def rl_backend(name: str):
     return getattr(mod, {"maac": "MAACTrainer", "iac": "IACTrainer"}[name])
 
 # %% ../../nbs/43_marlhf.ipynb #66e1bea7
-class MARLHFTrainer(MAGRPOTrainer):
-    "Preference pairs -> joint reward model (Bradley-Terry) -> policies trained by an RL backend on the frozen learned reward."
+class MARLHFTrainer:
+    "Preference pairs -> joint reward model (Bradley-Terry) -> policies trained by an RL backend on the frozen reward."
     config_class, algo = MARLHFConfig, "marlhf"
+    agents, tokenizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam()
 
-    def __init__(self, *args, oracle=None, reward_model=None, reward_tokenizer=None, backend_kwargs: Optional[dict] = None, **kwargs):
-        cfg = kwargs.get("args")
-        if cfg is not None and not isinstance(cfg, MARLHFConfig): raise TypeError(f"args must be a MARLHFConfig, got {type(cfg).__name__}")
-        backend = rl_backend(cfg.rl_algorithm if cfg is not None else "magrpo")
-        if cfg is not None and cfg.reference_kl_enabled: kwargs["args"] = replace(cfg, reference_kl_enabled=False)  # the backend makes its copies
-        super().__init__(*args, **kwargs)
-        if cfg is not None: self.args = cfg
-        self.oracle = resolve_oracle(oracle, self.n, self.reward_fn, self.args.reward_batched)
-        spec = kwargs.get("agent_model", args[0] if args else None)
-        if spec is None and isinstance(kwargs.get("agents"), (list, tuple)): spec = kwargs["agents"][0]
-        self.reward_model = self._make_reward_model(reward_model, reward_tokenizer, spec, kwargs.get("model_config"))
-        self.policy_trainer = self._make_policy_trainer(backend, backend_kwargs or {})
-        self.pairs = []
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
+                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
+                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
+                 wandb_config: Optional[dict] = None, oracle=None, reward_model=None, reward_tokenizer=None,
+                 backend_kwargs: Optional[dict] = None):
+        self.args = args = default_args(self.config_class, args, num_agents, agents)
+        backend = rl_backend(args.rl_algorithm)
+        check_task(reward_func, eval_logger, eval_aggregator)
+        self.n, self.ref_agents, self.pairs = args.num_agents, None, []
+        self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        self.oracle = resolve_oracle(oracle, self.n, self.reward_fn, args.reward_batched)
+        self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
+        self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
+        self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
+        self.policy_trainer = backend(agent_model, agents, tokenizer=tokenizer, reward_func=self.learned_reward,
+                                      formatters=formatters, args=backend_config(backend, args),
+                                      train_dataset=train_dataset, eval_dataset=eval_dataset, model_config=model_config,
+                                      eval_logger=eval_logger, eval_aggregator=eval_aggregator,
+                                      wandb_config=wandb_config, **(backend_kwargs or {}))
+        self.policy_trainer.evaluate = self.evaluate       # evaluation always uses the task reward (this trainer's)
+        self.team = backend_team(self.policy_trainer)
+        spec = agent_model if agent_model is not None else agents[0] if isinstance(agents, (list, tuple)) else None
+        self.reward_model = self._make_reward_model(reward_model, reward_tokenizer, spec, model_config)
+
+    def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
+    def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
+
+# %% ../../nbs/43_marlhf.ipynb #c4a1b001
+def backend_config(backend, args):
+    "The backend's config, from this config's fields of the same names (not `advantage_mode`: the backend sets it)."
+    names = {f.name for f in fields(backend.config_class)} - {"advantage_mode"}
+    return backend.config_class(**{k: getattr(args, k) for k in names if hasattr(args, k)})
+
+def backend_team(trainer) -> Team:
+    "The team a backend trains: its own, or one over its agents, tokenizers and optimizers (until every backend has one)."
+    if hasattr(trainer, "team"): return trainer.team
+    a = trainer.args
+    team = Team(agents=trainer.agents, tokenizer=trainer.tokenizers, num_roles=trainer.n, formatters=trainer.formatters,
+                devices=trainer.devices, parallel_training=a.parallel_training, use_chat_template=a.use_chat_template,
+                sampling={f: getattr(a, f) for f in SAMPLING_FIELDS})
+    team.optimizers = trainer.optimizers
+    return team
+
+@patch
+def learned_reward(self: MARLHFTrainer, *completions, prompts=None, **_) -> list[float]:
+    "The policy phase's reward: the frozen reward model's score of each joint response."
+    return self.reward_model.score(prompts, completions, self.args.reward_score_batch_size)
+
+@patch
+def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
+    "The backend's evaluation, always with the task reward (never the learned one)."
+    return MAGRPOTrainer.evaluate(self, num_samples)
 
 # %% ../../nbs/43_marlhf.ipynb #17d3b6b6
+@patch
 def _make_reward_model(self: MARLHFTrainer, reward_model, reward_tokenizer, agent_spec, model_config) -> JointRewardModel:
     "A fresh JointRewardModel (pretrained backbone, new head) on reward_model_device (default: agent 1's device)."
     a = self.args
@@ -111,27 +156,14 @@ def _make_reward_model(self: MARLHFTrainer, reward_model, reward_tokenizer, agen
     if name is None and isinstance(agent_spec, (str, Path)): name = str(agent_spec)
     if name is None: name = getattr(getattr(self.agents[0], "config", None), "_name_or_path", "") or None
     if name is None:
-        raise ValueError("MARLHFTrainer: the agents are model objects without a model id, so the reward model has no default "
-                         "backbone; set MARLHFConfig.reward_model_name (a model id or path) or pass reward_model= "
+        raise ValueError("MARLHFTrainer: the agents are model objects without a model id, so the reward model has no "
+                         "default backbone; set MARLHFConfig.reward_model_name (a model id or path) or pass reward_model= "
                          "(a backbone object or a JointRewardModel)")
     return JointRewardModel(name, reward_tokenizer, model_config=model_config, **kw)
 
-def _make_policy_trainer(self: MARLHFTrainer, backend, backend_kwargs: dict):
-    "The backend trainer on the same agent objects, rewarded by the (frozen) reward model, evaluated by this trainer."
-    names = {f.name for f in fields(backend.config_class)} - {"advantage_mode"}
-    cfg = backend.config_class(**{k: getattr(self.args, k) for k in names if hasattr(self.args, k)})
-    def learned_reward(*completions, prompts=None, **_):
-        return self.reward_model.score(prompts, completions, self.args.reward_score_batch_size)
-    pt = backend(agents=self.agents, tokenizer=self.tokenizers, reward_func=learned_reward, formatters=self.formatters,
-                 args=cfg, train_dataset=self.train_dataset, eval_dataset=self.eval_dataset, eval_logger=self.eval_logger,
-                 eval_aggregator=self.eval_aggregator, wandb_config=self.wandb_config, **backend_kwargs)
-    pt.evaluate = self.evaluate            # evaluation always uses the task reward (this trainer's reward_fn)
-    return pt
-
-MARLHFTrainer._make_reward_model, MARLHFTrainer._make_policy_trainer = _make_reward_model, _make_policy_trainer
-
 # %% ../../nbs/43_marlhf.ipynb #75e544fe
-def _fit_reward_model(self: MARLHFTrainer) -> dict:
+@patch
+def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model"
     ml = MetricsLogger(d, a.logging_steps)
@@ -144,31 +176,27 @@ def _fit_reward_model(self: MARLHFTrainer) -> dict:
                   learning_rate=a.reward_learning_rate, seed=a.seed, autocast_dtype=a.autocast_dtype, callback=log)
     summary = {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
                "reward_model/train_accuracy": rm.preference_accuracy(*_pair_texts(self.pairs))}
-    ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False); ml.close()
+    ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
+    ml.close()
     if a.save_steps >= 0:
-        buf = io.BytesIO(); torch.save(rm.state_dict(), buf); atomic_write_bytes(d / "state.pt", buf.getvalue())
+        buf = io.BytesIO()
+        torch.save(rm.state_dict(), buf)
+        atomic_write_bytes(d / "state.pt", buf.getvalue())
     rm.freeze()
     logger.info(f"reward model fitted on {len(self.pairs)} pairs in {len(hist)} steps; it ranks "
                 f"{summary['reward_model/train_accuracy']:.0%} of them right; frozen for the policy phase")
     return summary
 
-MARLHFTrainer.fit_reward_model = _fit_reward_model
-
 # %% ../../nbs/43_marlhf.ipynb #74536699
-def _train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+@patch
+def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
     "Collect pairs, fit and freeze the reward model, train the policies on it; returns the backend's final state."
-    a, rm_state = self.args, self.output_dir / "reward_model" / "state.pt"
     if self.train_dataset is None: raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
-    if resume_from_checkpoint and rm_state.exists():
-        self.pairs = load_pairs(self.output_dir / "pairs.json", self.n)
-        self.reward_model.load_state_dict(torch.load(rm_state, map_location=self.reward_model.device)); self.reward_model.freeze()
-        if resume_from_checkpoint is True and CheckpointManager(self.output_dir / "checkpoints").latest() is None:
-            resume_from_checkpoint = None
-        logger.info(f"resuming MARLHF with the stored {len(self.pairs)} pairs and fitted reward model")
-    else:
-        if resume_from_checkpoint: logger.warning(f"no fitted reward model at {rm_state}: starting again from the collection")
-        seed_everything(a.seed); resume_from_checkpoint = None
-        self.pairs, stats = build_pair_dataset(self, self.output_dir / "pairs.json", self.oracle)
+    resume_from_checkpoint = self._resume_reward_phase(resume_from_checkpoint)   # None: collect and fit again
+    if resume_from_checkpoint is None:
+        seed_everything(self.args.seed)
+        self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
+                                               self.oracle)
         if not self.pairs:
             logger.warning("no item produced an untied pair (every comparison was a tie): training ends without fitting a "
                            "reward model or updating the policies")
@@ -177,4 +205,18 @@ def _train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: O
     out = self.policy_trainer.train(resume_from_checkpoint=resume_from_checkpoint, stop_after_batch=stop_after_batch)
     return {**out, "num_pairs": len(self.pairs)}
 
-MARLHFTrainer.train = _train
+@patch
+def _resume_reward_phase(self: MARLHFTrainer, resume_from_checkpoint):
+    "Resuming past the reward fit: reload the pairs and the frozen reward model; what the backend should resume from."
+    rm_state = self.output_dir / "reward_model" / "state.pt"
+    if not resume_from_checkpoint: return None
+    if not rm_state.exists():
+        logger.warning(f"no fitted reward model at {rm_state}: starting again from the collection")
+        return None
+    self.pairs = load_pairs(self.output_dir / "pairs.json", self.n)
+    self.reward_model.load_state_dict(torch.load(rm_state, map_location=self.reward_model.device))
+    self.reward_model.freeze()
+    logger.info(f"resuming MARLHF with the stored {len(self.pairs)} pairs and fitted reward model")
+    if resume_from_checkpoint is True and CheckpointManager(self.output_dir / "checkpoints").latest() is None:
+        return False                                                       # no policy checkpoint: start that phase over
+    return resume_from_checkpoint
