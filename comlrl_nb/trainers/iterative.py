@@ -12,23 +12,24 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-from ..core import (atomic_write_text, check_choice, check_number, config_error, derive_seed, logger,
-                            seed_everything)
-from ..generation import generate_completions
-from ..rewards import RewardError, RewardFunction, format_prompt
-from ..preference import PAIR_SELECTIONS, make_pair_record, tokenize_pairs, validate_pair_record
+from fastcore.basics import patch
+from ..core import atomic_write_text, check_choice, check_number, config_error, derive_seed, logger, seed_everything
+from ..rewards import RewardError, RewardFunction
+from ..preference import PAIR_SELECTIONS, make_pair_record, resolve_oracle, tokenize_pairs, validate_pair_record
 from ..replay import ReplayBuffer, check_replay_options
 from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, ComparatorSide,
                                    centralized_parse_error, sample_comparator, select_comparisons)
 from ..reward_model import _pair_texts
+from ..team import Team
 from ..engine import CheckpointManager, MetricsLogger, new_figure, progress_bar, read_metrics, rng_state, set_rng_state
-from .reinforce import _check_devices
-from .madpo import MADPOConfig, MADPOTrainer
-from .marlhf import MARLHFConfig, MARLHFTrainer
+from .reinforce import MAGRPOTrainer, _check_devices
+from .madpo import (MADPOConfig, FromTeam, check_task, default_args, dpo_metrics, madpo_args,
+                                      madpo_update)
+from .marlhf import MARLHFConfig, backend_team, make_policy_trainer, make_reward_model
 
 # %% auto #0
-__all__ = ['IterativeFields', 'config_record', 'MADPOIterConfig', 'MARLHFIterConfig', 'plot_rounds', 'MADPOIterTrainer',
-           'MARLHFIterTrainer']
+__all__ = ['IterativeFields', 'config_record', 'MADPOIterConfig', 'MARLHFIterConfig', 'PreferenceRounds', 'plot_rounds',
+           'MADPOIterTrainer', 'MARLHFIterTrainer']
 
 # %% ../../nbs/53_iterative.ipynb #3288bfe8
 @dataclass(repr=False)
@@ -161,8 +162,55 @@ class MARLHFIterConfig(MARLHFConfig, IterativeFields):
 
 MARLHFIterConfig.__repr__ = _config_repr
 
+# %% ../../nbs/53_iterative.ipynb #d7a0b002
+class PreferenceRounds:
+    "Rounds of iterative preference training: collect against a comparator, store, select, train on the selection."
+    agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
+
+    def _setup_task(self, reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
+                    eval_aggregator, wandb_config):
+        "The task reward (and the raw one, without reward_processor), the oracle, the datasets and evaluation hooks."
+        a, n = self.args, self.args.num_agents
+        self.n, self.ref_agents, self.pairs = n, None, []
+        self.reward_fn = RewardFunction(reward_func, n, reward_processor, a.reward_batched)
+        self._raw_reward = RewardFunction(reward_func, n, None, a.reward_batched)
+        self.oracle, self._custom_oracle = resolve_oracle(oracle, n, self.reward_fn, a.reward_batched), oracle is not None
+        self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
+        self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
+        self.output_dir = Path(a.output_dir or Path("runs") / self.algo)
+
+    def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
+    def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
+    def evaluate(self, num_samples: Optional[int] = None) -> dict: return MAGRPOTrainer.evaluate(self, num_samples)
+
+# %% ../../nbs/53_iterative.ipynb #d7a0b003
+@patch
+def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenizer=None, comparator_client=None,
+                  comparator_generator=None, comparator_prompt_builder=None, comparator_parser=None):
+    "The replay buffer, the comparator side (over the team's agents) and the round state."
+    a, n = self.args, self.n
+    for ds, name in ((self.train_dataset, "train_dataset"), (self.eval_dataset, "eval_dataset")):
+        self.team.check_dataset(ds, name)
+    self.replay_dir = Path(a.preference_replay_dir) if a.preference_replay_dir is not None else \
+        self.output_dir / "preference_replay"
+    self.replay = ReplayBuffer(self.replay_dir, a.preference_replay_mode, a.preference_replay_k, a.preference_replay_lambda,
+                               a.preference_replay_sample_size, seed=a.seed,
+                               validate=lambda r, where: validate_pair_record(r, n, where))
+    central = a.comparator_generation_mode == "centralized"
+    gen_kwargs = dict(max_new_tokens=a.comparator_max_new_tokens or a.max_new_tokens * (n if central else 1),
+                      temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype)
+    snaps = Path(a.policy_checkpoint_dir) if a.policy_checkpoint_dir is not None else self.output_dir / "policy_checkpoints"
+    self.comparator = ComparatorSide(
+        a.comparator_policy, self.agents, self.tokenizers, devices=a.comparator_devices, gen_kwargs=gen_kwargs, seed=a.seed,
+        model_name=a.comparator_model_name, comparator_agents=a.comparator_agents, comparator_tokenizer=comparator_tokenizer,
+        model_config=model_config, history_k=a.comparator_history_k, snapshot_dir=snaps, client=comparator_client,
+        api_config=a, generator=comparator_generator)
+    self.comparator_prompt_builder, self.comparator_parser = comparator_prompt_builder, comparator_parser
+    self.state, self.rounds = {"iteration": 0, "global_batch": 0, "optimizer_steps": [0] * n}, []
+
 # %% ../../nbs/53_iterative.ipynb #c638ff0f
-def _process(self, raw: list) -> list:
+@patch
+def _process(self: PreferenceRounds, raw: list) -> list:
     "reward_processor applied to raw oracle scores (validated); identity without a processor."
     p = self.reward_fn.processor
     if p is None: return list(raw)
@@ -175,7 +223,8 @@ def _process(self, raw: list) -> list:
         out.append(float(x))
     return out
 
-def _round_scorer(self) -> Callable:
+@patch
+def _round_scorer(self: PreferenceRounds) -> Callable:
     "score(per-agent lists, items, prompts) -> (raw, processed) for this round."
     a = self.args
     if getattr(self, "_rm_fitted", False) and a.preference_scoring_reward == "reward_model":
@@ -185,13 +234,14 @@ def _round_scorer(self) -> Callable:
     return lambda lists, items, prompts: (lambda r: (r, self._process(r)))(self._raw_reward(lists, items, prompts))
 
 # %% ../../nbs/53_iterative.ipynb #b638a783
-def _agent_candidates(self, nu: int, prompts, ids, K: int) -> list:
-    a = self.args
-    return self._map_agents(lambda i: generate_completions(
-        self.agents[i], self.tokenizers[i], prompts[i], k=K, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-        top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype, keys=[(a.seed, "preference", nu, j, i) for j in ids]))
+@patch
+def _agent_candidates(self: PreferenceRounds, nu: int, prompts, ids, K: int) -> list:
+    "Every agent's K candidates per prompt of round nu, sampled by the team."
+    keys = lambda i: [(self.args.seed, "preference", nu, j, i) for j in ids]
+    return self.team.map(lambda i: self.team.generate(i, prompts[i], K, keys(i)))
 
-def _score_comparisons(self, comps, cs, chunk, prompts, K: int, Kc: int, score) -> tuple:
+@patch
+def _score_comparisons(self: PreferenceRounds, comps, cs, chunk, prompts, K: int, Kc: int, score) -> tuple:
     "Compared (b, k) indices and the raw/processed scores of the agents' (first half) and comparator's joint responses."
     B, n = len(chunk), self.n
     cmp = [(b, k) for b in range(B) for k in range(min(K, Kc)) if cs.present[b * Kc + k]]
@@ -201,41 +251,48 @@ def _score_comparisons(self, comps, cs, chunk, prompts, K: int, Kc: int, score) 
     return cmp, raw, proc
 
 # %% ../../nbs/53_iterative.ipynb #ccf789a4
-def _item_records(self, nu, b, j, cmp, raw, proc, comps, cs, prompts, K, Kc) -> tuple[list, dict]:
+@patch
+def _item_records(self: PreferenceRounds, nu, b, j, cmp, raw, proc, comps, cs, prompts, K, Kc) -> tuple[list, dict]:
     "Item b's comparisons -> kept records and counts."
     a, n, J = self.args, self.n, len(cmp)
     pos = [r for r, (bb, _) in enumerate(cmp) if bb == b]
     if not pos: return [], {"comparisons": 0, "ties": 0, "comparator_wins": 0}
     mean = float(np.mean([proc[r] for r in pos] + [proc[J + r] for r in pos]))
     by_k = {cmp[r][1]: r for r in pos}
-    kept = select_comparisons([(cmp[r][1], proc[r], proc[J + r]) for r in pos], a.pair_selection, a.preference_pairs_per_sample, (a.seed, nu, j))
+    kept = select_comparisons([(cmp[r][1], proc[r], proc[J + r]) for r in pos], a.pair_selection,
+                              a.preference_pairs_per_sample, (a.seed, nu, j))
+    def side(agents: bool, k: int) -> tuple[list, list]:
+        if agents: return [comps[i].texts[b * K + k] for i in range(n)], [bool(comps[i].ended[b * K + k]) for i in range(n)]
+        return [cs.texts[i][b * Kc + k] for i in range(n)], [cs.ended[i][b * Kc + k] for i in range(n)]
     out = []
     for k, t, c in kept:
         r, agents_win = by_k[k], t > c
-        side = lambda agents: ([comps[i].texts[b * K + k] for i in range(n)], [bool(comps[i].ended[b * K + k]) for i in range(n)]) \
-                              if agents else ([cs.texts[i][b * Kc + k] for i in range(n)], [cs.ended[i][b * Kc + k] for i in range(n)])
-        (w, weos), (l, leos) = side(agents_win), side(not agents_win)
+        (w, weos), (l, leos) = side(agents_win, k), side(not agents_win, k)
+        raws = [raw[r], raw[J + r]] if agents_win else [raw[J + r], raw[r]]
         out.append(make_pair_record([prompts[i][b] for i in range(n)], w, l, max(t, c), min(t, c), mean, weos, leos,
-                                    raw_rewards=[raw[r], raw[J + r]] if agents_win else [raw[J + r], raw[r]],
-                                    target_raw_reward=raw[r], comparator_raw_reward=raw[J + r], iteration=nu, candidate_index=k,
-                                    winner_side="agents" if agents_win else "comparator", comparator_policy=a.comparator_policy))
+                                    raw_rewards=raws, target_raw_reward=raw[r], comparator_raw_reward=raw[J + r],
+                                    iteration=nu, candidate_index=k, winner_side="agents" if agents_win else "comparator",
+                                    comparator_policy=a.comparator_policy))
     return out, {"comparisons": len(pos), "ties": sum(proc[r] == proc[J + r] for r in pos),
                  "comparator_wins": sum(proc[J + r] > proc[r] for r in pos)}
 
 # %% ../../nbs/53_iterative.ipynb #fe9c4726
-def _collect_batch(self, nu: int, chunk: list, ids: list, gen, wrap, score) -> tuple[list, dict]:
+@patch
+def _collect_batch(self: PreferenceRounds, nu: int, chunk: list, ids: list, gen, wrap, score) -> tuple[list, dict]:
+    "One batch of items of round nu: both sides' candidates, one oracle call, then per item its records and counts."
     a, n = self.args, self.n
-    K = a.preference_num_candidates; Kc = a.comparator_num_candidates or K
-    prompts = [[self._prompt(it, i) for it in chunk] for i in range(n)]
-    originals = [[format_prompt(self.formatters[i], it, i) for it in chunk] for i in range(n)]
+    K = a.preference_num_candidates
+    Kc = a.comparator_num_candidates or K
+    prompts, originals = self.team.prompts(chunk), [[self.team.format(it, i) for it in chunk] for i in range(n)]
     comps = self._agent_candidates(nu, prompts, ids, K)
-    cs = sample_comparator(gen, originals, chunk, ids, Kc, nu, a.comparator_generation_mode, a.comparator_centralized_agent_index,
-                           self.comparator_prompt_builder, self.comparator_parser, wrap)
+    cs = sample_comparator(gen, originals, chunk, ids, Kc, nu, a.comparator_generation_mode,
+                           a.comparator_centralized_agent_index, self.comparator_prompt_builder, self.comparator_parser, wrap)
     cmp, raw, proc = self._score_comparisons(comps, cs, chunk, prompts, K, Kc, score)
     records, st = [], {"comparisons": 0, "ties": 0, "comparator_wins": 0, "items_without_pairs": 0}
     for b, j in enumerate(ids):
         recs, s = self._item_records(nu, b, j, cmp, raw, proc, comps, cs, prompts, K, Kc)
-        records += recs; st["items_without_pairs"] += not recs
+        records += recs
+        st["items_without_pairs"] += not recs
         for key in ("comparisons", "ties", "comparator_wins"): st[key] += s[key]
     J = len(cmp)
     st.update(unparsed=cs.unparsed, comparator_responses=len(cs.present), examples=cs.unparsed_examples,
@@ -243,8 +300,9 @@ def _collect_batch(self, nu: int, chunk: list, ids: list, gen, wrap, score) -> t
     return records, st
 
 # %% ../../nbs/53_iterative.ipynb #31d691d6
+@patch
 @torch.no_grad()
-def _collect_round(self, nu: int) -> tuple[list, dict]:
+def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
     "Round nu's pair records (every train item) and its statistics."
     a, ds = self.args, self.train_dataset
     score, gen = self._round_scorer(), self.comparator.begin_round(nu)
@@ -262,36 +320,20 @@ def _collect_round(self, nu: int) -> tuple[list, dict]:
 
 # %% ../../nbs/53_iterative.ipynb #ef09ff2d
 def _round_stats(acc: dict, items: int, pairs: int) -> dict:
+    "A round's summary from its batches' accumulated counts and scores."
     mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")
     untied = acc["comparisons"] - acc["ties"]
     return {"items": items, "pairs": pairs, "comparisons": acc["comparisons"], "ties": acc["ties"],
-            "comparator_wins": acc["comparator_wins"], "comparator_win_rate": acc["comparator_wins"] / untied if untied else float("nan"),
+            "comparator_wins": acc["comparator_wins"],
+            "comparator_win_rate": acc["comparator_wins"] / untied if untied else float("nan"),
             "items_without_pairs": acc["items_without_pairs"], "unparsed_candidates": acc["unparsed"],
             "target_reward_mean": mean(acc["target"]), "comparator_reward_mean": mean(acc["comparator"]),
             "target_raw_reward_mean": mean(acc["target_raw"]), "comparator_raw_reward_mean": mean(acc["comparator_raw"])}
 
-# %% ../../nbs/53_iterative.ipynb #e347155c
-def _setup_iterative(self, oracle, model_config, comparator_tokenizer=None, comparator_client=None, comparator_generator=None,
-                     comparator_prompt_builder=None, comparator_parser=None):
-    a, n = self.args, self.n
-    self._custom_oracle = oracle is not None
-    self._raw_reward = RewardFunction(self.reward_fn.fn, n, None, a.reward_batched)
-    self.replay_dir = Path(a.preference_replay_dir) if a.preference_replay_dir is not None else self.output_dir / "preference_replay"
-    self.replay = ReplayBuffer(self.replay_dir, a.preference_replay_mode, a.preference_replay_k, a.preference_replay_lambda,
-                               a.preference_replay_sample_size, seed=a.seed, validate=lambda r, where: validate_pair_record(r, n, where))
-    central = a.comparator_generation_mode == "centralized"
-    gen_kwargs = dict(max_new_tokens=a.comparator_max_new_tokens or a.max_new_tokens * (n if central else 1),
-                      temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype)
-    snaps = Path(a.policy_checkpoint_dir) if a.policy_checkpoint_dir is not None else self.output_dir / "policy_checkpoints"
-    self.comparator = ComparatorSide(a.comparator_policy, self.agents, self.tokenizers, devices=a.comparator_devices, gen_kwargs=gen_kwargs,
-                                     seed=a.seed, model_name=a.comparator_model_name, comparator_agents=a.comparator_agents,
-                                     comparator_tokenizer=comparator_tokenizer, model_config=model_config, history_k=a.comparator_history_k,
-                                     snapshot_dir=snaps, client=comparator_client, api_config=a, generator=comparator_generator)
-    self.comparator_prompt_builder, self.comparator_parser = comparator_prompt_builder, comparator_parser
-    self.state, self.rounds = {"iteration": 0, "global_batch": 0, "optimizer_steps": [0] * n}, []
-
 # %% ../../nbs/53_iterative.ipynb #7e896bd1
-def _run_round(self, nu: int, metrics: MetricsLogger) -> dict:
+@patch
+def _run_round(self: PreferenceRounds, nu: int, metrics: MetricsLogger) -> dict:
+    "One round: collect, store, select, train on the selection, evaluate; its metrics line."
     t0 = time.perf_counter()
     records, st = self._collect_round(nu)
     self.replay.register(nu, records)
@@ -305,19 +347,23 @@ def _run_round(self, nu: int, metrics: MetricsLogger) -> dict:
     row = {"batch": self.state["global_batch"], "iteration": nu, "phase": "round", **{f"round/{k}": v for k, v in st.items()},
            "round/train_pairs": len(selected), "round/train_pairs_from": src, **tr,
            "round/time_collect": t1 - t0, "round/time_train": t2 - t1, **ev}
-    metrics.log(row, self.state["global_batch"], console=True); self.rounds.append(row)
+    metrics.log(row, self.state["global_batch"], console=True)
+    self.rounds.append(row)
     logger.info(f"round {nu}: {st['pairs']} new pairs ({st['comparisons']} comparisons, {st['ties']} ties, comparator won "
                 f"{st['comparator_win_rate']:.0%} of the rest), trained on {len(selected)}")
     return row
 
 # %% ../../nbs/53_iterative.ipynb #4e862a0b
-def _iter_train(self, resume_from_checkpoint=None, stop_after_round: Optional[int] = None) -> dict:
+@patch
+def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round: Optional[int] = None) -> dict:
     "Run the rounds (or continue from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None: raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
     ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.n)
     metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config, a.tensorboard)
-    if resume_from_checkpoint: self._restore(ckpt, resume_from_checkpoint); _keep_rounds(metrics.path, self.state["iteration"])
+    if resume_from_checkpoint:
+        self._restore(ckpt, resume_from_checkpoint)
+        _keep_rounds(metrics.path, self.state["iteration"])
     else: self._fresh_start(metrics)
     env = os.environ.get("COMLRL_NB_STOP_AFTER_ROUND")
     stop = stop_after_round or (int(env) if env else None)
@@ -326,57 +372,76 @@ def _iter_train(self, resume_from_checkpoint=None, stop_after_round: Optional[in
         while self.state["iteration"] < a.num_iterations:
             nu = self.state["iteration"] + 1
             self._run_round(nu, metrics)
-            self.state["iteration"] = nu; self.comparator.save_snapshot(nu)
+            self.state["iteration"] = nu
+            self.comparator.save_snapshot(nu)
             if a.save_steps >= 0 or (stop is not None and nu >= stop): self._save_checkpoint(ckpt)
             bar.update(1)
             if stop is not None and nu >= stop and nu < a.num_iterations:
                 logger.info(f"stopping after round {nu} as asked; resume with train(resume_from_checkpoint=True)")
                 return self._iter_finish(metrics, bar, stopped=True)
     except KeyboardInterrupt:
-        logger.warning(f"interrupted in round {self.state['iteration'] + 1}: resuming restarts that round from the checkpoint of round "
-                       f"{self.state['iteration']}" + ("" if a.save_steps >= 0 else " (none: save_steps=-1)"))
-        bar.close(); metrics.close(); raise
+        logger.warning(f"interrupted in round {self.state['iteration'] + 1}: resuming restarts that round from the "
+                       f"checkpoint of round {self.state['iteration']}" + ("" if a.save_steps >= 0 else " (none: save_steps=-1)"))
+        bar.close()
+        metrics.close()
+        raise
     return self._iter_finish(metrics, bar)
 
 # %% ../../nbs/53_iterative.ipynb #8148ceae
-def _fresh_start(self, metrics: MetricsLogger):
+@patch
+def _fresh_start(self: PreferenceRounds, metrics: MetricsLogger):
+    "Seed, start a new metrics file, warn about another run's replay files, snapshot S_0, evaluate round 0."
     seed_everything(self.args.seed)
     if metrics.path.exists(): metrics.path.unlink()
     old = sorted(self.replay_dir.glob("iteration_*.json")) if self.replay_dir.exists() else []
-    if old: logger.warning(f"{self.replay_dir} already holds {len(old)} replay files from an earlier run: they are not imported; "
-                           "this run's rounds overwrite the files with the same numbers")
+    if old:
+        logger.warning(f"{self.replay_dir} already holds {len(old)} replay files from an earlier run: they are not "
+                       "imported; this run's rounds overwrite the files with the same numbers")
     self.comparator.save_snapshot(0)
     ev = self.evaluate() if self.args.eval_interval > 0 else {}
     if ev:
-        row = {"batch": 0, "iteration": 0, "phase": "round", **ev}; metrics.log(row, 0, console=True); self.rounds.append(row)
+        row = {"batch": 0, "iteration": 0, "phase": "round", **ev}
+        metrics.log(row, 0, console=True)
+        self.rounds.append(row)
 
 def _keep_rounds(path: Path, done: int):
     "Drop metrics lines of rounds after `done` (they are rerun after a resume)."
     rows = [r for r in read_metrics(path) if r.get("iteration", 0) <= done]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
-def _iter_finish(self, metrics, bar, stopped: bool = False) -> dict:
-    bar.close(); metrics.close()
+@patch
+def _iter_finish(self: PreferenceRounds, metrics, bar, stopped: bool = False) -> dict:
+    "Close the bar and the metrics, draw the rounds plot; the final state and the round rows."
+    bar.close()
+    metrics.close()
     if self.args.save_plot:
         try: plot_rounds(metrics.path, self.output_dir / "rounds.png", f"{self.algo}: per round")
         except Exception as e: logger.warning(f"could not draw the rounds plot: {e}")
     return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path), "rounds": list(self.rounds)}
 
 # %% ../../nbs/53_iterative.ipynb #acb06bfc
-def _iter_save_checkpoint(self, ckpt: CheckpointManager):
-    state = {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self._optimizers()],
+@patch
+def _save_checkpoint(self: PreferenceRounds, ckpt: CheckpointManager):
+    "The team's weights and optimizers, counters, round rows, RNG, replay and comparator state, and the trainer's own."
+    state = {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
              "state": copy.deepcopy(self.state), "rounds": copy.deepcopy(self.rounds), "rng": rng_state(),
-             "replay": self.replay.state_dict(), "comparator": self.comparator.state_dict(), "config": config_record(self.args),
-             **self._extra_state()}
-    p = ckpt.save(self.state["iteration"], state, {"iteration": self.state["iteration"], "global_batch": self.state["global_batch"]})
+             "replay": self.replay.state_dict(), "comparator": self.comparator.state_dict(),
+             "config": config_record(self.args), **self._extra_state()}
+    info = {"iteration": self.state["iteration"], "global_batch": self.state["global_batch"]}
+    p = ckpt.save(self.state["iteration"], state, info)
     logger.info(f"checkpoint saved: {p}")
 
-def _iter_restore(self, ckpt: CheckpointManager, which):
+@patch
+def _restore(self: PreferenceRounds, ckpt: CheckpointManager, which):
+    "Load a checkpoint (a path, or True for the newest) back into the team, the replay, the comparator and the trainer."
     p, s = ckpt.load(which)
     for m, sd in zip(self.agents, s["agents"]): m.load_state_dict(sd)
-    for o, sd in zip(self._optimizers(), s["optimizers"]): o.load_state_dict(sd)
-    self.state, self.rounds = s["state"], s["rounds"]; set_rng_state(s["rng"])
-    self.replay.load_state_dict(s["replay"]); self.comparator.load_state_dict(s["comparator"]); self._load_extra_state(s)
+    for o, sd in zip(self.optimizers, s["optimizers"]): o.load_state_dict(sd)
+    self.state, self.rounds = s["state"], s["rounds"]
+    set_rng_state(s["rng"])
+    self.replay.load_state_dict(s["replay"])
+    self.comparator.load_state_dict(s["comparator"])
+    self._load_extra_state(s)
     logger.info(f"resumed from {p} after round {self.state['iteration']}")
 
 # %% ../../nbs/53_iterative.ipynb #42199090
@@ -402,68 +467,100 @@ def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
     return fig
 
 # %% ../../nbs/53_iterative.ipynb #b8782afb
-class MADPOIterTrainer(MADPOTrainer):
+class MADPOIterTrainer(PreferenceRounds):
     "Iterative MADPO: rounds of comparator pairs -> replay -> MADPO updates (see the notebook for the loop)."
     config_class, algo = MADPOIterConfig, "madpo_iter"
 
-    def __init__(self, *args, oracle=None, comparator_tokenizer=None, comparator_client=None, comparator_generator=None,
-                 comparator_prompt_builder=None, comparator_parser=None, **kwargs):
-        cfg = kwargs.get("args")
-        if cfg is not None and not isinstance(cfg, MADPOIterConfig): raise TypeError(f"args must be a MADPOIterConfig, got {type(cfg).__name__}")
-        super().__init__(*args, oracle=oracle, **kwargs)
-        self._setup_iterative(oracle, kwargs.get("model_config"), comparator_tokenizer, comparator_client, comparator_generator,
-                              comparator_prompt_builder, comparator_parser)
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
+                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
+                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
+                 wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None, comparator_client=None,
+                 comparator_generator=None, comparator_prompt_builder=None, comparator_parser=None,
+                 centralized_prompt_builder=None, centralized_parser=None):
+        self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
+                                      centralized_parser)
+        check_task(reward_func, eval_logger, eval_aggregator)
+        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger, eval_aggregator,
+                         wandb_config)
+        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
+        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
+                           comparator_prompt_builder, comparator_parser)
+        self._tokens = None
 
 # %% ../../nbs/53_iterative.ipynb #4dc074db
-def _madpo_train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLogger) -> dict:
-    "num_train_epochs of MADPO on the round's selected pairs; one metrics line per batch."
+@patch
+def _update(self: MADPOIterTrainer, idx) -> dict:
+    "One MADPO step of every agent on the round's pairs `idx`."
     a = self.args
-    if not records: logger.warning(f"round {nu}: no training pairs; the agents are not updated this round"); return {"train/batches": 0}
-    self.pairs = list(records); self._tokens = [tokenize_pairs(self.pairs, i, self.tokenizers[i]) for i in range(self.n)]
+    return madpo_update(self.team, self._tokens, idx, a.dpo_beta, self.state["optimizer_steps"], a.max_grad_norm,
+                        a.autocast_dtype)
+
+@patch
+def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLogger) -> dict:
+    "num_train_epochs of MADPO on the round's selected pairs; one metrics line per batch."
+    a, st = self.args, self.state
+    if not records:
+        logger.warning(f"round {nu}: no training pairs; the agents are not updated this round")
+        return {"train/batches": 0}
+    self.pairs, self._tokens = list(records), [tokenize_pairs(records, i, self.tokenizers[i]) for i in range(self.n)]
     P, bs, rows = len(self.pairs), a.train_batch_size, []
     for epoch in range(a.num_train_epochs):
         order = np.random.default_rng(derive_seed(a.seed, "pair_order", nu, epoch)).permutation(P)
         for s in range(0, P, bs):
             t0, idx = time.perf_counter(), [int(j) for j in order[s:s + bs]]
-            out = self._update(idx); self.state["global_batch"] += 1
-            rec = {"batch": self.state["global_batch"], "iteration": nu, "epoch": epoch, "phase": "train",
-                   **self._dpo_metrics(idx, out, time.perf_counter() - t0)}
-            metrics.log(rec, self.state["global_batch"]); rows.append(rec)
+            out = self._update(idx)
+            st["global_batch"] += 1
+            rec = {"batch": st["global_batch"], "iteration": nu, "epoch": epoch, "phase": "train",
+                   **dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, st["optimizer_steps"])}
+            metrics.log(rec, st["global_batch"])
+            rows.append(rec)
     return {"train/batches": len(rows), "train/dpo_loss": float(np.mean([r["dpo/loss"] for r in rows])),
             "train/dpo_accuracy": float(np.mean([r["dpo/accuracy"] for r in rows]))}
 
 # %% ../../nbs/53_iterative.ipynb #28d3d0c7
-_SHARED = dict(_process=_process, _round_scorer=_round_scorer, _agent_candidates=_agent_candidates, _score_comparisons=_score_comparisons,
-               _item_records=_item_records, _collect_batch=_collect_batch, _collect_round=_collect_round, _setup_iterative=_setup_iterative,
-               _run_round=_run_round, train=_iter_train, _fresh_start=_fresh_start, _iter_finish=_iter_finish,
-               _save_checkpoint=_iter_save_checkpoint, _restore=_iter_restore)
-for _name, _fn in _SHARED.items(): setattr(MADPOIterTrainer, _name, _fn)
-MADPOIterTrainer._train_on = _madpo_train_on
-MADPOIterTrainer._optimizers = lambda self: self.optimizers
-MADPOIterTrainer._extra_state = lambda self: {}
-MADPOIterTrainer._load_extra_state = lambda self, s: None
+@patch
+def _extra_state(self: MADPOIterTrainer) -> dict:
+    "MADPO keeps nothing beyond the driver's checkpoint."
+    return {}
+
+@patch
+def _load_extra_state(self: MADPOIterTrainer, s: dict): pass
 
 # %% ../../nbs/53_iterative.ipynb #924d147d
-class MARLHFIterTrainer(MARLHFTrainer):
+class MARLHFIterTrainer(PreferenceRounds):
     "Iterative MARLHF: rounds of comparator pairs -> replay -> fresh reward model -> policy phase."
     config_class, algo = MARLHFIterConfig, "marlhf_iter"
 
-    def __init__(self, *args, oracle=None, reward_model=None, reward_tokenizer=None, backend_kwargs: Optional[dict] = None,
-                 comparator_tokenizer=None, comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
-                 comparator_parser=None, **kwargs):
-        cfg = kwargs.get("args")
-        if cfg is not None and not isinstance(cfg, MARLHFIterConfig): raise TypeError(f"args must be a MARLHFIterConfig, got {type(cfg).__name__}")
-        super().__init__(*args, oracle=oracle, reward_model=reward_model, reward_tokenizer=reward_tokenizer, backend_kwargs=backend_kwargs, **kwargs)
-        self._setup_iterative(oracle, kwargs.get("model_config"), comparator_tokenizer, comparator_client, comparator_generator,
-                              comparator_prompt_builder, comparator_parser)
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
+                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
+                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
+                 wandb_config: Optional[dict] = None, oracle=None, reward_model=None, reward_tokenizer=None,
+                 backend_kwargs: Optional[dict] = None, comparator_tokenizer=None, comparator_client=None,
+                 comparator_generator=None, comparator_prompt_builder=None, comparator_parser=None):
+        self.args = args = default_args(self.config_class, args, num_agents, agents)
+        check_task(reward_func, eval_logger, eval_aggregator)
+        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger, eval_aggregator,
+                         wandb_config)
+        self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
+                                                  backend_kwargs)
+        self.team = backend_team(self.policy_trainer)
+        self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
+        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
+                           comparator_prompt_builder, comparator_parser)
         self._rm_initial = {k: v.detach().cpu().clone() for k, v in self.reward_model.state_dict().items()}
         self._rm_fitted, self._policy_args = False, self.policy_trainer.args
 
+    def learned_reward(self, *completions, prompts=None, **_) -> list[float]:
+        "The policy phase's reward: the frozen reward model's score of each joint response."
+        return self.reward_model.score(prompts, completions, self.args.reward_score_batch_size)
+
 # %% ../../nbs/53_iterative.ipynb #7dec4254
+@patch
 def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> dict:
     "Reset the reward model to its initial state, fit it on the round's pairs, freeze it."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
-    rm.load_state_dict(self._rm_initial); rm.requires_grad_(True)
+    rm.load_state_dict(self._rm_initial)
+    rm.requires_grad_(True)
     if rm.freeze_backbone: rm.body.requires_grad_(False)
     ml = MetricsLogger(d, a.logging_steps)
     if ml.path.exists(): ml.path.unlink()
@@ -472,46 +569,58 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     hist = rm.fit(records, num_train_epochs=a.reward_num_train_epochs, batch_size=a.reward_train_batch_size,
                   learning_rate=a.reward_learning_rate, seed=derive_seed(a.seed, "reward_model_round", nu),
                   autocast_dtype=a.autocast_dtype, callback=log)
-    ml.close(); rm.freeze(); self._rm_fitted = True
+    ml.close()
+    rm.freeze()
+    self._rm_fitted = True
     return {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
             "reward_model/train_accuracy": rm.preference_accuracy(*_pair_texts(records))}
 
 # %% ../../nbs/53_iterative.ipynb #3371dcf4
+@patch
 def _policy_round(self: MARLHFIterTrainer, nu: int) -> dict:
     "The backend's training over train_dataset on the frozen reward model; its own metrics under policy/iteration_<nu>/."
     pt, d = self.policy_trainer, self.output_dir / "policy" / f"iteration_{nu:04d}"
     pt.args = replace(self._policy_args, seed=derive_seed(self.args.seed, "policy_round", nu) % 2**31, output_dir=str(d),
                       save_steps=-1)
-    pt.output_dir = d; pt.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
+    pt.output_dir = d
+    pt.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
     for b in list(getattr(pt, "buffers", [])) + list(getattr(pt, "value_buffers", [])): b.items = []
     out = pt.train()
     self.state["global_batch"] += out["global_batch"]
     rew = [r["turn_1/reward_mean"] for r in read_metrics(d / "metrics.jsonl") if "turn_1/reward_mean" in r]
-    return {"policy/batches": out["global_batch"], "policy/learned_reward_mean": float(np.mean(rew)) if rew else float("nan"),
-            "policy/learned_reward_first": rew[0] if rew else float("nan"), "policy/learned_reward_last": rew[-1] if rew else float("nan")}
+    nan = float("nan")
+    return {"policy/batches": out["global_batch"], "policy/learned_reward_mean": float(np.mean(rew)) if rew else nan,
+            "policy/learned_reward_first": rew[0] if rew else nan, "policy/learned_reward_last": rew[-1] if rew else nan}
 
-def _marlhf_train_on(self: MARLHFIterTrainer, nu: int, records: list, metrics) -> dict:
-    if not records: logger.warning(f"round {nu}: no training pairs; no reward model is fitted and the agents are not updated"); return {}
+@patch
+def _train_on(self: MARLHFIterTrainer, nu: int, records: list, metrics) -> dict:
+    "A fresh reward model fitted on the round's pairs, then the policy phase on it."
+    if not records:
+        logger.warning(f"round {nu}: no training pairs; no reward model is fitted and the agents are not updated")
+        return {}
     self.pairs = list(records)
     return {**self._fit_round_reward_model(nu, self.pairs), **self._policy_round(nu)}
 
 # %% ../../nbs/53_iterative.ipynb #db6c073a
-def _marlhf_extra_state(self: MARLHFIterTrainer) -> dict:
-    pt, out = self.policy_trainer, {"policy_state": copy.deepcopy(self.policy_trainer.state), "rm_fitted": self._rm_fitted}
+@patch
+def _extra_state(self: MARLHFIterTrainer) -> dict:
+    "The backend's counters and critics, whether a reward model is fitted, and (when it scores) the reward model."
+    pt = self.policy_trainer
+    out = {"policy_state": copy.deepcopy(pt.state), "rm_fitted": self._rm_fitted}
     if hasattr(pt, "critics"):
         out["critics"] = [c.state_dict() for c in pt.critics]
         out["critic_optimizers"] = [o.state_dict() if o is not None else None for o in pt.critic_optimizers]
-    if self.args.preference_scoring_reward == "reward_model" and self._rm_fitted: out["reward_model"] = self.reward_model.state_dict()
+    if self.args.preference_scoring_reward == "reward_model" and self._rm_fitted:
+        out["reward_model"] = self.reward_model.state_dict()
     return out
 
-def _marlhf_load_extra_state(self: MARLHFIterTrainer, s: dict):
-    pt = self.policy_trainer; pt.state = s["policy_state"]; self._rm_fitted = s["rm_fitted"]
+@patch
+def _load_extra_state(self: MARLHFIterTrainer, s: dict):
+    pt = self.policy_trainer
+    pt.state, self._rm_fitted = s["policy_state"], s["rm_fitted"]
     for c, sd in zip(getattr(pt, "critics", []), s.get("critics", [])): c.load_state_dict(sd)
     for o, sd in zip(getattr(pt, "critic_optimizers", []), s.get("critic_optimizers", [])):
         if o is not None and sd is not None: o.load_state_dict(sd)
-    if "reward_model" in s: self.reward_model.load_state_dict(s["reward_model"]); self.reward_model.freeze()
-
-for _name, _fn in _SHARED.items(): setattr(MARLHFIterTrainer, _name, _fn)
-MARLHFIterTrainer._fit_round_reward_model, MARLHFIterTrainer._policy_round, MARLHFIterTrainer._train_on = _fit_round_reward_model, _policy_round, _marlhf_train_on
-MARLHFIterTrainer._optimizers = lambda self: self.policy_trainer.optimizers
-MARLHFIterTrainer._extra_state, MARLHFIterTrainer._load_extra_state = _marlhf_extra_state, _marlhf_load_extra_state
+    if "reward_model" in s:
+        self.reward_model.load_state_dict(s["reward_model"])
+        self.reward_model.freeze()

@@ -24,8 +24,8 @@ from ..engine import (CheckpointManager, MetricsLogger, end_of_batch, eval_count
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
-__all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args',
-           'tokenize_centralized', 'central_candidates']
+__all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'pair_margins',
+           'madpo_agent_step', 'madpo_update', 'tokenize_centralized', 'dpo_metrics', 'central_candidates']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 @dataclass
@@ -129,38 +129,48 @@ def madpo_args(config_class, args, num_agents, agents, builder=None, parser=None
     return args
 
 # %% ../../nbs/42_madpo.ipynb #079becf6
-@patch
-def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
-    "Agent i's margins log pi_i(w_i) - log pi_i(l_i) for the pairs `idx` (with gradient when enabled)."
-    toks, B = [self._tokens[i][j] for j in idx], len(idx)
-    pad = self.tokenizers[i].pad_token_id if self.tokenizers[i].pad_token_id is not None else 0
+def pair_margins(model, tokenizer, tokens: list, idx, autocast_dtype=None) -> torch.Tensor:
+    "A model's margins log pi(w) - log pi(l) on the pairs `idx` of its tokenized pairs (with gradient when enabled)."
+    toks, B = [tokens[j] for j in idx], len(idx)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = collate([t[0] for t in toks] * 2, [t[1] for t in toks] + [t[2] for t in toks], pad)
-    _, seq = completion_logprobs(self.agents[i], *batch, autocast_dtype=self.args.autocast_dtype)
+    _, seq = completion_logprobs(model, *batch, autocast_dtype=autocast_dtype)
     return seq[:B] - seq[B:]
 
-@patch
-def _update(self: MADPOTrainer, idx) -> dict:
-    "One MADPO step for every agent on the pairs `idx`; returns the margins (before the step) and the loss."
-    for m in self.agents: m.train()
-    own = self.team.map(lambda i: self._margins(i, idx))                  # with graphs
+def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: float, steps: list,
+                     max_grad_norm: Optional[float] = None) -> float:
+    "Model i's loss with its own margin differentiable (the others' detached), and one step of its optimizer."
+    ms = [margin if j == i else M[j].to(margin.device) for j in range(len(M))]
+    loss = check_finite_loss(madpo_loss(ms, beta, agent=i), f"agent {i} optimizer step {steps[i] + 1}")
+    opt = team.optimizers[i]
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if max_grad_norm: torch.nn.utils.clip_grad_norm_(team.agents[i].parameters(), max_grad_norm)
+    opt.step()
+    steps[i] += 1
+    return float(loss.detach())
+
+def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_norm: Optional[float] = None,
+                 autocast_dtype=None) -> dict:
+    "One MADPO step of every model of `team` on the pairs `idx`; the margins (before the step) and the losses."
+    for m in team.agents: m.train()
+    own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], idx, autocast_dtype))
     M = torch.stack([m.detach().float().cpu() for m in own])              # [n, B]: every margin, computed once
-    losses = self.team.map(lambda i: self._step(i, own[i], M))
-    for m in self.agents: m.eval()
+    losses = team.map(lambda i: madpo_agent_step(team, i, own[i], M, beta, steps, max_grad_norm))
+    for m in team.agents: m.eval()
     return {"margins": M, "loss": losses[0], "losses": losses}
 
 @patch
-def _step(self: MADPOTrainer, i: int, margin: torch.Tensor, M: torch.Tensor) -> float:
-    "Agent i's loss with its own margin differentiable (the others' detached), and one step of its optimizer."
-    ms = [margin if j == i else M[j].to(margin.device) for j in range(len(M))]
-    where = f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}"
-    loss = check_finite_loss(madpo_loss(ms, self.args.dpo_beta, agent=i), where)
-    opt = self.optimizers[i]
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(self.agents[i].parameters(), self.args.max_grad_norm)
-    opt.step()
-    self.state["optimizer_steps"][i] += 1
-    return float(loss.detach())
+def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
+    "Agent i's margins on the collected pairs `idx`."
+    return pair_margins(self.agents[i], self.tokenizers[i], self._tokens[i], idx, self.args.autocast_dtype)
+
+@patch
+def _update(self: MADPOTrainer, idx) -> dict:
+    "One MADPO step of every agent on the collected pairs `idx`."
+    a = self.args
+    return madpo_update(self.team, self._tokens, idx, a.dpo_beta, self.state["optimizer_steps"], a.max_grad_norm,
+                        a.autocast_dtype)
 
 # %% ../../nbs/42_madpo.ipynb #67a7641b
 def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> list[tuple]:
@@ -199,10 +209,9 @@ def margins(self: MADPOTrainer, records=None, batch_size: int = 8) -> torch.Tens
     return torch.cat(cols, 1) if cols else torch.zeros(len(self.agents), 0)
 
 # %% ../../nbs/42_madpo.ipynb #a8d3fe1a
-@patch
-def _dpo_metrics(self: MADPOTrainer, idx, out: dict, wall: float) -> dict:
+def dpo_metrics(records: list, idx, out: dict, wall: float, steps: list) -> dict:
     "The metrics line of one batch of pairs (margins before the step, the oracle's rewards at collection time)."
-    M, recs = out["margins"], [self.pairs[j] for j in idx]
+    M, recs = out["margins"], [records[j] for j in idx]
     D, mean = team_margin(M), lambda f: float(np.mean([f(r) for r in recs]))
     cand = mean(lambda r: r["candidate_reward_mean"])
     m = {"dpo/loss": out["loss"], "dpo/accuracy": float((D > 0).float().mean()), "dpo/margin_mean": float(D.mean()),
@@ -211,10 +220,10 @@ def _dpo_metrics(self: MADPOTrainer, idx, out: dict, wall: float) -> dict:
          "dpo/loser_reward_mean": mean(lambda r: r["loser_reward"]), "dpo/pairs": len(idx),
          "turn_1/reward_mean": cand, "turn_1/expected_return": cand, "turn_1/reward_source": "collection-time candidates",
          "time/batch": wall, "pairs_per_s": len(idx) / max(wall, 1e-9)}
-    for i in range(len(self.agents)):
+    for i in range(len(M)):
         m[f"agent_{i}/margin"] = float(M[i].mean())
         m[f"agent_{i}/loss"] = out["losses"][i]
-        m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
+        m[f"agent_{i}/optimizer_steps"] = steps[i]
     return m
 
 # %% ../../nbs/42_madpo.ipynb #928dbaf1
@@ -264,7 +273,8 @@ def _dpo_batch(self: MADPOTrainer, order, metrics, bar, ckpt, stop_after_batch) 
     out = self._update(idx)
     st["batch_in_epoch"] += 1
     st["global_batch"] += 1
-    rec = {"batch": st["global_batch"], "epoch": st["epoch"], **self._dpo_metrics(idx, out, time.perf_counter() - t0), **ev}
+    rec = {"batch": st["global_batch"], "epoch": st["epoch"], **dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, st["optimizer_steps"]),
+           **ev}
     return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt),
                         stop_after_batch, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
 

@@ -23,7 +23,8 @@ from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOT
 from .madpo import FromTeam, check_task, default_args
 
 # %% auto #0
-__all__ = ['RL_ALGORITHMS', 'MARLHFConfig', 'rl_backend', 'MARLHFTrainer', 'backend_config', 'backend_team']
+__all__ = ['RL_ALGORITHMS', 'MARLHFConfig', 'rl_backend', 'MARLHFTrainer', 'backend_config', 'make_policy_trainer',
+           'backend_team', 'make_reward_model']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 RL_ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac")
@@ -96,7 +97,6 @@ class MARLHFTrainer:
                  wandb_config: Optional[dict] = None, oracle=None, reward_model=None, reward_tokenizer=None,
                  backend_kwargs: Optional[dict] = None):
         self.args = args = default_args(self.config_class, args, num_agents, agents)
-        backend = rl_backend(args.rl_algorithm)
         check_task(reward_func, eval_logger, eval_aggregator)
         self.n, self.ref_agents, self.pairs = args.num_agents, None, []
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
@@ -104,15 +104,10 @@ class MARLHFTrainer:
         self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
-        self.policy_trainer = backend(agent_model, agents, tokenizer=tokenizer, reward_func=self.learned_reward,
-                                      formatters=formatters, args=backend_config(backend, args),
-                                      train_dataset=train_dataset, eval_dataset=eval_dataset, model_config=model_config,
-                                      eval_logger=eval_logger, eval_aggregator=eval_aggregator,
-                                      wandb_config=wandb_config, **(backend_kwargs or {}))
-        self.policy_trainer.evaluate = self.evaluate       # evaluation always uses the task reward (this trainer's)
+        self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
+                                                  backend_kwargs)
         self.team = backend_team(self.policy_trainer)
-        spec = agent_model if agent_model is not None else agents[0] if isinstance(agents, (list, tuple)) else None
-        self.reward_model = self._make_reward_model(reward_model, reward_tokenizer, spec, model_config)
+        self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
@@ -122,6 +117,16 @@ def backend_config(backend, args):
     "The backend's config, from this config's fields of the same names (not `advantage_mode`: the backend sets it)."
     names = {f.name for f in fields(backend.config_class)} - {"advantage_mode"}
     return backend.config_class(**{k: getattr(args, k) for k in names if hasattr(args, k)})
+
+def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model_config, backend_kwargs: Optional[dict]):
+    "The `rl_algorithm` backend over the models as given, rewarded by `owner.learned_reward`, evaluated by `owner`."
+    backend = rl_backend(owner.args.rl_algorithm)
+    pt = backend(agent_model, agents, tokenizer=tokenizer, reward_func=owner.learned_reward, formatters=formatters,
+                 args=backend_config(backend, owner.args), train_dataset=owner.train_dataset,
+                 eval_dataset=owner.eval_dataset, model_config=model_config, eval_logger=owner.eval_logger,
+                 eval_aggregator=owner.eval_aggregator, wandb_config=owner.wandb_config, **(backend_kwargs or {}))
+    pt.evaluate = owner.evaluate             # evaluation always uses the task reward (the owner's reward_fn)
+    return pt
 
 def backend_team(trainer) -> Team:
     "The team a backend trains: its own, or one over its agents, tokenizers and optimizers (until every backend has one)."
@@ -144,17 +149,17 @@ def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
     return MAGRPOTrainer.evaluate(self, num_samples)
 
 # %% ../../nbs/43_marlhf.ipynb #17d3b6b6
-@patch
-def _make_reward_model(self: MARLHFTrainer, reward_model, reward_tokenizer, agent_spec, model_config) -> JointRewardModel:
+def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config) -> JointRewardModel:
     "A fresh JointRewardModel (pretrained backbone, new head) on reward_model_device (default: agent 1's device)."
-    a = self.args
+    a = owner.args
     if isinstance(reward_model, JointRewardModel): return reward_model
     kw = dict(max_length=a.reward_max_length, freeze_backbone=a.reward_freeze_backbone, seed=a.seed,
-              device=a.reward_model_device if a.reward_model_device is not None else self.devices[0])
-    if reward_model is not None: return JointRewardModel(reward_model, reward_tokenizer or self.tokenizers[0], **kw)
+              device=a.reward_model_device if a.reward_model_device is not None else owner.devices[0])
+    if reward_model is not None: return JointRewardModel(reward_model, reward_tokenizer or owner.tokenizers[0], **kw)
+    spec = agent_model if agent_model is not None else agents[0] if isinstance(agents, (list, tuple)) else None
     name = a.reward_model_name
-    if name is None and isinstance(agent_spec, (str, Path)): name = str(agent_spec)
-    if name is None: name = getattr(getattr(self.agents[0], "config", None), "_name_or_path", "") or None
+    if name is None and isinstance(spec, (str, Path)): name = str(spec)
+    if name is None: name = getattr(getattr(owner.agents[0], "config", None), "_name_or_path", "") or None
     if name is None:
         raise ValueError("MARLHFTrainer: the agents are model objects without a model id, so the reward model has no "
                          "default backbone; set MARLHFConfig.reward_model_name (a model id or path) or pass reward_model= "
