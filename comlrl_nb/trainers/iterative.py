@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 from fastcore.basics import patch
-from ..core import atomic_write_text, check_choice, check_number, config_error, derive_seed, logger, seed_everything
+from ..core import (atomic_write_text, check_choice, check_number, config_error, derive_seed, logger,
+                            seed_everything)
 from ..rewards import RewardError, RewardFunction
 from ..preference import PAIR_SELECTIONS, make_pair_record, resolve_oracle, tokenize_pairs, validate_pair_record
 from ..replay import ReplayBuffer, check_replay_options
@@ -21,7 +22,8 @@ from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, Com
                                    centralized_parse_error, sample_comparator, select_comparisons)
 from ..reward_model import _pair_texts
 from ..team import Team
-from ..engine import CheckpointManager, MetricsLogger, new_figure, progress_bar, read_metrics, rng_state, set_rng_state
+from ..engine import (CheckpointManager, MetricsLogger, new_figure, progress_bar, read_metrics, rng_state,
+                              set_rng_state)
 from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, FromTeam, check_task, default_args, dpo_metrics, madpo_args,
                                       madpo_update)
@@ -174,7 +176,8 @@ class PreferenceRounds:
         self.n, self.ref_agents, self.pairs = n, None, []
         self.reward_fn = RewardFunction(reward_func, n, reward_processor, a.reward_batched)
         self._raw_reward = RewardFunction(reward_func, n, None, a.reward_batched)
-        self.oracle, self._custom_oracle = resolve_oracle(oracle, n, self.reward_fn, a.reward_batched), oracle is not None
+        self.oracle = resolve_oracle(oracle, n, self.reward_fn, a.reward_batched)
+        self._custom_oracle = oracle is not None
         self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         self.output_dir = Path(a.output_dir or Path("runs") / self.algo)
@@ -193,18 +196,18 @@ def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenize
         self.team.check_dataset(ds, name)
     self.replay_dir = Path(a.preference_replay_dir) if a.preference_replay_dir is not None else \
         self.output_dir / "preference_replay"
-    self.replay = ReplayBuffer(self.replay_dir, a.preference_replay_mode, a.preference_replay_k, a.preference_replay_lambda,
-                               a.preference_replay_sample_size, seed=a.seed,
+    self.replay = ReplayBuffer(self.replay_dir, a.preference_replay_mode, a.preference_replay_k,
+                               a.preference_replay_lambda, a.preference_replay_sample_size, seed=a.seed,
                                validate=lambda r, where: validate_pair_record(r, n, where))
     central = a.comparator_generation_mode == "centralized"
     gen_kwargs = dict(max_new_tokens=a.comparator_max_new_tokens or a.max_new_tokens * (n if central else 1),
                       temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype)
-    snaps = Path(a.policy_checkpoint_dir) if a.policy_checkpoint_dir is not None else self.output_dir / "policy_checkpoints"
+    snaps = self.output_dir / "policy_checkpoints" if a.policy_checkpoint_dir is None else Path(a.policy_checkpoint_dir)
     self.comparator = ComparatorSide(
-        a.comparator_policy, self.agents, self.tokenizers, devices=a.comparator_devices, gen_kwargs=gen_kwargs, seed=a.seed,
-        model_name=a.comparator_model_name, comparator_agents=a.comparator_agents, comparator_tokenizer=comparator_tokenizer,
-        model_config=model_config, history_k=a.comparator_history_k, snapshot_dir=snaps, client=comparator_client,
-        api_config=a, generator=comparator_generator)
+        a.comparator_policy, self.agents, self.tokenizers, devices=a.comparator_devices, gen_kwargs=gen_kwargs,
+        seed=a.seed, model_name=a.comparator_model_name, comparator_agents=a.comparator_agents,
+        comparator_tokenizer=comparator_tokenizer, model_config=model_config, history_k=a.comparator_history_k,
+        snapshot_dir=snaps, client=comparator_client, api_config=a, generator=comparator_generator)
     self.comparator_prompt_builder, self.comparator_parser = comparator_prompt_builder, comparator_parser
     self.state, self.rounds = {"iteration": 0, "global_batch": 0, "optimizer_steps": [0] * n}, []
 
@@ -262,7 +265,8 @@ def _item_records(self: PreferenceRounds, nu, b, j, cmp, raw, proc, comps, cs, p
     kept = select_comparisons([(cmp[r][1], proc[r], proc[J + r]) for r in pos], a.pair_selection,
                               a.preference_pairs_per_sample, (a.seed, nu, j))
     def side(agents: bool, k: int) -> tuple[list, list]:
-        if agents: return [comps[i].texts[b * K + k] for i in range(n)], [bool(comps[i].ended[b * K + k]) for i in range(n)]
+        "(texts, EOS flags) of candidate k of the agents or of the comparator."
+        if agents: return [c.texts[b * K + k] for c in comps], [bool(c.ended[b * K + k]) for c in comps]
         return [cs.texts[i][b * Kc + k] for i in range(n)], [cs.ended[i][b * Kc + k] for i in range(n)]
     out = []
     for k, t, c in kept:
@@ -271,7 +275,8 @@ def _item_records(self: PreferenceRounds, nu, b, j, cmp, raw, proc, comps, cs, p
         raws = [raw[r], raw[J + r]] if agents_win else [raw[J + r], raw[r]]
         out.append(make_pair_record([prompts[i][b] for i in range(n)], w, l, max(t, c), min(t, c), mean, weos, leos,
                                     raw_rewards=raws, target_raw_reward=raw[r], comparator_raw_reward=raw[J + r],
-                                    iteration=nu, candidate_index=k, winner_side="agents" if agents_win else "comparator",
+                                    iteration=nu, candidate_index=k,
+                                    winner_side="agents" if agents_win else "comparator",
                                     comparator_policy=a.comparator_policy))
     return out, {"comparisons": len(pos), "ties": sum(proc[r] == proc[J + r] for r in pos),
                  "comparator_wins": sum(proc[J + r] > proc[r] for r in pos)}
@@ -286,7 +291,8 @@ def _collect_batch(self: PreferenceRounds, nu: int, chunk: list, ids: list, gen,
     prompts, originals = self.team.prompts(chunk), [[self.team.format(it, i) for it in chunk] for i in range(n)]
     comps = self._agent_candidates(nu, prompts, ids, K)
     cs = sample_comparator(gen, originals, chunk, ids, Kc, nu, a.comparator_generation_mode,
-                           a.comparator_centralized_agent_index, self.comparator_prompt_builder, self.comparator_parser, wrap)
+                           a.comparator_centralized_agent_index, self.comparator_prompt_builder,
+                           self.comparator_parser, wrap)
     cmp, raw, proc = self._score_comparisons(comps, cs, chunk, prompts, K, Kc, score)
     records, st = [], {"comparisons": 0, "ties": 0, "comparator_wins": 0, "items_without_pairs": 0}
     for b, j in enumerate(ids):
@@ -328,7 +334,8 @@ def _round_stats(acc: dict, items: int, pairs: int) -> dict:
             "comparator_win_rate": acc["comparator_wins"] / untied if untied else float("nan"),
             "items_without_pairs": acc["items_without_pairs"], "unparsed_candidates": acc["unparsed"],
             "target_reward_mean": mean(acc["target"]), "comparator_reward_mean": mean(acc["comparator"]),
-            "target_raw_reward_mean": mean(acc["target_raw"]), "comparator_raw_reward_mean": mean(acc["comparator_raw"])}
+            "target_raw_reward_mean": mean(acc["target_raw"]),
+            "comparator_raw_reward_mean": mean(acc["comparator_raw"])}
 
 # %% ../../nbs/53_iterative.ipynb #7e896bd1
 @patch
@@ -344,13 +351,14 @@ def _run_round(self: PreferenceRounds, nu: int, metrics: MetricsLogger) -> dict:
     ev = self.evaluate() if self.args.eval_interval > 0 else {}
     its = [r.get("iteration") for r in selected]
     src = {str(i): its.count(i) for i in sorted(set(its), key=str)}
-    row = {"batch": self.state["global_batch"], "iteration": nu, "phase": "round", **{f"round/{k}": v for k, v in st.items()},
-           "round/train_pairs": len(selected), "round/train_pairs_from": src, **tr,
+    row = {"batch": self.state["global_batch"], "iteration": nu, "phase": "round",
+           **{f"round/{k}": v for k, v in st.items()}, "round/train_pairs": len(selected),
+           "round/train_pairs_from": src, **tr,
            "round/time_collect": t1 - t0, "round/time_train": t2 - t1, **ev}
     metrics.log(row, self.state["global_batch"], console=True)
     self.rounds.append(row)
-    logger.info(f"round {nu}: {st['pairs']} new pairs ({st['comparisons']} comparisons, {st['ties']} ties, comparator won "
-                f"{st['comparator_win_rate']:.0%} of the rest), trained on {len(selected)}")
+    logger.info(f"round {nu}: {st['pairs']} new pairs ({st['comparisons']} comparisons, {st['ties']} ties, comparator "
+                f"won {st['comparator_win_rate']:.0%} of the rest), trained on {len(selected)}")
     return row
 
 # %% ../../nbs/53_iterative.ipynb #4e862a0b
@@ -453,13 +461,17 @@ def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
     x = [r["iteration"] for r in rr]
     fig, (a1, a2, a3) = new_figure((13, 3.4), 3)                      # no pyplot: no global figures to close
     a1.bar(x, [r["round/pairs"] for r in rr], color="#4c72b0", label="new pairs")
-    a1.plot(x, [r["round/train_pairs"] for r in rr], "ko-", label="training pairs"); a1.set(xlabel="round", title="pairs")
-    a2.plot(x, [r["round/comparator_win_rate"] for r in rr], "o-", color="#dd8452"); a2.axhline(0.5, color="grey", lw=0.8)
+    a1.plot(x, [r["round/train_pairs"] for r in rr], "ko-", label="training pairs")
+    a1.set(xlabel="round", title="pairs")
+    a2.plot(x, [r["round/comparator_win_rate"] for r in rr], "o-", color="#dd8452")
+    a2.axhline(0.5, color="grey", lw=0.8)
     a2.set(xlabel="round", ylim=(-0.05, 1.05), title="comparator win rate (untied)")
     a3.plot(x, [r["round/target_reward_mean"] for r in rr], "o-", label="agents (collection)")
     a3.plot(x, [r["round/comparator_reward_mean"] for r in rr], "s--", label="comparator (collection)")
-    if ev: a3.plot([r["iteration"] for r in ev], [r["eval/turn_1/reward_mean"] for r in ev], "^-", label="eval (held-out)")
-    a3.set(xlabel="round", title="reward"); fig.suptitle(title)
+    if ev:
+        a3.plot([r["iteration"] for r in ev], [r["eval/turn_1/reward_mean"] for r in ev], "^-", label="eval (held-out)")
+    a3.set(xlabel="round", title="reward")
+    fig.suptitle(title)
     for ax in (a1, a3): ax.legend(fontsize=8)
     for ax in (a1, a2, a3): ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -471,17 +483,17 @@ class MADPOIterTrainer(PreferenceRounds):
     "Iterative MADPO: rounds of comparator pairs -> replay -> MADPO updates (see the notebook for the loop)."
     config_class, algo = MADPOIterConfig, "madpo_iter"
 
-    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
-                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
-                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
-                 wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None, comparator_client=None,
-                 comparator_generator=None, comparator_prompt_builder=None, comparator_parser=None,
-                 centralized_prompt_builder=None, centralized_parser=None):
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
+                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
+                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None,
+                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
+                 comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None):
         self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
                                       centralized_parser)
         check_task(reward_func, eval_logger, eval_aggregator)
-        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger, eval_aggregator,
-                         wandb_config)
+        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
+                         eval_aggregator, wandb_config)
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
         self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
                            comparator_prompt_builder, comparator_parser)
@@ -531,16 +543,16 @@ class MARLHFIterTrainer(PreferenceRounds):
     "Iterative MARLHF: rounds of comparator pairs -> replay -> fresh reward model -> policy phase."
     config_class, algo = MARLHFIterConfig, "marlhf_iter"
 
-    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
-                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
-                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
-                 wandb_config: Optional[dict] = None, oracle=None, reward_model=None, reward_tokenizer=None,
-                 backend_kwargs: Optional[dict] = None, comparator_tokenizer=None, comparator_client=None,
-                 comparator_generator=None, comparator_prompt_builder=None, comparator_parser=None):
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
+                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
+                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, reward_model=None,
+                 reward_tokenizer=None, backend_kwargs: Optional[dict] = None, comparator_tokenizer=None,
+                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None, comparator_parser=None):
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
-        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger, eval_aggregator,
-                         wandb_config)
+        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
+                         eval_aggregator, wandb_config)
         self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
                                                   backend_kwargs)
         self.team = backend_team(self.policy_trainer)
@@ -578,10 +590,10 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
 # %% ../../nbs/53_iterative.ipynb #3371dcf4
 @patch
 def _policy_round(self: MARLHFIterTrainer, nu: int) -> dict:
-    "The backend's training over train_dataset on the frozen reward model; its own metrics under policy/iteration_<nu>/."
+    "The backend's training over train_dataset on the frozen reward model; its metrics under policy/iteration_<nu>/."
     pt, d = self.policy_trainer, self.output_dir / "policy" / f"iteration_{nu:04d}"
-    pt.args = replace(self._policy_args, seed=derive_seed(self.args.seed, "policy_round", nu) % 2**31, output_dir=str(d),
-                      save_steps=-1)
+    seed = derive_seed(self.args.seed, "policy_round", nu) % 2**31
+    pt.args = replace(self._policy_args, seed=seed, output_dir=str(d), save_steps=-1)
     pt.output_dir = d
     pt.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
     for b in list(getattr(pt, "buffers", [])) + list(getattr(pt, "value_buffers", [])): b.items = []
@@ -590,7 +602,8 @@ def _policy_round(self: MARLHFIterTrainer, nu: int) -> dict:
     rew = [r["turn_1/reward_mean"] for r in read_metrics(d / "metrics.jsonl") if "turn_1/reward_mean" in r]
     nan = float("nan")
     return {"policy/batches": out["global_batch"], "policy/learned_reward_mean": float(np.mean(rew)) if rew else nan,
-            "policy/learned_reward_first": rew[0] if rew else nan, "policy/learned_reward_last": rew[-1] if rew else nan}
+            "policy/learned_reward_first": rew[0] if rew else nan,
+            "policy/learned_reward_last": rew[-1] if rew else nan}
 
 @patch
 def _train_on(self: MARLHFIterTrainer, nu: int, records: list, metrics) -> dict:

@@ -15,12 +15,13 @@ from fastcore.basics import patch
 from ..core import check_choice, check_number, derive_seed, logger
 from ..scoring import collate, completion_logprobs
 from ..losses import check_finite_loss, madpo_loss, team_margin
-from ..preference import build_pair_dataset, check_preference_config, encode_side, resolve_oracle, tokenize_pairs
+from ..preference import (build_pair_dataset, check_preference_config, encode_side, resolve_oracle,
+                                  tokenize_pairs)
 from ..rewards import RewardFunction
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..team import Team
-from ..engine import (CheckpointManager, MetricsLogger, end_of_batch, eval_count, plot_run, progress_bar, rng_state,
-                              run_epochs, set_rng_state, start_run, stop_after)
+from ..engine import (CheckpointManager, MetricsLogger, end_of_batch, eval_count, plot_run, progress_bar,
+                              rng_state, run_epochs, set_rng_state, start_run, stop_after)
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
@@ -56,19 +57,21 @@ class MADPOTrainer:
     config_class, algo = MADPOConfig, "madpo"
     agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
 
-    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
-                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
-                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
-                 wandb_config: Optional[dict] = None, oracle=None, centralized_prompt_builder=None,
-                 centralized_parser=None):
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
+                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
+                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None,
+                 centralized_prompt_builder=None, centralized_parser=None):
         self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
                                       centralized_parser)
         self.n, central = args.num_agents, args.collaboration_mode == "centralized"
         check_task(reward_func, eval_logger, eval_aggregator)
-        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, 1 if central else None)
+        P = 1 if central else None                                        # one actor model for every role
+        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, P)
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
         self.oracle = resolve_oracle(oracle, self.n, self.reward_fn, args.reward_batched)
-        for ds, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")): self.team.check_dataset(ds, name)
+        self.team.check_dataset(train_dataset, "train_dataset")
+        self.team.check_dataset(eval_dataset, "eval_dataset")
         self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
         self.eval_logger, self.eval_aggregator, self.ref_agents = eval_logger, eval_aggregator, None
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
@@ -95,13 +98,16 @@ def check_agents(args, agents, num_policies: int):
     "The agent arguments against the config: a list holds one model per trained policy; an adapter spec fits."
     n = args.num_agents
     if isinstance(agents, (list, tuple)) and len(agents) != num_policies:
-        raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree" if num_policies == n
-                         else f"{len(agents)} agents were given but this configuration trains {num_policies} model(s) for "
-                              f"{n} roles: pass agents=[model] or agent_model=")
+        if num_policies == n:
+            raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree")
+        raise ValueError(f"{len(agents)} agents were given but this configuration trains {num_policies} model(s) "
+                         f"for {n} roles: pass agents=[model] or agent_model=")
     if hasattr(agents, "build") and agents.num_agents != n:
-        raise ValueError(f"the adapter spec has num_agents={agents.num_agents} but args.num_agents={n}; make them agree")
+        raise ValueError(f"the adapter spec has num_agents={agents.num_agents} but args.num_agents={n}; "
+                         "make them agree")
     if hasattr(agents, "build") and args.parallel_training == "mp":
-        raise ValueError("adapter agents share one base model and cannot run concurrently: use parallel_training='none'")
+        raise ValueError("adapter agents share one base model and cannot run concurrently: "
+                         "use parallel_training='none'")
 
 def check_task(reward_func, eval_logger, eval_aggregator):
     "A reward function is required; the evaluation logger and aggregator come together."
@@ -123,8 +129,8 @@ def madpo_args(config_class, args, num_agents, agents, builder=None, parser=None
                          "MADPOConfig(collaboration_mode='centralized')")
     check_agents(args, agents, 1 if central else args.num_agents)
     if args.reference_kl_enabled:
-        logger.warning("MADPO is reference-free: reference_kl_enabled/reference_kl_coef/reference_devices add nothing to "
-                       "its loss; no reference copies are made")
+        logger.warning("MADPO is reference-free: reference_kl_enabled/reference_kl_coef/reference_devices add nothing "
+                       "to its loss; no reference copies are made")
         args = replace(args, reference_kl_enabled=False)
     return args
 
@@ -179,9 +185,9 @@ def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> li
     for j, r in enumerate(records):
         c = r.get("centralized")
         if not isinstance(c, dict) or not all(isinstance(c.get(f), str) for f in ("prompt", "winner", "loser")):
-            raise ValueError(f"pair record {j}, field 'centralized': missing or malformed. Centralized MADPO trains on "
-                             "the actor's prompt and raw joint completions ({'prompt', 'winner', 'loser', 'winner_eos', "
-                             "'loser_eos'}); pairs collected by decentralized agents do not have them")
+            raise ValueError(f"pair record {j}, field 'centralized': missing or malformed. Centralized MADPO trains "
+                             "on the actor's prompt and raw joint completions ({'prompt', 'winner', 'loser', "
+                             "'winner_eos', 'loser_eos'}); pairs collected by decentralized agents do not have them")
         p, w = encode_side(tokenizer, c["prompt"], c["winner"], bool(c.get("winner_eos", True)), eos_id)
         _, l = encode_side(tokenizer, c["prompt"], c["loser"], bool(c.get("loser_eos", True)), eos_id)
         out.append((p, w, l))
@@ -218,7 +224,8 @@ def dpo_metrics(records: list, idx, out: dict, wall: float, steps: list) -> dict
          "dpo/reward_gap": mean(lambda r: r["winner_reward"] - r["loser_reward"]),
          "dpo/winner_reward_mean": mean(lambda r: r["winner_reward"]),
          "dpo/loser_reward_mean": mean(lambda r: r["loser_reward"]), "dpo/pairs": len(idx),
-         "turn_1/reward_mean": cand, "turn_1/expected_return": cand, "turn_1/reward_source": "collection-time candidates",
+         "turn_1/reward_mean": cand, "turn_1/expected_return": cand,
+         "turn_1/reward_source": "collection-time candidates",
          "time/batch": wall, "pairs_per_s": len(idx) / max(wall, 1e-9)}
     for i in range(len(M)):
         m[f"agent_{i}/margin"] = float(M[i].mean())
@@ -239,7 +246,8 @@ def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:
         lambda chunk, ids, K, round_key: self.preference_sampler(self, chunk, ids, K, round_key)
     self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
                                            self.oracle, sampler=sampler)
-    metrics.log({"batch": 0, "phase": "collection", **{f"collection/{k}": v for k, v in stats.items()}}, 0, console=False)
+    row = {"batch": 0, "phase": "collection", **{f"collection/{k}": v for k, v in stats.items()}}
+    metrics.log(row, 0, console=False)
     return stats
 
 # %% ../../nbs/42_madpo.ipynb #40b3548a
@@ -273,8 +281,8 @@ def _dpo_batch(self: MADPOTrainer, order, metrics, bar, ckpt, stop_after_batch) 
     out = self._update(idx)
     st["batch_in_epoch"] += 1
     st["global_batch"] += 1
-    rec = {"batch": st["global_batch"], "epoch": st["epoch"], **dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, st["optimizer_steps"]),
-           **ev}
+    m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, st["optimizer_steps"])
+    rec = {"batch": st["global_batch"], "epoch": st["epoch"], **m, **ev}
     return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt),
                         stop_after_batch, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
 
@@ -304,7 +312,8 @@ def _restore(self: MADPOTrainer, ckpt: CheckpointManager, which):
     self.team.load_state_dict(s)
     self.pairs, self.state = list(s["pairs"]), s["state"]
     set_rng_state(s["rng"])
-    logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state['epoch']}, {len(self.pairs)} pairs)")
+    st = self.state
+    logger.info(f"resumed from {p} (batch {st['global_batch']}, epoch {st['epoch']}, {len(self.pairs)} pairs)")
 
 @patch
 def save_model(self: MADPOTrainer, output_dir) -> Path:
@@ -324,21 +333,24 @@ def _central_prompt(self: MADPOTrainer, item) -> tuple[list[str], str]:
     roles = [self.team.format(item, i) for i in range(self.n)]
     p = self.build_prompt(roles, item)
     if not isinstance(p, str):
-        raise TypeError(f"centralized_prompt_builder returned {type(p).__name__}; it must return the actor's prompt (a string)")
+        raise TypeError(f"centralized_prompt_builder returned {type(p).__name__}; it must return the actor's prompt "
+                        "(a string)")
     return roles, self.team.chat(0, p)
 
 @patch
 def _split(self: MADPOTrainer, text: str) -> Optional[list[str]]:
     "The parser's role responses of one joint completion (checked), or None when it does not parse."
     parts = self.parse(text, self.n)
-    ok = parts is None or (isinstance(parts, (list, tuple)) and len(parts) == self.n and all(isinstance(x, str) for x in parts))
-    if not ok: raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings (one per role) or None")
+    strings = isinstance(parts, (list, tuple)) and len(parts) == self.n and all(isinstance(x, str) for x in parts)
+    if parts is not None and not strings:
+        raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings (one per role) "
+                         "or None")
     return None if parts is None else list(parts)
 
 # %% ../../nbs/42_madpo.ipynb #bfd5e6a1
 @patch
 def central_sample(self: MADPOTrainer, items, keys, k: int) -> dict:
-    "Role prompts, actor prompts, k actor completions per item and their role responses (an unparsed one -> empty roles)."
+    "Role prompts, actor prompts, k actor completions per item and their role responses (unparsed: empty roles)."
     roles, prompts = zip(*[self._central_prompt(it) for it in items])
     c = self.team.generate(0, list(prompts), k, keys)
     parts = [self._split(t) for t in c.texts]
@@ -360,7 +372,7 @@ def central_candidates(trainer: MADPOTrainer, chunk, ids, K: int, round_key) -> 
 # %% ../../nbs/42_madpo.ipynb #d16a7057
 @patch
 def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
-    "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores the parsed roles."
+    "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores them."
     if self.args.collaboration_mode != "centralized": return MAGRPOTrainer.evaluate(self, num_samples)
     a = self.args
     m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)

@@ -11,15 +11,15 @@ from typing import Any, Callable, Optional
 
 import torch
 from fastcore.basics import patch
-from ..core import (atomic_write_bytes, check_bool, check_choice, check_number, config_error, logger, resolve_device,
-                            seed_everything)
+from ..core import (atomic_write_bytes, check_bool, check_choice, check_number, config_error, logger,
+                            resolve_device, seed_everything)
 from ..preference import build_pair_dataset, check_preference_config, load_pairs, resolve_oracle
 from ..reward_model import JointRewardModel, _pair_texts
 from ..rewards import RewardFunction
 from ..team import SAMPLING_FIELDS, Team
 from ..engine import CheckpointManager, MetricsLogger
-from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer,
-                                          _validate_reinforce)
+from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer,
+                                          MAReMaxTrainer, _validate_reinforce)
 from .madpo import FromTeam, check_task, default_args
 
 # %% auto #0
@@ -73,7 +73,8 @@ class MARLHFConfig(MAGRPOConfig):
         check_bool(self.reward_freeze_backbone, "reward_freeze_backbone", owner)
 
 # %% ../../nbs/43_marlhf.ipynb #0ebf744e
-_REINFORCE_BACKENDS = {"magrpo": MAGRPOTrainer, "mareinforce": MAREINFORCETrainer, "marloo": MARLOOTrainer, "maremax": MAReMaxTrainer}
+_REINFORCE_BACKENDS = {"magrpo": MAGRPOTrainer, "mareinforce": MAREINFORCETrainer, "marloo": MARLOOTrainer,
+                       "maremax": MAReMaxTrainer}
 
 def rl_backend(name: str):
     "The trainer class of an rl_algorithm (actor-critic ones imported on demand)."
@@ -81,8 +82,9 @@ def rl_backend(name: str):
     if name in _REINFORCE_BACKENDS: return _REINFORCE_BACKENDS[name]
     try: mod = importlib.import_module("comlrl_nb.trainers.actor_critic")
     except ImportError as e:
-        raise ImportError(f"MARLHFConfig.rl_algorithm={name!r} needs the actor-critic trainers (comlrl_nb.trainers.actor_critic), "
-                          f"which cannot be imported in this installation ({e}); use one of magrpo, mareinforce, marloo, maremax") from None
+        raise ImportError(f"MARLHFConfig.rl_algorithm={name!r} needs the actor-critic trainers "
+                          f"(comlrl_nb.trainers.actor_critic), which cannot be imported in this installation ({e}); "
+                          "use one of magrpo, mareinforce, marloo, maremax") from None
     return getattr(mod, {"maac": "MAACTrainer", "iac": "IACTrainer"}[name])
 
 # %% ../../nbs/43_marlhf.ipynb #66e1bea7
@@ -91,10 +93,11 @@ class MARLHFTrainer:
     config_class, algo = MARLHFConfig, "marlhf"
     agents, tokenizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam()
 
-    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
-                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
-                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
-                 wandb_config: Optional[dict] = None, oracle=None, reward_model=None, reward_tokenizer=None,
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
+                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
+                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, reward_model=None,
+                 reward_tokenizer=None,
                  backend_kwargs: Optional[dict] = None):
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
@@ -118,7 +121,8 @@ def backend_config(backend, args):
     names = {f.name for f in fields(backend.config_class)} - {"advantage_mode"}
     return backend.config_class(**{k: getattr(args, k) for k in names if hasattr(args, k)})
 
-def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model_config, backend_kwargs: Optional[dict]):
+def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model_config,
+                        backend_kwargs: Optional[dict] = None):
     "The `rl_algorithm` backend over the models as given, rewarded by `owner.learned_reward`, evaluated by `owner`."
     backend = rl_backend(owner.args.rl_algorithm)
     pt = backend(agent_model, agents, tokenizer=tokenizer, reward_func=owner.learned_reward, formatters=formatters,
@@ -129,7 +133,7 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
     return pt
 
 def backend_team(trainer) -> Team:
-    "The team a backend trains: its own, or one over its agents, tokenizers and optimizers (until every backend has one)."
+    "The team a backend trains: its own, or one over its agents, tokenizers and optimizers (a backend without one)."
     if hasattr(trainer, "team"): return trainer.team
     a = trainer.args
     team = Team(agents=trainer.agents, tokenizer=trainer.tokenizers, num_roles=trainer.n, formatters=trainer.formatters,
@@ -162,8 +166,8 @@ def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents
     if name is None: name = getattr(getattr(owner.agents[0], "config", None), "_name_or_path", "") or None
     if name is None:
         raise ValueError("MARLHFTrainer: the agents are model objects without a model id, so the reward model has no "
-                         "default backbone; set MARLHFConfig.reward_model_name (a model id or path) or pass reward_model= "
-                         "(a backbone object or a JointRewardModel)")
+                         "default backbone; set MARLHFConfig.reward_model_name (a model id or path) or pass "
+                         "reward_model= (a backbone object or a JointRewardModel)")
     return JointRewardModel(name, reward_tokenizer, model_config=model_config, **kw)
 
 # %% ../../nbs/43_marlhf.ipynb #75e544fe
@@ -175,8 +179,8 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
     if ml.path.exists(): ml.path.unlink()
     rm.requires_grad_(True)
     if rm.freeze_backbone: rm.body.requires_grad_(False)
-    log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "phase": "reward_model", "reward_model/loss": r["loss"],
-                            "reward_model/accuracy": r["accuracy"]}, r["step"])
+    log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "phase": "reward_model",
+                            "reward_model/loss": r["loss"], "reward_model/accuracy": r["accuracy"]}, r["step"])
     hist = rm.fit(self.pairs, num_train_epochs=a.reward_num_train_epochs, batch_size=a.reward_train_batch_size,
                   learning_rate=a.reward_learning_rate, seed=a.seed, autocast_dtype=a.autocast_dtype, callback=log)
     summary = {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
@@ -196,15 +200,16 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
 @patch
 def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
     "Collect pairs, fit and freeze the reward model, train the policies on it; returns the backend's final state."
-    if self.train_dataset is None: raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
+    if self.train_dataset is None:
+        raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
     resume_from_checkpoint = self._resume_reward_phase(resume_from_checkpoint)   # None: collect and fit again
     if resume_from_checkpoint is None:
         seed_everything(self.args.seed)
         self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
                                                self.oracle)
         if not self.pairs:
-            logger.warning("no item produced an untied pair (every comparison was a tie): training ends without fitting a "
-                           "reward model or updating the policies")
+            logger.warning("no item produced an untied pair (every comparison was a tie): training ends without fitting "
+                           "a reward model or updating the policies")
             return {"num_pairs": 0, "stopped": False, "global_batch": 0, "collection": stats}
         self.fit_reward_model()
     out = self.policy_trainer.train(resume_from_checkpoint=resume_from_checkpoint, stop_after_batch=stop_after_batch)
