@@ -4,18 +4,21 @@
 
 # %% ../nbs/25_engine.ipynb #c3a0e0ec
 from __future__ import annotations
-import json, math, os, random, shutil, time
+import copy, json, math, os, random, shutil, time
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 from .core import atomic_write_json, logger, seed_everything
 
 # %% auto #0
 __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
            'set_rng_state', 'CheckpointManager', 'start_run', 'eval_count', 'stop_after', 'run_epochs', 'batches_ahead',
-           'keep_ahead', 'new_figure', 'plot_run']
+           'keep_ahead', 'Sampler', 'new_figure', 'plot_run', 'Run', 'SampleBuffers']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -225,6 +228,36 @@ def keep_ahead(full: list, n_now: int, ahead: list, round_key, cache: dict) -> l
         cache[(round_key, tuple(int(j) for j in ids))] = [c.take(s, len(ids)) for c in full]; s += len(ids)
     return [c.take(0, n_now) for c in full] if ahead else full
 
+# %% ../nbs/25_engine.ipynb #beca985b
+class Sampler:
+    "Each agent's completions of a batch's prompts, and of the later batches planned ahead (kept in its cache)."
+    def __init__(self, team, seed: int = 0):
+        self.team, self.seed, self.cache, self.ahead = team, seed, {}, {}
+    def state_dict(self) -> dict: return {"sample_cache": self.cache}
+    def load_state_dict(self, state: dict): self.cache = dict(state.get("sample_cache") or {})
+    @contextmanager
+    def planned(self, round_key, batches: list):
+        "While open, sampling the roots of `round_key` also samples `batches` ([(items, ids)]) into the cache."
+        self.ahead = {round_key: batches}
+        try: yield self
+        finally: self.ahead = {}
+
+# %% ../nbs/25_engine.ipynb #ff44bad1
+@patch
+def sample(self: Sampler, prompts: Sequence[Sequence[str]], ids: Sequence[int], k: int, round_key,
+           paths: Optional[Sequence[tuple]] = None) -> list:
+    "Per agent, k completions of each row (`prompts[agent][row]`, item `ids[row]`, branch `paths[row]`, () = root)."
+    paths = [tuple(p) for p in paths] if paths is not None else [()] * len(ids)
+    ids, roots = [int(j) for j in ids], not any(paths)
+    if roots and (round_key, tuple(ids)) in self.cache: return self.cache.pop((round_key, tuple(ids)))
+    ahead = self.ahead.get(round_key, []) if roots else []
+    later = [int(j) for _, js in ahead for j in js]
+    texts = [list(prompts[i]) + [self.team.prompt(it, i) for its, _ in ahead for it in its] for i in range(self.team.n)]
+    keys = [[(self.seed, round_key, j, i) + ((p,) if p else ()) for j, p in zip(ids + later, paths + [()] * len(later))]
+            for i in range(self.team.n)]
+    full = self.team.map(lambda i: self.team.generate(i, texts[i], k, keys[i]))
+    return keep_ahead(full, len(ids), ahead, round_key, self.cache)
+
 # %% ../nbs/25_engine.ipynb #2bb5440f
 def _moving_average(x: Sequence[float], w: int) -> np.ndarray:
     x = np.asarray(x, dtype=float)
@@ -259,3 +292,185 @@ def plot_run(metrics, out_png=None, title: str = "training run"):
     fig.tight_layout()
     if out_png is not None: fig.savefig(out_png, dpi=110)
     return fig
+
+# %% ../nbs/25_engine.ipynb #c5e2fe25
+class Run:
+    "One training run: seed, output dir, metrics and trackers, position, stop-after, Ctrl-C, checkpoints, DP, plot."
+    def __init__(self, args, algo: str, output_dir, components: Optional[dict] = None,
+                 wandb_config: Optional[dict] = None, dist=None, num_agents: Optional[int] = None,
+                 state: Optional[dict] = None, step_key: str = "global_batch"):
+        from comlrl_nb.distributed import DistContext
+        self.args, self.algo, self.output_dir, self.wandb_config = args, algo, Path(output_dir), wandb_config
+        self.components, self.step_key = dict(components or {}), step_key
+        self.dist = dist if dist is not None else DistContext()
+        self.num_agents = num_agents if num_agents is not None else getattr(args, "num_agents", None)
+        self.state = state if state is not None else {}      # the trainer's position dict itself (shared, not copied)
+        for k in ("epoch", "batch_in_epoch", "global_batch"): self.state.setdefault(k, 0)
+        self.ckpt = self.metrics = self.bar = self.stop_at = None
+        self.stopped, self.postfix, self.console_keys, self._mode = False, "turn_1/reward_mean", (), "batches"
+    def register(self, name: str, component):
+        "Add a component to the checkpoints (it needs state_dict() -> dict and load_state_dict(dict))."
+        if not (hasattr(component, "state_dict") and hasattr(component, "load_state_dict")):
+            raise TypeError(f"component {name!r} ({type(component).__name__}) needs state_dict() and load_state_dict()")
+        self.components[name] = component
+
+# %% ../nbs/25_engine.ipynb #6bb81746
+class SampleBuffers(list):
+    "One SampleBuffer per agent (or critic), a run component whose checkpoint entry is `key`."
+    def __init__(self, count: int, size: int, key: str = "buffers"):
+        super().__init__(SampleBuffer(size) for _ in range(count))
+        self.key = key
+    def add_each(self, samples: Sequence[Sequence]):
+        "Add samples[j] (a list) to buffer j."
+        for buf, xs in zip(self, samples):
+            for x in xs: buf.add(x)
+    def state_dict(self) -> dict: return {self.key: [b.items for b in self]}
+    def load_state_dict(self, state: dict):
+        for b, items in zip(self, state[self.key]): b.items = list(items)
+
+# %% ../nbs/25_engine.ipynb #8c5726d8
+@patch
+def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None, total: int = 0,
+          desc: Optional[str] = None) -> Run:
+    "Seed; open checkpoints, metrics and trackers; restore when resuming; the stop-after batch; the progress bar."
+    a, main = self.args, self.dist.is_main
+    seed_everything(a.seed)
+    # issue S plugs in here: refuse or lock the output directory (comlrl_nb.runs) before anything is written
+    self.ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.num_agents)
+    self.metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config if main else None,
+                                 a.tensorboard and main)
+    if resume_from_checkpoint:
+        self.restore(resume_from_checkpoint)
+        if main: self._truncate_metrics()
+    elif main and self.metrics.path.exists(): self.metrics.path.unlink()
+    self.dist.barrier()
+    self.stop_at, self.stopped = stop_after(stop_after_batch), False
+    self.bar = progress_bar(total, desc or self.algo, a.progress_bar and main, self.state[self.step_key])
+    return self
+
+# %% ../nbs/25_engine.ipynb #ebb5291e
+@patch
+def _truncate_metrics(self: Run):
+    "Drop metrics lines past the restored position (batches, or rounds when the run counts rounds)."
+    if self.step_key == "global_batch": return self.metrics.truncate_after(self.state["global_batch"])
+    from comlrl_nb.core import atomic_write_text
+    rows = [r for r in read_metrics(self.metrics.path) if r.get(self.step_key, 0) <= self.state[self.step_key]]
+    atomic_write_text(self.metrics.path, "".join(json.dumps(r) + "\n" for r in rows))
+
+@patch
+def checkpoint(self: Run) -> dict:
+    "The checkpoint: every registered component's entries, then the position, the random state and the config."
+    state = {}
+    for name, comp in self.components.items():
+        sd = comp.state_dict()
+        clash = sorted(state.keys() & sd.keys())
+        if clash: raise ValueError(f"component {name!r} reuses checkpoint entries {clash}; give it another key")
+        state.update(sd)
+    cfg = asdict(self.args) if is_dataclass(self.args) else dict(vars(self.args))
+    return {**state, "state": copy.deepcopy(self.state), "rng": rng_state(), "config": cfg}
+
+# %% ../nbs/25_engine.ipynb #5c35ba8c
+@patch
+def save(self: Run):
+    "Write a checkpoint of the registered components at the current position (main process; all wait)."
+    state = self.checkpoint()
+    if self.dist.is_main:
+        p = self.ckpt.save(self.state[self.step_key], state, self.checkpoint_info())
+        logger.info(f"checkpoint saved: {p}")
+    self.dist.barrier()
+
+@patch
+def checkpoint_info(self: Run) -> dict:
+    "Extra fields of trainer_state.json (a trainer may replace this method on its run)."
+    if self.step_key == "global_batch": return {"epoch": self.state["epoch"]}
+    return {self.step_key: self.state[self.step_key]}
+
+@patch
+def restore(self: Run, which=True) -> Path:
+    "Load a checkpoint (a path, or True for the newest) into every component, the position and the random state."
+    p, s = self.ckpt.load(which)
+    for comp in self.components.values(): comp.load_state_dict(s)
+    self.state.clear()
+    self.state.update(s["state"])                           # in place: the trainer holds the same dict
+    set_rng_state(s["rng"])
+    logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state.get('epoch', 0)})")
+    return p
+
+# %% ../nbs/25_engine.ipynb #35e4a226
+@patch
+def batches(self: Run, per_epoch: int, order_fn: Callable[[int], Any],
+            end_of_epoch: Optional[Callable[[], Any]] = None):
+    "(order, b) for each batch of each epoch from the saved position; a final checkpoint when the epochs run out."
+    st, self._mode = self.state, "batches"
+    while st["epoch"] < self.args.num_train_epochs:
+        order = order_fn(st["epoch"])
+        while st["batch_in_epoch"] < per_epoch:
+            yield order, st["batch_in_epoch"]
+            if self.stopped: return
+        if end_of_epoch is not None: end_of_epoch()
+        st["epoch"] += 1
+        st["batch_in_epoch"] = 0
+    if self.args.save_steps >= 0: self.save()
+
+@patch
+def end_of_batch(self: Run, record: dict, postfix: Optional[str] = None, console_keys: Sequence[str] = ()) -> bool:
+    "Move on one batch; log `record` (after batch and epoch), tick, checkpoint; True when the run stops here."
+    st = self.state
+    st["batch_in_epoch"] += 1
+    st["global_batch"] += 1
+    rec = {"batch": st["global_batch"], "epoch": st["epoch"], **record}
+    self.stopped = end_of_batch(rec, st["global_batch"], self.metrics, self.bar, self.args.save_steps, self.save,
+                                self.stop_at, self.dist.is_main, postfix or self.postfix,
+                                tuple(console_keys) or self.console_keys)
+    return self.stopped
+
+# %% ../nbs/25_engine.ipynb #2f24826a
+@patch
+def rounds(self: Run, n: int):
+    "Rounds saved + 1 .. n; after each: the position, a checkpoint (unless save_steps=-1), a tick, stop-after."
+    st, self._mode = self.state, "rounds"
+    while st[self.step_key] < n:
+        nu = st[self.step_key] + 1
+        yield nu
+        st[self.step_key] = nu
+        asked = self.stop_at is not None and nu >= self.stop_at
+        if self.args.save_steps >= 0 or asked: self.save()
+        self.bar.update(1)
+        if asked and nu < n:
+            logger.info(f"stopping after round {nu} as asked; resume with train(resume_from_checkpoint=True)")
+            self.stopped = True
+            return
+
+# %% ../nbs/25_engine.ipynb #3d523bb7
+@patch
+def __enter__(self: Run) -> Run:
+    # issue S plugs in here: install the SIGTERM handler (comlrl_nb.runs); __exit__ removes it
+    return self
+
+@patch
+def __exit__(self: Run, kind, exc, tb) -> bool:
+    if kind is KeyboardInterrupt:
+        if self._mode == "batches":
+            logger.warning(f"interrupted: saving a checkpoint at batch {self.state['global_batch']} before exiting")
+            self.save()
+        else:
+            done = self.state[self.step_key]
+            logger.warning(f"interrupted in round {done + 1}: resuming restarts that round from the "
+                           f"checkpoint of round {done}"
+                           + ("" if self.args.save_steps >= 0 else " (none: save_steps=-1)"))
+        self.bar.close()
+        self.metrics.close()
+    return False
+
+# %% ../nbs/25_engine.ipynb #e8da5e64
+@patch
+def finish(self: Run, plot: Optional[Callable] = None, png: str = "training_curves.png",
+           title: Optional[str] = None) -> dict:
+    "Close the bar and trackers, draw the run plot (main process), wait for all; the final state."
+    self.bar.close()
+    self.metrics.close()
+    if self.dist.is_main and self.args.save_plot:
+        try: (plot or plot_run)(self.metrics.path, self.output_dir / png, title or f"{self.algo}: reward per batch")
+        except Exception as e: logger.warning(f"could not draw the run plot: {e}")
+    self.dist.barrier()
+    return {**self.state, "stopped": self.stopped, "metrics_path": str(self.metrics.path)}

@@ -292,7 +292,7 @@ def test_resume_gives_the_same_result(tmp_path, cls, kw):
 def test_sampling_ahead_is_bit_identical_and_resumes(tmp_path, cls, monkeypatch):
     """Single-turn batches that no update separates share one sampling loop; weights, metrics and a resume through a
     checkpoint taken mid-buffer are exactly those of sampling every batch alone."""
-    import comlrl_nb.trainers.actor_critic as A
+    import comlrl_nb.team as A                   # the team samples for every trainer
     calls, real = [], A.generate_completions
     monkeypatch.setattr(A, "generate_completions", lambda *a, **kw: calls.append(len(a[2])) or real(*a, **kw))
     cfg = dict(cls=cls, num_train_epochs=2, num_generations=1, rollout_buffer_size=3, save_steps=1)

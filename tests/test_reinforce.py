@@ -151,7 +151,7 @@ def test_resume_gives_the_same_result(tmp_path):
 def test_sampling_ahead_within_a_buffer_changes_nothing_but_the_number_of_sampling_loops(tmp_path, monkeypatch):
     """Batches that no update separates are sampled in one loop (same policy, same per-row keys): the run is bit-identical
     to sampling every batch on its own, with fewer generate calls."""
-    import comlrl_nb.trainers.reinforce as R
+    import comlrl_nb.team as R                  # the team samples for every trainer
     calls = []
     real = R.generate_completions
     monkeypatch.setattr(R, "generate_completions", lambda *a, **kw: calls.append(len(a[2])) or real(*a, **kw))

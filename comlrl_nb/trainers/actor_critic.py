@@ -5,29 +5,28 @@
 # %% ../../nbs/31_actor_critic.ipynb #b5f3ad50
 from __future__ import annotations
 import copy, math, os, time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 from ..core import (as_list, autocast, check_bool, check_choice, check_number, config_error, derive_seed,
                             logger, resolve_device, resolve_dtype, seed_everything)
-from ..models import load_agents, load_model, load_tokenizer
-from ..generation import generate_completions
+from ..models import load_model, load_tokenizer
 from ..scoring import collate, completion_logprobs
-from ..rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
+from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..engine import (adamw, batches_ahead, end_of_batch, eval_count, keep_ahead, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar,
-                              rng_state, set_rng_state)
+from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
 from ..rollout import TransitionError, call_transition
-from .reinforce import _check_dataset, _check_devices
+from .reinforce import _check_devices, _check_hooks
+from ..team import Team, map_jobs, team_attr, validate_dataset
 
 # %% auto #0
 __all__ = ['td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'value_loss', 'ValueHead',
            'last_token_hidden', 'Critic', 'history_text', 'ActorCriticConfig', 'MAACConfig', 'IACConfig', 'Episode',
-           'ActorSample', 'ValueSample', 'ActorCriticTrainer', 'MAACTrainer', 'IACTrainer']
+           'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'MAACTrainer', 'IACTrainer', 'Critics']
 
 # %% ../../nbs/31_actor_critic.ipynb #0b2494ec
 def _as_float(x, name: str) -> torch.Tensor:
@@ -299,75 +298,82 @@ class ValueSample:
     target: float
     old_value: float
 
+# %% ../../nbs/31_actor_critic.ipynb #590c4d41
+@dataclass
+class Episodes:
+    "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
+    episodes: list
+    times: dict = field(default_factory=dict)
+    def __getitem__(self, key: str):
+        "Dict-style access: 'episodes', or 'time_<part>'."
+        return self.times[key[5:]] if key.startswith("time_") else getattr(self, key)
+
 # %% ../../nbs/31_actor_critic.ipynb #e08d38da
 class ActorCriticTrainer:
     "The loop shared by MAACTrainer and IACTrainer (see those); not used directly."
     config_class, algo = ActorCriticConfig, "actor_critic"
+    __getattr__ = team_attr                    # tr.agents, tr.tokenizers, tr.optimizers, ...: the team's
 
-    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
-                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
-                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
-                 wandb_config: Optional[dict] = None, critic_model=None, critics=None, critic_tokenizer=None):
-        args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator, external_transition)
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
+                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
+                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, critic_model=None, critics=None,
+                 critic_tokenizer=None):
+        args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
+                                external_transition)
         self.args, self.n = args, args.num_agents
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
-        self.formatters = resolve_formatters(formatters, self.n)
+        formatters = resolve_formatters(formatters, self.n)
+        for ds, nm in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+            validate_dataset(ds, nm, formatters)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        for ds, nm in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")): self._check_dataset(ds, nm)
         self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.external_transition, self.model_config = external_transition, model_config
-        self.devices = [resolve_device(d) for d in as_list(args.agent_devices, self.n, "agent_devices", "device")]
-        self.agents, self.tokenizers = load_agents(agent_model, agents, self.n, tokenizer, model_config, self.devices)
+        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
         self.critics, self.critic_of = self._build_critics(critic_model, critics, critic_tokenizer)
         self._make_optimizers()
-        self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
-        self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * self.n,
-                      "critic_steps": [0] * len(self.critics)}
-        self.buffers = [SampleBuffer(args.rollout_buffer_size) for _ in range(self.n)]
-        self.value_buffers = [SampleBuffer(args.rollout_buffer_size) for _ in self.critics]
-        self._sample_cache, self._ahead = {}, {}   # first-turn completions sampled ahead for later batches (see the MAGRPO notebook)
-        if args.num_turns > 1 and args.early_termination_threshold is not None:
-            logger.info(f"episodes end after any turn whose reward is > early_termination_threshold={args.early_termination_threshold}; "
-                        "with non-negative rewards and the default -0.2 every episode stops after turn 1 (set it to None to never stop early)")
+        self._init_loop_state()
 
 # %% ../../nbs/31_actor_critic.ipynb #ffd778e6
-def _check_args(self: ActorCriticTrainer, args, agents, num_agents, reward_func, eval_logger, eval_aggregator, external_transition):
+@patch
+def _init_loop_state(self: ActorCriticTrainer):
+    "The position, one sample buffer per agent and per critic, the first-turn sampler."
+    a = self.args
+    self.output_dir = Path(a.output_dir or Path("runs") / self.algo)
+    self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * self.n,
+                  "critic_steps": [0] * len(self.critics)}
+    self.buffers = SampleBuffers(self.n, a.rollout_buffer_size)
+    self.value_buffers = SampleBuffers(len(self.critics), a.rollout_buffer_size, key="value_buffers")
+    self.sampler = Sampler(self.team, a.seed)                # first turns sampled ahead (see the MAGRPO notebook)
+    if a.num_turns > 1 and a.early_termination_threshold is not None:
+        logger.info(f"episodes end after any turn whose reward is > early_termination_threshold="
+                    f"{a.early_termination_threshold}; with non-negative rewards and the default -0.2 every episode "
+                    "stops after turn 1 (set it to None to never stop early)")
+
+@patch
+def _check_args(self: ActorCriticTrainer, args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
+                external_transition):
+    "The config (default: one for the agents given), checked against the other arguments."
     if args is None:
         n = num_agents or (len(agents) if isinstance(agents, (list, tuple)) else None)
         args = self.config_class(num_agents=n) if n else self.config_class()
     if not isinstance(args, self.config_class):
         raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
     n = args.num_agents
-    if num_agents is not None and num_agents != n: raise ValueError(f"num_agents={num_agents} but args.num_agents={n}; make them agree")
+    if num_agents is not None and num_agents != n:
+        raise ValueError(f"num_agents={num_agents} but args.num_agents={n}; make them agree")
     if isinstance(agents, (list, tuple)) and len(agents) != n:
         raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree")
-    if reward_func is None: raise ValueError("reward_func is required: a function scoring joint responses (see the rewards notebook)")
-    if (eval_logger is None) != (eval_aggregator is None): raise ValueError("eval_logger and eval_aggregator go together: pass both or neither")
-    if args.num_turns > 1 and external_transition is None:
-        raise ValueError(f"num_turns={args.num_turns} needs external_transition= (it builds each next turn's prompts)")
+    _check_hooks(args, reward_func, eval_logger, eval_aggregator, external_transition)
     if external_transition is not None and not callable(external_transition):
         raise TypeError(f"external_transition must be callable, got {type(external_transition).__name__}")
     return args
 
-def _prompt(self: ActorCriticTrainer, item, i: int) -> str: return format_prompt(self.formatters[i], item, i)
-def _chat(self: ActorCriticTrainer, i: int, p: str) -> str:
-    return apply_chat_template(self.tokenizers[i], p) if self.args.use_chat_template else p
-
-ActorCriticTrainer._check_args, ActorCriticTrainer._check_dataset = _check_args, _check_dataset
-ActorCriticTrainer._prompt, ActorCriticTrainer._chat = _prompt, _chat
-
 # %% ../../nbs/31_actor_critic.ipynb #e74c4d4f
-def _map_jobs(self: ActorCriticTrainer, fn: Callable[[int], Any], count: int) -> list:
-    "fn(j) for j in range(count): concurrently under parallel_training='mp' (results in order; first error re-raised after all finish)."
-    if self.args.parallel_training != "mp" or count <= 1: return [fn(j) for j in range(count)]
-    with ThreadPoolExecutor(count) as ex: futs = [ex.submit(fn, j) for j in range(count)]
-    for f in futs:
-        if f.exception() is not None: raise f.exception()
-    return [f.result() for f in futs]
-
-def _map_agents(self: ActorCriticTrainer, fn: Callable[[int], Any]) -> list: return self._map_jobs(fn, self.n)
-
-ActorCriticTrainer._map_jobs, ActorCriticTrainer._map_agents = _map_jobs, _map_agents
+@patch
+def _map_critics(self: ActorCriticTrainer, fn: Callable[[int], Any]) -> list:
+    "fn(c) for every critic: concurrently under parallel_training='mp', as the team maps over agents."
+    return map_jobs(fn, len(self.critics), self.args.parallel_training == "mp")
 
 # %% ../../nbs/31_actor_critic.ipynb #fd10cfcb
 _CRITIC_OPTIONS = ("critics=[model or id/path] or critic_model=<model or id/path> (model objects use critic_tokenizer=, "
@@ -376,14 +382,17 @@ _CRITIC_OPTIONS = ("critics=[model or id/path] or critic_model=<model or id/path
 
 def _hidden_size(model) -> int:
     h = getattr(getattr(model, "config", None), "hidden_size", None)
-    if not isinstance(h, int): raise ValueError(f"cannot tell the hidden size of the critic backbone {type(model).__name__} (config.hidden_size)")
+    if not isinstance(h, int):
+        raise ValueError(f"cannot tell the hidden size of the critic backbone {type(model).__name__} (config.hidden_size)")
     return h
 
+@patch
 def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim, agents, tag, cache: dict) -> Critic:
     "A separate critic from a model object or an id/path (loaded once per id, copied for repeats)."
     if isinstance(source, torch.nn.Module):
-        if tokenizer is None: raise ValueError("a critic given as a model object needs a tokenizer: pass critic_tokenizer= (or tokenizer=)")
-        taken = [m for m in self.agents] + [c.backbone for c in cache.get("_built", [])]
+        if tokenizer is None:
+            raise ValueError("a critic given as a model object needs a tokenizer: pass critic_tokenizer= (or tokenizer=)")
+        taken = [m for m in self.team.agents] + [c.backbone for c in cache.get("_built", [])]
         backbone = copy.deepcopy(source) if any(source is m for m in taken) else source
     elif isinstance(source, (str, os.PathLike)):
         key = str(source)
@@ -396,8 +405,6 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
     crit = Critic(backbone, head, load_tokenizer(tokenizer), agents, False, self.args.critic_max_length)
     cache.setdefault("_built", []).append(crit)
     return crit
-
-ActorCriticTrainer._make_critic = _make_critic
 
 # %% ../../nbs/31_actor_critic.ipynb #de2008ab
 class MAACTrainer(ActorCriticTrainer):
@@ -449,88 +456,102 @@ class IACTrainer(ActorCriticTrainer):
         return out, list(range(n))
 
 # %% ../../nbs/31_actor_critic.ipynb #57baf7c2
-def _make_optimizers(self: ActorCriticTrainer):
-    a, self.optimizers, self.critic_optimizers = self.args, [], []
-    for i, m in enumerate(self.agents):
-        groups = [{"params": list(m.parameters()), "lr": a.agent_learning_rate}]
-        heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
-        groups += [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads]
-        self.optimizers.append(adamw(groups, a.agent_learning_rate, a.weight_decay))
-    for c in self.critics:
-        self.critic_optimizers.append(None if c.shared else
-                                      adamw(c.parameters(), a.critic_learning_rate, a.weight_decay))
+class Critics(list):
+    "The critics and their own optimizers (None for a value head stepped with its actor): a run component."
+    def __init__(self, critics: Sequence[Critic], optimizers: Sequence):
+        super().__init__(critics)
+        self.optimizers = list(optimizers)
+    def state_dict(self) -> dict:
+        return {"critics": [c.state_dict() for c in self],
+                "critic_optimizers": [o.state_dict() if o is not None else None for o in self.optimizers]}
+    def load_state_dict(self, state: dict):
+        for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
+        for o, sd in zip(self.optimizers, state["critic_optimizers"]):
+            if o is not None and sd is not None: o.load_state_dict(sd)
 
-ActorCriticTrainer._make_optimizers = _make_optimizers
+@patch
+def _make_optimizers(self: ActorCriticTrainer):
+    "A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW."
+    a = self.args
+    for i in range(self.n):
+        heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
+        self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
+    opts = [None if c.shared else adamw(c.parameters(), a.critic_learning_rate, a.weight_decay) for c in self.critics]
+    self.critics = Critics(self.critics, opts)
+    self.critic_optimizers = self.critics.optimizers
 
 # %% ../../nbs/31_actor_critic.ipynb #6ec6c394
-def _generate(self: ActorCriticTrainer, i: int, texts: list, k: int, keys: list):
-    a = self.args
-    return generate_completions(self.agents[i], self.tokenizers[i], texts, k=k, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                                top_p=a.top_p, top_k=a.top_k, keys=keys, autocast_dtype=a.autocast_dtype)
-
+@patch
 def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
-    first = [[self._prompt(it, i) for it in items] for i in range(self.n)]
-    eps = []
+    "K episodes per item, each holding every agent's first prompt (formatted, and as the actor reads it)."
+    first, eps = [[self.team.format(it, i) for it in items] for i in range(self.n)], []
     for b, (it, j) in enumerate(zip(items, item_ids)):
         for c in range(K):
             e = Episode(it, int(j), c)
             for name in ("prompts", "inputs", "prompt_history", "responses", "prompt_ids", "completion_ids"):
                 setattr(e, name, [[] for _ in range(self.n)])
             for i in range(self.n):
-                e.prompts[i].append(first[i][b]); e.prompt_history[i].append(first[i][b]); e.inputs[i].append(self._chat(i, first[i][b]))
+                e.prompts[i].append(first[i][b])
+                e.prompt_history[i].append(first[i][b])
+                e.inputs[i].append(self.team.chat(i, first[i][b]))
             eps.append(e)
     return eps
 
-def _first_turn(self: ActorCriticTrainer, heads: list, round_key, K: int) -> list:
-    "First-turn completions of these items (one episode head per item), from the sampling-ahead cache or sampled now with the later batches."
-    a = self.args
-    got = self._sample_cache.pop((round_key, tuple(e.item_id for e in heads)), None)
-    if got is not None: return got
-    ahead = self._ahead.get(round_key, [])
-    texts = [[e.inputs[i][0] for e in heads] + [self._chat(i, self._prompt(it, i)) for its, _ in ahead for it in its] for i in range(self.n)]
-    keys = [[(a.seed, round_key, e.item_id, i) for e in heads] + [(a.seed, round_key, j, i) for _, js in ahead for j in js] for i in range(self.n)]
-    return keep_ahead(self._map_agents(lambda i: self._generate(i, texts[i], K, keys[i])), len(heads), ahead, round_key, self._sample_cache)
-
+@patch
 def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item in every buffer)."
     a = self.args
     if a.num_turns != 1: return []
     filled = min(len(buf.items) for buf in self.buffers + self.value_buffers) + n_now * a.num_generations
-    return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations, self.train_dataset)
-
-ActorCriticTrainer._generate, ActorCriticTrainer._new_episodes = _generate, _new_episodes
-ActorCriticTrainer._first_turn, ActorCriticTrainer._batches_ahead = _first_turn, _batches_ahead
+    return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations,
+                         self.train_dataset)
 
 # %% ../../nbs/31_actor_critic.ipynb #8073dbff
-def _rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key, k: Optional[int] = None,
-            with_values: bool = True) -> dict:
+@patch
+def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
+            k: Optional[int] = None, with_values: bool = True) -> Episodes:
     "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
-    a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0, "critic": 0.0}
-    if K > 1 and a.num_turns > 1: raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent per turn")
+    a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
+    if K > 1 and a.num_turns > 1:
+        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent per turn")
     eps = self._new_episodes(items, item_ids, K)
     for t in range(a.num_turns):
         live = [e for e in eps if not e.done]
         if not live: break
         t0 = time.perf_counter()
-        if t == 0: comps = self._first_turn(live[::K], round_key, K)
-        else: comps = self._map_agents(lambda i: self._generate(i, [e.inputs[i][-1] for e in live], 1,
-                                                                   [(a.seed, round_key, e.item_id, i, t) for e in live]))
-        for i, c in enumerate(comps):
-            for r, e in enumerate(live):
-                e.prompt_ids[i].append(c.prompt_ids[r][c.prompt_mask[r] == 1].cpu())
-                e.completion_ids[i].append(c.completion_ids[r][c.completion_mask[r] == 1].cpu()); e.responses[i].append(c.texts[r])
-        t1 = time.perf_counter(); tm["generate"] += t1 - t0
+        self._record_turn(live, self._sample_turn(live, t, round_key, K))
+        t1 = time.perf_counter()
         self._score_turn(live, t)
-        t2 = time.perf_counter(); tm["reward"] += t2 - t1
+        t2 = time.perf_counter()
         for e in live:
             if not e.done: self._transition(e, t)
+        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - t1
         tm["transition"] += time.perf_counter() - t2
     t3 = time.perf_counter()
     if with_values: self._score_episodes(eps)
-    tm["critic"] = time.perf_counter() - t3
-    return {"episodes": eps, **{f"time_{k_}": v for k_, v in tm.items()}}
+    return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
+
+# %% ../../nbs/31_actor_critic.ipynb #4823c69c
+@patch
+def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
+    "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
+    team, seed = self.team, self.args.seed
+    if t == 0: return self.sampler.sample([[e.inputs[i][0] for e in live[::K]] for i in range(self.n)],
+                                          [e.item_id for e in live[::K]], K, round_key)
+    return team.map(lambda i: team.generate(i, [e.inputs[i][-1] for e in live], 1,
+                                            [(seed, round_key, e.item_id, i, t) for e in live]))
+
+@patch
+def _record_turn(self: ActorCriticTrainer, live: list, comps: list):
+    "Append each live episode's prompt ids, completion ids (EOS included) and text, per agent."
+    for i, c in enumerate(comps):
+        for r, e in enumerate(live):
+            e.prompt_ids[i].append(c.prompt_ids[r][c.prompt_mask[r] == 1].cpu())
+            e.completion_ids[i].append(c.completion_ids[r][c.completion_mask[r] == 1].cpu())
+            e.responses[i].append(c.texts[r])
 
 # %% ../../nbs/31_actor_critic.ipynb #af3233f9
+@patch
 def _score_turn(self: ActorCriticTrainer, live: list, t: int):
     "One reward call for this turn's joint responses; then the end-of-episode test."
     a = self.args
@@ -539,139 +560,161 @@ def _score_turn(self: ActorCriticTrainer, live: list, t: int):
     for e, r in zip(live, rew):
         e.rewards.append(float(r))
         if t == a.num_turns - 1: e.done = True
-        elif a.early_termination_threshold is not None and r > a.early_termination_threshold: e.done = e.early_stop = True
+        elif a.early_termination_threshold is not None and r > a.early_termination_threshold:
+            e.done = e.early_stop = True
 
+@patch
 def _transition(self: ActorCriticTrainer, e: Episode, t: int):
     "Next prompts of an unfinished episode (through the agents' formatters unless external_prompt_passthrough)."
     orig = e.item.get("prompt", e.prompts[0][0]) if isinstance(e.item, dict) else e.prompts[0][0]
-    try: new = call_transition(self.external_transition, orig, [r[-1] for r in e.responses], self.n, e.prompt_history, e.responses)
+    last = [r[-1] for r in e.responses]
+    try: new = call_transition(self.external_transition, orig, last, self.n, e.prompt_history, e.responses)
     except TransitionError as err: raise TransitionError(f"{err} (after turn {t + 1} of item {e.item_id})") from err
     for i, p in enumerate(new):
-        f = p if self.args.external_prompt_passthrough else self._prompt({**e.item, "prompt": p}, i)
-        e.prompt_history[i].append(p); e.prompts[i].append(f); e.inputs[i].append(self._chat(i, f))
-
-ActorCriticTrainer.rollout, ActorCriticTrainer._score_turn, ActorCriticTrainer._transition = _rollout, _score_turn, _transition
+        f = p if self.args.external_prompt_passthrough else self.team.format({**e.item, "prompt": p}, i)
+        e.prompt_history[i].append(p)
+        e.prompts[i].append(f)
+        e.inputs[i].append(self.team.chat(i, f))
 
 # %% ../../nbs/31_actor_critic.ipynb #101e585d
+@patch
 def _critic_text(self: ActorCriticTrainer, c: int, e: Episode, t: int) -> str:
     q = 1 if self.args.critic_type == "q" else 0
     return history_text([p[:t + 1] for p in e.prompts], [r[:t + q] for r in e.responses], self.critics[c].agents)
 
+@patch
 def _score_episodes(self: ActorCriticTrainer, eps: list):
     "Every critic's value of every turn (one batched pass per critic), then TD targets and advantages per episode."
     # tokenize here, in this thread (tokenizers may be shared and are not thread-safe); score in parallel under mp
-    all_ids = [crit.encode([self._critic_text(c, e, t) for e in eps for t in range(e.num_turns)]) for c, crit in enumerate(self.critics)]
+    all_ids = [crit.encode([self._critic_text(c, e, t) for e in eps for t in range(e.num_turns)])
+               for c, crit in enumerate(self.critics)]
     def score(c):                                     # no_grad inside: grad mode is per thread
         crit, ids = self.critics[c], all_ids[c]
         with torch.no_grad():
-            vals = torch.cat([crit.values(ids[s:s + 32], self.args.autocast_dtype).float().cpu() for s in range(0, len(ids), 32)])
+            vals = torch.cat([crit.values(ids[s:s + 32], self.args.autocast_dtype).float().cpu()
+                              for s in range(0, len(ids), 32)])
         pos = 0
         for e in eps:
-            v = vals[pos:pos + e.num_turns]; e.critic_ids[c] = ids[pos:pos + e.num_turns]; e.values[c] = v
-            e.targets[c] = td_targets(e.rewards, v, discount=self.args.discount); e.advantages[c] = td_advantages(e.targets[c], v)
+            v = e.values[c] = vals[pos:pos + e.num_turns]
+            e.critic_ids[c] = ids[pos:pos + e.num_turns]
+            e.targets[c] = td_targets(e.rewards, v, discount=self.args.discount)
+            e.advantages[c] = td_advantages(e.targets[c], v)
             pos += e.num_turns
-    self._map_jobs(score, len(self.critics))
-
-ActorCriticTrainer._critic_text, ActorCriticTrainer._score_episodes = _critic_text, _score_episodes
+    self._map_critics(score)
 
 # %% ../../nbs/31_actor_critic.ipynb #486dae23
+@patch
 def _actor_loss(self: ActorCriticTrainer, i: int, mb: list, adv: torch.Tensor) -> torch.Tensor:
-    tok = self.tokenizers[i]; pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    _, seq = completion_logprobs(self.agents[i], *collate([s.prompt for s in mb], [s.completion for s in mb], pad),
+    tok = self.team.tokenizers[i]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    _, seq = completion_logprobs(self.team.agents[i], *collate([s.prompt for s in mb], [s.completion for s in mb], pad),
                                  autocast_dtype=self.args.autocast_dtype)
     return reinforce_loss(seq, adv.to(seq.device))
 
+@patch
 def _critic_loss(self: ActorCriticTrainer, c: int, mb: list, clip: Optional[float]) -> torch.Tensor:
     V = self.critics[c].values([s.ids for s in mb], self.args.autocast_dtype)
     return value_loss(V, [s.target for s in mb], self.args.value_loss_coef, [s.old_value for s in mb], clip)
 
-ActorCriticTrainer._actor_loss, ActorCriticTrainer._critic_loss = _actor_loss, _critic_loss
-
 # %% ../../nbs/31_actor_critic.ipynb #23eae352
+@patch
 def _step(self: ActorCriticTrainer, loss, opt, params, where: str):
     loss = check_finite_loss(loss, where)
-    opt.zero_grad(set_to_none=True); loss.backward()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
     if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
     opt.step()
 
+@patch
 def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples: Optional[list] = None) -> tuple:
     "Optimizer steps for agent i (its value head too, when it has one); returns (policy losses, value losses)."
-    a, c = self.args, self.critic_of[i]; tbs = a.train_batch_size
+    a, c, tbs = self.args, self.critic_of[i], self.args.train_batch_size
+    model, opt = self.team.agents[i], self.team.optimizers[i]
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     if a.advantage_normalization: adv = normalize_advantages(adv)
-    clip = getattr(a, "value_clip_range", None)
-    params = [p for g in self.optimizers[i].param_groups for p in g["params"]]
+    clip, params = getattr(a, "value_clip_range", None), [p for g in opt.param_groups for p in g["params"]]
     pol, val, head = [], [], self.critics[c].head if value_samples is not None else None
-    self.agents[i].train()
+    model.train()
     if head is not None: head.train()
     for s in range(0, len(samples), tbs):
-        loss = self._actor_loss(i, samples[s:s + tbs], adv[s:s + tbs]); pol.append(float(loss.detach()))
+        loss = self._actor_loss(i, samples[s:s + tbs], adv[s:s + tbs])
+        pol.append(float(loss.detach()))
         if value_samples is not None:
-            vl = self._critic_loss(c, value_samples[s:s + tbs], clip); val.append(float(vl.detach())); loss = loss + vl
-        self._step(loss, self.optimizers[i], params, f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
+            vl = self._critic_loss(c, value_samples[s:s + tbs], clip)
+            val.append(float(vl.detach()))
+            loss = loss + vl
+        self._step(loss, opt, params, f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
         self.state["optimizer_steps"][i] += 1
-    self.agents[i].eval()
+    model.eval()
     if head is not None: head.eval()
     return pol, val
 
 # %% ../../nbs/31_actor_critic.ipynb #9160f2bc
+@patch
 def _critic_name(self: ActorCriticTrainer, c: int) -> str:
-    return "critic" if len(self.critics) == 1 and len(self.critics[0].agents) == self.n else f"critic of agent {self.critics[c].agents[0]}"
+    central = len(self.critics) == 1 and len(self.critics[0].agents) == self.n
+    return "critic" if central else f"critic of agent {self.critics[c].agents[0]}"
 
+@patch
 def _update_critic(self: ActorCriticTrainer, c: int, samples: list) -> list:
     "Optimizer steps of a separate critic over its drained buffer; returns the loss of each step."
     crit, opt, losses = self.critics[c], self.critic_optimizers[c], []
     crit.train()
     for mb in minibatches(samples, self.args.train_batch_size):
-        loss = self._critic_loss(c, mb, None); losses.append(float(loss.detach()))
-        self._step(loss, opt, crit.parameters(), f"{self._critic_name(c)} optimizer step {self.state['critic_steps'][c] + 1}")
+        loss = self._critic_loss(c, mb, None)
+        losses.append(float(loss.detach()))
+        where = f"{self._critic_name(c)} optimizer step {self.state['critic_steps'][c] + 1}"
+        self._step(loss, opt, crit.parameters(), where)
         self.state["critic_steps"][c] += 1
     crit.train(False)
     return losses
 
-ActorCriticTrainer._step, ActorCriticTrainer._update_agent = _step, _update_agent
-ActorCriticTrainer._critic_name, ActorCriticTrainer._update_critic = _critic_name, _update_critic
-
 # %% ../../nbs/31_actor_critic.ipynb #30ea4254
+@patch
 def _store(self: ActorCriticTrainer, eps: list):
     "One ActorSample per agent and one ValueSample per critic for every turn of every (complete) episode."
     for e in eps:
         for t in range(e.num_turns):
             for i in range(self.n):
-                self.buffers[i].add(ActorSample(e.prompt_ids[i][t], e.completion_ids[i][t], float(e.advantages[self.critic_of[i]][t])))
+                adv = float(e.advantages[self.critic_of[i]][t])
+                self.buffers[i].add(ActorSample(e.prompt_ids[i][t], e.completion_ids[i][t], adv))
             for c in range(len(self.critics)):
                 self.value_buffers[c].add(ValueSample(e.critic_ids[c][t], float(e.targets[c][t]), float(e.values[c][t])))
 
+@patch
 def _update_full_buffers(self: ActorCriticTrainer, flush: bool = False) -> dict:
-    "Update every agent/critic whose buffer is full (or non-empty when flushing); returns {'policy': {i: losses}, 'value': {c: losses}}."
+    "Update every agent/critic whose buffer is full (or non-empty when flushing): {'policy': {i: ...}, 'value': {c: ...}}."
     ready = lambda b: b.full or (flush and b.items)
     todo = [i for i in range(self.n) if ready(self.buffers[i])]
     drained = {i: self.buffers[i].drain() for i in todo}
     vdrained = {i: self.value_buffers[self.critic_of[i]].drain() for i in todo if self.critics[self.critic_of[i]].shared}
-    res = self._map_agents(lambda i: self._update_agent(i, drained[i], vdrained.get(i)) if i in drained else None)
-    ctodo = {c: self.value_buffers[c].drain() for c, cr in enumerate(self.critics) if not cr.shared and ready(self.value_buffers[c])}
-    cres = self._map_jobs(lambda c: self._update_critic(c, ctodo[c]) if c in ctodo else None, len(self.critics))
-    out = {"policy": {i: r[0] for i, r in enumerate(res) if r is not None}, "value": {c: r for c, r in enumerate(cres) if r is not None}}
+    res = self.team.map(lambda i: self._update_agent(i, drained[i], vdrained.get(i)) if i in drained else None)
+    ctodo = {c: self.value_buffers[c].drain() for c, cr in enumerate(self.critics)
+             if not cr.shared and ready(self.value_buffers[c])}
+    cres = self._map_critics(lambda c: self._update_critic(c, ctodo[c]) if c in ctodo else None)
+    out = {"policy": {i: r[0] for i, r in enumerate(res) if r is not None},
+           "value": {c: r for c, r in enumerate(cres) if r is not None}}
     out["value"].update({self.critic_of[i]: r[1] for i, r in enumerate(res) if r is not None and r[1]})
     return out
 
-ActorCriticTrainer._store, ActorCriticTrainer._update_full_buffers = _store, _update_full_buffers
-
 # %% ../../nbs/31_actor_critic.ipynb #ecba296d
-def _evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dict:
-    "Run episodes of the current policies on eval items; returns eval/ metrics (task reward per turn, lengths, logger output)."
+@patch
+def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dict:
+    "Run episodes of the current policies on eval items: eval/ metrics (task reward per turn, lengths, logger output)."
     m = eval_count(self.eval_dataset, num_samples, self.args.eval_num_samples)
     if m == 0: return {}
     per_turn, lens, logged = {}, [[] for _ in range(self.n)], []
     for s in range(0, m, self.args.eval_batch_size):
-        ids = list(range(s, min(m, s + self.args.eval_batch_size))); items = [self.eval_dataset[j] for j in ids]
-        eps = self.rollout(items, ids, "eval", k=1, with_values=False)["episodes"]
+        ids = list(range(s, min(m, s + self.args.eval_batch_size)))
+        items = [self.eval_dataset[j] for j in ids]
+        eps = self.rollout(items, ids, "eval", k=1, with_values=False).episodes
         for e in eps:
             for t, r in enumerate(e.rewards): per_turn.setdefault(t, []).append(r)
         for i in range(self.n): lens[i] += [len(c) for e in eps for c in e.completion_ids[i]]
         if self.eval_logger is not None:
-            logged += list(self.eval_logger(agent_completions_turns=[[list(e.responses[i]) for e in eps] for i in range(self.n)],
-                                            batch_items=items, prompts=[[e.inputs[i][0] for e in eps] for i in range(self.n)]))
+            turns = [[list(e.responses[i]) for e in eps] for i in range(self.n)]
+            logged += list(self.eval_logger(agent_completions_turns=turns, batch_items=items,
+                                            prompts=[[e.inputs[i][0] for e in eps] for i in range(self.n)]))
     out = {}
     for t, r in sorted(per_turn.items()):
         out[f"eval/turn_{t + 1}/reward_mean"], out[f"eval/turn_{t + 1}/reward_std"] = float(np.mean(r)), float(np.std(r))
@@ -680,16 +723,17 @@ def _evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> di
         out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=self.args.num_turns).items()})
     return out
 
-ActorCriticTrainer.evaluate = _evaluate
-
 # %% ../../nbs/31_actor_critic.ipynb #4f1689a4
+@patch
 def _turn_metrics(self: ActorCriticTrainer, eps: list) -> dict:
     m, C = {}, range(len(self.critics))
     for t in range(max(e.num_turns for e in eps)):
-        at = [e for e in eps if e.num_turns > t]; r = np.array([e.rewards[t] for e in at])
+        at = [e for e in eps if e.num_turns > t]
+        r = np.array([e.rewards[t] for e in at])
         k = f"turn_{t + 1}"
         m[f"{k}/reward_mean"], m[f"{k}/reward_std"] = float(r.mean()), float(r.std())
-        m[f"{k}/expected_return"] = float(np.mean([float(discounted_returns(e.rewards, self.args.discount)[t]) for e in at]))
+        G = [float(discounted_returns(e.rewards, self.args.discount)[t]) for e in at]
+        m[f"{k}/expected_return"] = float(np.mean(G))
         if at[0].values:
             m[f"{k}/value_mean"] = float(np.mean([float(e.values[c][t]) for e in at for c in C]))
             m[f"{k}/td_target_mean"] = float(np.mean([float(e.targets[c][t]) for e in at for c in C]))
@@ -699,102 +743,69 @@ def _turn_metrics(self: ActorCriticTrainer, eps: list) -> dict:
     return m
 
 # %% ../../nbs/31_actor_critic.ipynb #cf525974
-def _batch_metrics(self: ActorCriticTrainer, ro: dict, upd: dict, wall: float) -> dict:
-    eps = ro["episodes"]; m = self._turn_metrics(eps)
+@patch
+def _batch_metrics(self: ActorCriticTrainer, ro: Episodes, upd: dict, wall: float) -> dict:
+    eps = ro.episodes
+    m = self._turn_metrics(eps)
     ntok = sum(len(c) for e in eps for i in range(self.n) for c in e.completion_ids[i])
-    m.update({"tokens_per_s": ntok / max(wall, 1e-9), "time/batch": wall,
-              **{f"time/{k[5:]}": v for k, v in ro.items() if k.startswith("time_")}})
+    m.update({"tokens_per_s": ntok / max(wall, 1e-9), "time/batch": wall, **{f"time/{k}": v for k, v in ro.times.items()}})
     for i in range(self.n):
         A = torch.cat([e.advantages[self.critic_of[i]] for e in eps])
         m[f"agent_{i}/adv_mean"], m[f"agent_{i}/adv_std"] = float(A.mean()), float(A.std(unbiased=False))
         m[f"agent_{i}/completion_len"] = float(np.mean([len(c) for e in eps for c in e.completion_ids[i]]))
         if i in upd["policy"]:
-            m[f"agent_{i}/loss"] = float(np.mean(upd["policy"][i])); m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
+            m[f"agent_{i}/loss"] = float(np.mean(upd["policy"][i]))
+            m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
     if upd["value"]:
         if self.algo != "maac":
             for c, l in upd["value"].items(): m[f"agent_{self.critics[c].agents[0]}/critic_loss"] = float(np.mean(l))
         m["critic/loss"] = float(np.mean([np.mean(l) for l in upd["value"].values()]))
     return m
 
-ActorCriticTrainer._turn_metrics, ActorCriticTrainer._batch_metrics = _turn_metrics, _batch_metrics
-
 # %% ../../nbs/31_actor_critic.ipynb #f88efb4b
+@patch
+def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+    "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
+    a = self.args
+    if self.train_dataset is None:
+        raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
+    per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
+    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch)
+    with run:                                                               # Ctrl-C: a checkpoint, then exit
+        for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+            t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
+            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
+            with self.sampler.planned(key, self._batches_ahead(order, b, per_epoch, len(ids))):
+                ro = self.rollout([self.train_dataset[int(j)] for j in ids], ids, key)
+            self._store(ro.episodes)
+            t1, upd = time.perf_counter(), self._update_full_buffers()
+            rec = self._batch_metrics(ro, upd, time.perf_counter() - t0)
+            run.end_of_batch({**rec, "time/update": time.perf_counter() - t1, **ev})
+    return run.finish(plot=plot_run)
+
+# %% ../../nbs/31_actor_critic.ipynb #f87eb399
+@patch
+def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batch, total: int) -> Run:
+    "The run: checkpoints hold the team, the critics, both kinds of buffers and the sampler's cache."
+    parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
+             "sampler": self.sampler}
+    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state)
+    return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)")
+
+@patch
 def _epoch_order(self: ActorCriticTrainer, epoch: int) -> np.ndarray:
     return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
 
-def _train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
-    "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    a = self.args
-    if self.train_dataset is None: raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    ckpt, metrics = start_run(self, resume_from_checkpoint)
-    stop, per_epoch = stop_after(stop_after_batch), math.ceil(len(self.train_dataset) / a.rollout_batch_size)
-    bar = progress_bar(a.num_train_epochs * per_epoch, f"{self.algo} ({self.n} agents)", a.progress_bar, self.state["global_batch"])
-    stopped = run_epochs(self, per_epoch, self._epoch_order, lambda order: self._train_batch(order, metrics, bar, ckpt, stop),
-                         ckpt, metrics, bar, end_of_epoch=lambda: self._update_full_buffers(flush=True))   # flush partial buffers
-    return self._finish(metrics, bar, stopped=stopped)
-
-ActorCriticTrainer._epoch_order, ActorCriticTrainer.train = _epoch_order, _train
-
-# %% ../../nbs/31_actor_critic.ipynb #f87eb399
-def _train_batch(self: ActorCriticTrainer, order, metrics, bar, ckpt, stop_after_batch) -> bool:
-    "One batch: evaluate (maybe), collect episodes, store samples, update full buffers, log, checkpoint; True = stop here."
-    a, st, t0 = self.args, self.state, time.perf_counter()
-    b = st["batch_in_epoch"]; ids = order[b * a.rollout_batch_size:(b + 1) * a.rollout_batch_size]
-    ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
-    per_epoch = math.ceil(len(self.train_dataset) / a.rollout_batch_size)
-    self._ahead = {("train", st["epoch"]): self._batches_ahead(order, b, per_epoch, len(ids))}
-    try: ro = self.rollout([self.train_dataset[int(j)] for j in ids], ids, ("train", st["epoch"]))
-    finally: self._ahead = {}
-    self._store(ro["episodes"])
-    t1 = time.perf_counter(); upd = self._update_full_buffers()
-    st["batch_in_epoch"] += 1; st["global_batch"] += 1
-    rec = {"batch": st["global_batch"], "epoch": st["epoch"], **self._batch_metrics(ro, upd, time.perf_counter() - t0),
-           "time/update": time.perf_counter() - t1, **ev}
-    return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt), stop_after_batch)
-
-def _finish(self: ActorCriticTrainer, metrics, bar, stopped: bool = False) -> dict:
-    bar.close(); metrics.close()
-    if self.args.save_plot:
-        try: plot_run(metrics.path, self.output_dir / "training_curves.png", f"{self.algo}: reward per batch")
-        except Exception as e: logger.warning(f"could not draw the run plot: {e}")
-    return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path)}
-
-ActorCriticTrainer._train_batch, ActorCriticTrainer._finish = _train_batch, _finish
-
 # %% ../../nbs/31_actor_critic.ipynb #045be82a
-def _save_checkpoint(self: ActorCriticTrainer, ckpt: CheckpointManager):
-    state = {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
-             "critics": [c.state_dict() for c in self.critics],
-             "critic_optimizers": [o.state_dict() if o is not None else None for o in self.critic_optimizers],
-             "buffers": [b.items for b in self.buffers], "value_buffers": [b.items for b in self.value_buffers],
-             "state": copy.deepcopy(self.state), "rng": rng_state(), "config": asdict(self.args), "sample_cache": self._sample_cache}
-    p = ckpt.save(self.state["global_batch"], state, {"epoch": self.state["epoch"]})
-    logger.info(f"checkpoint saved: {p}")
-
-def _restore(self: ActorCriticTrainer, ckpt: CheckpointManager, which):
-    p, s = ckpt.load(which)
-    for m, sd in zip(self.agents, s["agents"]): m.load_state_dict(sd)
-    for c, sd in zip(self.critics, s["critics"]): c.load_state_dict(sd)
-    for o, sd in zip(self.optimizers, s["optimizers"]): o.load_state_dict(sd)
-    for o, sd in zip(self.critic_optimizers, s["critic_optimizers"]):
-        if o is not None and sd is not None: o.load_state_dict(sd)
-    for b, items in zip(self.buffers, s["buffers"]): b.items = list(items)
-    for b, items in zip(self.value_buffers, s["value_buffers"]): b.items = list(items)
-    self.state, self._sample_cache = s["state"], dict(s.get("sample_cache") or {}); set_rng_state(s["rng"])
-    logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state['epoch']})")
-
-ActorCriticTrainer._save_checkpoint, ActorCriticTrainer._restore = _save_checkpoint, _restore
-
-# %% ../../nbs/31_actor_critic.ipynb #a84c90e0
-def _save_model(self: ActorCriticTrainer, output_dir) -> Path:
-    "Write each agent to output_dir/agent_<i>/ and the critics to critic/ (MAAC), critic_<i>/ (IAC) or agent_<i>/value_head.pt."
-    out = Path(output_dir)
-    for i, (m, t) in enumerate(zip(self.agents, self.tokenizers)):
-        m.save_pretrained(out / f"agent_{i}"); t.save_pretrained(out / f"agent_{i}")
+@patch
+def save_model(self: ActorCriticTrainer, output_dir) -> Path:
+    "Each agent to output_dir/agent_<i>/; the critics to critic/ (MAAC), critic_<i>/ (IAC) or agent_<i>/value_head.pt."
+    out = self.team.save_pretrained(output_dir)
     for c in self.critics:
         d = out / f"agent_{c.agents[0]}" if c.shared else out / ("critic" if self.algo == "maac" else f"critic_{c.agents[0]}")
-        if not c.shared: c.backbone.save_pretrained(d); c.tokenizer.save_pretrained(d)
-        d.mkdir(parents=True, exist_ok=True); torch.save(c.head.state_dict(), d / "value_head.pt")
+        if not c.shared:
+            c.backbone.save_pretrained(d)
+            c.tokenizer.save_pretrained(d)
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save(c.head.state_dict(), d / "value_head.pt")
     return out
-
-ActorCriticTrainer.save_model = _save_model

@@ -5,28 +5,28 @@
 # %% ../../nbs/30_reinforce.ipynb #56a8da3d
 from __future__ import annotations
 import copy, math, os, time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 from ..core import (as_list, autocast, check_bool, check_choice, check_number, config_error, derive_seed,
                             logger, resolve_device, resolve_dtype, seed_everything)
-from ..models import load_agents
-from ..generation import check_joint_mode, compose_joint, generate_completions, per_agent_returns
+from ..generation import check_joint_mode, per_agent_returns
 from ..scoring import collate, completion_logprobs, k3_kl
-from ..rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
+from ..rewards import RewardFunction, resolve_formatters
 from ..advantages import advantage_stats, check_advantage_mode, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
-from ..engine import adamw, batches_ahead, end_of_batch, eval_count, keep_ahead, run_epochs, start_run, stop_after, CheckpointManager, MetricsLogger, SampleBuffer, minibatches, plot_run, progress_bar, rng_state, set_rng_state
+from ..team import Team, team_attr, validate_dataset
+from ..engine import Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run
 
 # %% auto #0
-__all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'Sample', 'MAGRPOTrainer', 'rollout', 'evaluate',
-           'train', 'save_model', 'MAREINFORCETrainer', 'MARLOOTrainer', 'MAReMaxTrainer']
+__all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'Sample', 'Turn', 'Rollout', 'MAGRPOTrainer',
+           'MAREINFORCETrainer', 'MARLOOTrainer', 'MAReMaxTrainer']
 
 # %% ../../nbs/30_reinforce.ipynb #1b40b11f
 @dataclass
@@ -155,110 +155,124 @@ def _samples_from(comps, adv: torch.Tensor, nodes=None, item_ids=None) -> list[S
         out.append(Sample(p, cs, adv[b].detach().float().cpu(), key))
     return out
 
+# %% ../../nbs/30_reinforce.ipynb #01b3eec3
+@dataclass
+class Turn:
+    "One tree level of a batch: joint rewards [nodes, J], returns [n, nodes, K], per-agent advantages, KL, lengths."
+    rewards: torch.Tensor
+    returns: torch.Tensor
+    advantages: list
+    kl: Optional[list]
+    lengths: list
+    comps: Optional[list] = None                # per agent Completions (in-process only)
+    def __getitem__(self, key: str): return getattr(self, key)
+
+@dataclass
+class Rollout:
+    "A batch: every agent's samples, one Turn per level, timings; in-process also the trees and the prompts."
+    samples: list
+    turns: list
+    time_generate: float = 0.0
+    time_reward: float = 0.0
+    time_kl: float = 0.0
+    levels: Optional[list] = None
+    prompts: Optional[list] = None
+    def __getitem__(self, key: str):
+        "Dict-style access: 'turn_stats' is `turns`; 'comps', 'rewards', 'returns', 'advantages', 'kl' the root's."
+        if key == "turn_stats": return self.turns
+        if key in ("comps", "rewards", "returns", "advantages", "kl"): return getattr(self.turns[0], key)
+        return getattr(self, key)
+
 # %% ../../nbs/30_reinforce.ipynb #c6b28374
 class MAGRPOTrainer:
     "Multi-agent REINFORCE with a group baseline (mode set by the config); see the notebook for the loop."
     config_class, algo = MAGRPOConfig, "magrpo"
+    __getattr__ = team_attr                  # tr.agents, tr.tokenizers, tr.optimizers, ...: the team's
     def _num_policies(self, args) -> int: return args.num_agents     # models trained (MADPO's centralized mode: 1)
 
-    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None, reward_func=None,
-                 reward_processor=None, formatters=None, args=None, train_dataset=None, eval_dataset=None,
-                 model_config: Optional[dict] = None, external_transition=None, eval_logger=None, eval_aggregator=None,
-                 wandb_config: Optional[dict] = None):
-        if args is None:
-            n = num_agents or (len(agents) if isinstance(agents, (list, tuple)) else getattr(agents, "num_agents", None))
-            args = self.config_class(num_agents=n) if n else self.config_class()
-        if not isinstance(args, MAGRPOConfig):
-            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
-        n, P = args.num_agents, self._num_policies(args)        # P models are trained: one per agent (or one for all roles)
-        if num_agents is not None and num_agents != n:
-            raise ValueError(f"num_agents={num_agents} but args.num_agents={n}; make them agree")
-        if isinstance(agents, (list, tuple)) and len(agents) != P:
-            raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree" if P == n else
-                             f"{len(agents)} agents were given but this configuration trains {P} model(s) for {n} roles: pass agents=[model] or agent_model=")
-        if hasattr(agents, "build") and agents.num_agents != n:
-            raise ValueError(f"the adapter spec has num_agents={agents.num_agents} but args.num_agents={n}; make them agree")
-        if hasattr(agents, "build") and args.parallel_training == "mp":
-            raise ValueError("adapter agents share one base model and cannot run concurrently: use parallel_training='none'")
-        if reward_func is None: raise ValueError("reward_func is required: a function scoring joint responses (see the rewards notebook)")
-        if (eval_logger is None) != (eval_aggregator is None):
-            raise ValueError("eval_logger and eval_aggregator go together: pass both or neither")
-        if args.num_turns > 1 and external_transition is None:
-            raise ValueError(f"num_turns={args.num_turns} needs external_transition= (it builds each next turn's prompts)")
-        self.args, self.n = args, n
-        self.reward_fn = RewardFunction(reward_func, n, reward_processor, args.reward_batched)
-        self.formatters = resolve_formatters(formatters, n)
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
+                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
+                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
+                 eval_aggregator=None, wandb_config: Optional[dict] = None):
+        args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
+                                external_transition)
+        self.args, self.n = args, args.num_agents
+        self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        formatters = resolve_formatters(formatters, self.n)
+        for ds, nm in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+            validate_dataset(ds, nm, formatters)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        for ds, nm in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")): self._check_dataset(ds, nm)
-        self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.external_transition = external_transition
-        self.devices = [resolve_device(d) for d in as_list(args.agent_devices, n, "agent_devices", "device")]
-        self.agents, self.tokenizers = load_agents(agent_model, agents, P, tokenizer, model_config, self.devices[:P])
-        self.optimizers = [adamw(m.parameters(), args.agent_learning_rate, args.weight_decay)
-                           for m in self.agents]
-        self.ref_agents = None
-        if args.reference_kl_enabled:
-            rdev = [resolve_device(d) for d in as_list(args.reference_devices, n, "reference_devices", "device")] \
-                   if args.reference_devices is not None else self.devices
-            self.ref_agents = [m.reference_copy() if hasattr(m, "reference_copy") else copy.deepcopy(m).to(d).eval().requires_grad_(False)
-                               for m, d in zip(self.agents, rdev)]
+        self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
+        P = self._num_policies(args)                              # models trained (MADPO's centralized mode: 1)
+        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, P)
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * P}
-        self.buffers = [SampleBuffer(args.rollout_buffer_size) for _ in range(n)]
+        self.buffers = SampleBuffers(self.n, args.rollout_buffer_size)      # one per agent, drained by updates
+        self.sampler = Sampler(self.team, args.seed)                         # owns the sampled-ahead completions
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
-        self._update_times = {}             # per agent: [log-prob forward s, backward + optimizer step s] of the current batch
-        self._sample_cache, self._ahead = {}, {}   # completions sampled ahead for later batches of the same buffer
+        self._update_times = {}             # per agent: [log-prob forward s, backward + optimizer step s] of this batch
 
-# %% ../../nbs/30_reinforce.ipynb #2b80a87c
-def _check_dataset(self: MAGRPOTrainer, ds, name: str):
-    "Fail early: the dataset must be a sequence of dicts that every formatter can read."
-    if ds is None: return
-    try: size = len(ds)
-    except TypeError: raise TypeError(f"{name} must be a datasets.Dataset or a list of dicts, got {type(ds).__name__}") from None
-    if size == 0: raise ValueError(f"{name} is empty; give it at least one item")
-    item = ds[0]
-    if not isinstance(item, dict): raise TypeError(f"{name}[0] is a {type(item).__name__}; items must be dicts (e.g. {{'prompt': ...}})")
-    for i, f in enumerate(self.formatters):
-        try: format_prompt(f, item, i)
-        except (KeyError, TypeError) as e: raise type(e)(f"{name}[0], agent {i + 1}: {e.args[0] if e.args else e}") from None
+# %% ../../nbs/30_reinforce.ipynb #e8f9f7c8
+@patch
+def _check_args(self: MAGRPOTrainer, args, agents, num_agents, reward_func, eval_logger, eval_aggregator, transition):
+    "The config (default: one for the agents given), checked against the other arguments."
+    if args is None:
+        n = num_agents or (len(agents) if isinstance(agents, (list, tuple)) else getattr(agents, "num_agents", None))
+        args = self.config_class(num_agents=n) if n else self.config_class()
+    if not isinstance(args, MAGRPOConfig):
+        raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+    n, P = args.num_agents, self._num_policies(args)     # P models are trained: one per agent (or one for all roles)
+    if num_agents is not None and num_agents != n:
+        raise ValueError(f"num_agents={num_agents} but args.num_agents={n}; make them agree")
+    if isinstance(agents, (list, tuple)) and len(agents) != P:
+        raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree" if P == n else
+                         f"{len(agents)} agents were given but this configuration trains {P} model(s) for {n} roles: "
+                         "pass agents=[model] or agent_model=")
+    _check_agent_spec(args, agents)
+    _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition)
+    return args
 
-def _prompt(self: MAGRPOTrainer, item, i: int) -> str:
-    p = format_prompt(self.formatters[i], item, i)
-    return apply_chat_template(self.tokenizers[i], p) if self.args.use_chat_template else p
+# %% ../../nbs/30_reinforce.ipynb #7e8aef23
+def _check_agent_spec(args, agents):
+    "An adapter spec (LoRAAgents) must match num_agents and cannot run its agents concurrently."
+    if hasattr(agents, "build") and agents.num_agents != args.num_agents:
+        raise ValueError(f"the adapter spec has num_agents={agents.num_agents} but args.num_agents={args.num_agents}; "
+                         "make them agree")
+    if hasattr(agents, "build") and args.parallel_training == "mp":
+        raise ValueError("adapter agents share one base model and cannot run concurrently: "
+                         "use parallel_training='none'")
 
-def _map_agents(self: MAGRPOTrainer, fn: Callable[[int], Any]) -> list:
-    "fn(i) for every agent: concurrently under parallel_training='mp' (results in agent order; first error re-raised after all finish)."
-    P = len(self.agents)
-    if self.args.parallel_training != "mp" or P == 1: return [fn(i) for i in range(P)]
-    with ThreadPoolExecutor(P) as ex: futs = [ex.submit(fn, i) for i in range(P)]
-    errs = [f.exception() for f in futs]
-    for e in errs:
-        if e is not None: raise e
-    return [f.result() for f in futs]
+def _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition):
+    "The reward is required; the eval hooks go in pairs; several turns need a transition."
+    if reward_func is None:
+        raise ValueError("reward_func is required: a function scoring joint responses (see the rewards notebook)")
+    if (eval_logger is None) != (eval_aggregator is None):
+        raise ValueError("eval_logger and eval_aggregator go together: pass both or neither")
+    if args.num_turns > 1 and transition is None:
+        raise ValueError(f"num_turns={args.num_turns} needs external_transition= (it builds each next turn's prompts)")
 
-MAGRPOTrainer._check_dataset, MAGRPOTrainer._prompt, MAGRPOTrainer._map_agents = _check_dataset, _prompt, _map_agents
+# %% ../../nbs/30_reinforce.ipynb #67412457
+@patch
+def _prompt(self: MAGRPOTrainer, item, i: int) -> str: return self.team.prompt(item, i)
+@patch
+def _map_agents(self: MAGRPOTrainer, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
+@patch
+def _check_dataset(self: MAGRPOTrainer, ds, name: str): self.team.check_dataset(ds, name)
 
 # %% ../../nbs/30_reinforce.ipynb #79bd42ed
+@patch
 def _level_fns(self: MAGRPOTrainer, items, item_ids, round_key, K, timers):
-    "The generate / score / next-prompt callables that plug the models into `grow_tree`."
-    a = self.args
+    "The generate / score / next-prompt callables that plug the team into `grow_tree`."
     def generate(nodes):
-        t0 = time.perf_counter(); roots = all(not nd.path for nd in nodes)
-        comps = self._sample_cache.pop((round_key, tuple(int(item_ids[nd.item]) for nd in nodes)), None) if roots else None
-        if comps is None:                    # sample these nodes, plus the later batches that `_ahead` says share this policy
-            ahead = self._ahead.get(round_key, []) if roots else []
-            rows = [(nd.prompts, int(item_ids[nd.item]), nd.path) for nd in nodes] + \
-                   [([self._prompt(it, i) for i in range(self.n)], int(j), ()) for its, js in ahead for it, j in zip(its, js)]
-            def gen(i):
-                keys = [(a.seed, round_key, j, i) + ((p,) if p else ()) for _, j, p in rows]
-                return generate_completions(self.agents[i], self.tokenizers[i], [pr[i] for pr, _, _ in rows], k=K,
-                                            max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-                                            top_k=a.top_k, autocast_dtype=a.autocast_dtype, keys=keys)
-            comps = keep_ahead(self._map_agents(gen), len(nodes), ahead, round_key, self._sample_cache)
+        t0 = time.perf_counter()
+        prompts = [[nd.prompts[i] for nd in nodes] for i in range(self.n)]
+        ids, paths = [item_ids[nd.item] for nd in nodes], [nd.path for nd in nodes]
+        comps = self.sampler.sample(prompts, ids, K, round_key, paths)   # from the cache, or sampled with those ahead
         timers["generate"] += time.perf_counter() - t0
         return [([c.grouped()[b] for c in comps], (comps, b)) for b in range(len(nodes))]
     def score(nodes, joint):
-        t0 = time.perf_counter(); J = len(joint[0][0])
+        t0, J = time.perf_counter(), len(joint[0][0])
         flat = [[x for parts in joint for x in parts[i]] for i in range(self.n)]
         rep_items = [items[nd.item] for nd in nodes for _ in range(J)]
         rep_prompts = [[nd.prompts[i] for nd in nodes for _ in range(J)] for i in range(self.n)]
@@ -266,94 +280,112 @@ def _level_fns(self: MAGRPOTrainer, items, item_ids, round_key, K, timers):
         timers["reward"] += time.perf_counter() - t0
         return list(r)
     def next_prompt(b, i, raw):
-        return raw if a.external_prompt_passthrough else self._prompt({**items[b], "prompt": raw}, i)
+        return raw if self.args.external_prompt_passthrough else self.team.prompt({**items[b], "prompt": raw}, i)
     return generate, score, next_prompt
 
 # %% ../../nbs/30_reinforce.ipynb #d9c6d228
-def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key, k: Optional[int] = None) -> dict:
-    "Grow each item's rollout tree; per node and agent compute returns (KL-penalised) and advantages; collect samples."
+@patch
+def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
+            k: Optional[int] = None) -> Rollout:
+    "Grow each item's tree; per level and agent: returns (KL-penalised), advantages and samples."
     a, K, timers = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "kl": 0.0}
-    items = list(items); prompts = [[self._prompt(it, i) for it in items] for i in range(self.n)]
+    items = list(items)
+    prompts = self.team.prompts(items)
     gen, score, nxt = self._level_fns(items, item_ids, round_key, K, timers)
-    levels = grow_tree(make_roots(items, prompts), a.num_turns, K, a.joint_mode, gen, score, self.external_transition, nxt,
-                       [it.get("prompt", prompts[0][b]) for b, it in enumerate(items)],
+    levels = grow_tree(make_roots(items, prompts), a.num_turns, K, a.joint_mode, gen, score, self.external_transition,
+                       nxt, [it.get("prompt", prompts[0][b]) for b, it in enumerate(items)],
                        a.early_termination_threshold if a.num_turns > 1 else None)
     compute_returns(levels, a.discount)
-    samples, stats = [[] for _ in range(self.n)], []
+    samples, turns = [[] for _ in range(self.n)], []
     for level in levels:
-        t0 = time.perf_counter(); comps = level[0].handle[0]
-        kl = self._reference_kl(comps) if self.ref_agents is not None else None
-        timers["kl"] += time.perf_counter() - t0
-        R = torch.stack([per_agent_returns(nd.returns, self.n, K, a.joint_mode) for nd in level], 1)   # [n, nodes, K]
-        adv = [node_advantages(penalized_returns(R[i], kl[i], a.reference_kl_coef) if kl is not None else R[i],
-                               a.advantage_mode, a.advantage_normalization) for i in range(self.n)]
-        for i in range(self.n): samples[i] += _samples_from(comps[i], adv[i], level, item_ids)
-        stats.append({"rewards": torch.stack([nd.rewards for nd in level]), "returns": R, "advantages": adv, "kl": kl, "comps": comps})
-    root = stats[0]
-    return {"levels": levels, "samples": samples, "turn_stats": stats, "comps": root["comps"], "rewards": root["rewards"],
-            "returns": root["returns"], "advantages": root["advantages"], "kl": root["kl"], "prompts": prompts,
-            "time_generate": timers["generate"], "time_reward": timers["reward"], "time_kl": timers["kl"]}
+        turn = self._level_turn(level, K, timers)
+        for i in range(self.n): samples[i] += _samples_from(turn.comps[i], turn.advantages[i], level, item_ids)
+        turns.append(turn)
+    return Rollout(samples, turns, timers["generate"], timers["reward"], timers["kl"], levels, prompts)
 
+# %% ../../nbs/30_reinforce.ipynb #80200af8
+@patch
+def _level_turn(self: MAGRPOTrainer, level, K: int, timers: dict) -> Turn:
+    "One level's statistics: KL against the references (when on), per-agent returns, advantages."
+    a, comps, t0 = self.args, level[0].handle[0], time.perf_counter()
+    kl = self._reference_kl(comps) if self.team.ref_agents is not None else None
+    timers["kl"] += time.perf_counter() - t0
+    R = torch.stack([per_agent_returns(nd.returns, self.n, K, a.joint_mode) for nd in level], 1)   # [n, nodes, K]
+    adv = [node_advantages(penalized_returns(R[i], kl[i], a.reference_kl_coef) if kl is not None else R[i],
+                           a.advantage_mode, a.advantage_normalization) for i in range(self.n)]
+    return Turn(torch.stack([nd.rewards for nd in level]), R, adv, kl, [c.lengths.cpu() for c in comps], comps)
+
+@patch
 @torch.no_grad()
 def _reference_kl(self: MAGRPOTrainer, comps) -> list[torch.Tensor]:
     "Per agent, the k3 KL estimate of each completion against the frozen reference ([nodes, K])."
-    out = []
+    out, team = [], self.team
     for i, c in enumerate(comps):
         args = (c.prompt_ids, c.prompt_mask, c.completion_ids, c.completion_mask, self.args.autocast_dtype)
-        lp, _ = completion_logprobs(self.agents[i], *args); lr, _ = completion_logprobs(self.ref_agents[i], *args)
+        lp, _ = completion_logprobs(team.agents[i], *args)
+        lr, _ = completion_logprobs(team.ref_agents[i], *args)
         out.append(k3_kl(lr.to(lp.device), lp, c.completion_mask.to(lp.device)).float().cpu().view(c.num_prompts, c.k))
     return out
 
-MAGRPOTrainer._level_fns, MAGRPOTrainer.rollout, MAGRPOTrainer._reference_kl = _level_fns, rollout, _reference_kl
-
 # %% ../../nbs/30_reinforce.ipynb #e15a3908
+@patch
 def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[float]:
     "Optimizer steps for agent i over its drained buffer; returns the loss of each step."
-    model, opt, tok, losses = self.agents[i], self.optimizers[i], self.tokenizers[i], []
+    team, D, losses = self.team, self.dist, []
+    model, opt, tok = team.agents[i], team.optimizers[i], team.tokenizers[i]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     model.train()
-    D = self.dist
     for mb in minibatches(samples, self.args.train_batch_size):
-        prompts = [s.prompt for s in mb for _ in s.completions]; comps = [c for s in mb for c in s.completions]
-        adv = torch.cat([s.advantages for s in mb]).to(self.devices[i])
-        N, rows = len(comps), list(range(D.rank, len(comps), D.world))     # this process' rows of the mini-batch
-        opt.zero_grad(set_to_none=True); loss_value = 0.0; t0 = t1 = time.perf_counter()
-        if rows:
-            _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
-                                         autocast_dtype=self.args.autocast_dtype)
-            loss = reinforce_loss(seq, adv[rows]) * (len(rows) / N)          # = -(1/N) sum over these rows
-            loss_value = float(loss.detach()); t1 = time.perf_counter()
-            if math.isfinite(loss_value): loss.backward()
-        loss_value = check_finite_loss(torch.tensor(D.sum(loss_value)), f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
-        D.sum_grads(model.parameters())                                    # sum over processes = full mini-batch gradient
+        prompts, comps = [s.prompt for s in mb for _ in s.completions], [c for s in mb for c in s.completions]
+        adv = torch.cat([s.advantages for s in mb]).to(team.devices[i])
+        rows = list(range(D.rank, len(comps), D.world))                    # this process' rows of the mini-batch
+        opt.zero_grad(set_to_none=True)
+        loss_value, t0, t1 = self._local_loss(model, prompts, comps, adv, rows, pad)
+        where = f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}"
+        losses.append(float(check_finite_loss(torch.tensor(D.sum(loss_value)), where)))
+        D.sum_grads(model.parameters())                                  # sum over processes = full mini-batch gradient
         if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
-        opt.step(); self.state["optimizer_steps"][i] += 1; losses.append(float(loss_value))
-        tm = self._update_times.setdefault(i, [0.0, 0.0]); tm[0] += t1 - t0; tm[1] += time.perf_counter() - t1   # score | backward + step
+        opt.step()
+        self.state["optimizer_steps"][i] += 1
+        tm = self._update_times.setdefault(i, [0.0, 0.0])
+        tm[0], tm[1] = tm[0] + t0, tm[1] + time.perf_counter() - t1        # score | backward + step
     model.eval()
     return losses
 
+# %% ../../nbs/30_reinforce.ipynb #83cd0743
+@patch
+def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> tuple[float, float, float]:
+    "This process' part of the mini-batch loss, backpropagated when finite: (loss value, forward start and end)."
+    t0 = time.perf_counter()
+    if not rows: return 0.0, t0, t0
+    _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
+                                 autocast_dtype=self.args.autocast_dtype)
+    loss = reinforce_loss(seq, adv[rows]) * (len(rows) / len(comps))       # = -(1/N) sum over these rows
+    value, t1 = float(loss.detach()), time.perf_counter()
+    if math.isfinite(value): loss.backward()
+    return value, t0, t1
+
+@patch
 def _update_full_buffers(self: MAGRPOTrainer, flush: bool = False) -> dict:
     "Update every agent whose buffer is full (or non-empty, when flushing); returns {i: [losses]}."
     todo = [i for i in range(self.n) if self.buffers[i].full or (flush and self.buffers[i].items)]
     drained = {i: self.buffers[i].drain() for i in todo}
-    res = self._map_agents(lambda i: self._update_agent(i, drained[i]) if i in drained else None)
+    res = self.team.map(lambda i: self._update_agent(i, drained[i]) if i in drained else None)
     return {i: r for i, r in enumerate(res) if r is not None}
 
-MAGRPOTrainer._update_agent, MAGRPOTrainer._update_full_buffers = _update_agent, _update_full_buffers
-
 # %% ../../nbs/30_reinforce.ipynb #b1c662c9
+@patch
 def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     "Sample the current policies on eval items and return eval/ metrics (task reward, lengths, custom logger output)."
-    m = eval_count(self.eval_dataset, num_samples, self.args.eval_num_samples)
+    a, team = self.args, self.team
+    m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
     if m == 0: return {}
     rewards, lens, logged = [], [[] for _ in range(self.n)], []
-    for s in range(0, m, self.args.eval_batch_size):
-        ids = list(range(s, min(m, s + self.args.eval_batch_size))); items = [self.eval_dataset[j] for j in ids]
-        prompts = [[self._prompt(it, i) for it in items] for i in range(self.n)]
-        comps = self._map_agents(lambda i: generate_completions(
-            self.agents[i], self.tokenizers[i], prompts[i], k=1, max_new_tokens=self.args.max_new_tokens,
-            temperature=self.args.temperature, top_p=self.args.top_p, top_k=self.args.top_k,
-            autocast_dtype=self.args.autocast_dtype, keys=[(self.args.seed, "eval", j, i) for j in ids]))
+    for s in range(0, m, a.eval_batch_size):
+        ids = list(range(s, min(m, s + a.eval_batch_size)))
+        items = [self.eval_dataset[j] for j in ids]
+        prompts = team.prompts(items)
+        comps = team.map(lambda i: team.generate(i, prompts[i], 1, [(a.seed, "eval", j, i) for j in ids]))
         texts = [c.texts for c in comps]
         rewards += self.reward_fn(texts, items, prompts)
         for i, c in enumerate(comps): lens[i] += c.lengths.tolist()
@@ -364,137 +396,125 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std())}
     out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
     if self.eval_aggregator is not None:
-        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=self.args.num_turns).items()})
+        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=a.num_turns).items()})
     return out
 
-MAGRPOTrainer.evaluate = evaluate
-
-# %% ../../nbs/30_reinforce.ipynb #e8307b0a
-def _epoch_order(self: MAGRPOTrainer, epoch: int) -> np.ndarray:
-    return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
-
-def _batch_metrics(self: MAGRPOTrainer, ro: dict, losses: dict, wall: float) -> dict:
-    lens = lambda st, i: st["lengths"][i] if "lengths" in st else st["comps"][i].lengths
-    ntok = sum(int(lens(st, i).sum()) for st in ro["turn_stats"] for i in range(self.n))
-    m = {"tokens_per_s": ntok / max(wall, 1e-9), "generate_tokens_per_s": ntok / max(ro["time_generate"], 1e-9),
-         "time/generate": ro["time_generate"], "time/reward": ro["time_reward"], "time/batch": wall}
-    if self.ref_agents is not None: m["time/kl"] = ro["time_kl"]
-    for t, st in enumerate(ro["turn_stats"]):
-        m.update({f"turn_{t + 1}/reward_mean": float(st["rewards"].mean()), f"turn_{t + 1}/reward_std": float(st["rewards"].std(unbiased=False)),
-                  f"turn_{t + 1}/expected_return": float(st["returns"].mean()), f"turn_{t + 1}/nodes": int(st["rewards"].shape[0])})
-    for i in range(self.n):
-        adv = torch.cat([st["advantages"][i].flatten() for st in ro["turn_stats"]])
-        m.update({f"agent_{i}/adv_{k}": v for k, v in advantage_stats(adv).items() if k in ("mean", "std", "abs_mean")})
-        m[f"agent_{i}/completion_len"] = float(torch.cat([lens(st, i).float() for st in ro["turn_stats"]]).mean())
-        if ro["kl"] is not None: m[f"agent_{i}/kl"] = float(torch.cat([st["kl"][i].flatten() for st in ro["turn_stats"]]).mean())
-        if i in losses: m[f"agent_{i}/loss"] = float(np.mean(losses[i])); m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
-    return m
-
-MAGRPOTrainer._epoch_order, MAGRPOTrainer._batch_metrics = _epoch_order, _batch_metrics
-
 # %% ../../nbs/30_reinforce.ipynb #c2c37bcd
+@patch
 def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
-    if self.train_dataset is None: raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    ckpt, metrics = start_run(self, resume_from_checkpoint, self.dist.is_main)
-    self.dist.barrier()
-    stop, per_epoch = stop_after(stop_after_batch), math.ceil(len(self.train_dataset) / a.rollout_batch_size)
-    bar = progress_bar(a.num_train_epochs * per_epoch, f"{self.algo} ({self.n} agents)", a.progress_bar and self.dist.is_main,
-                       self.state["global_batch"])
-    stopped = run_epochs(self, per_epoch, self._epoch_order, lambda order: self._train_batch(order, per_epoch, metrics, bar, ckpt, stop),
-                         ckpt, metrics, bar, end_of_epoch=lambda: self._update_full_buffers(flush=True))   # flush partial buffers
-    return self._finish(metrics, bar, stopped=stopped)
+    if self.train_dataset is None:
+        raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
+    per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
+    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch)
+    with run:                                                               # Ctrl-C: a checkpoint, then exit
+        for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+            t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
+            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
+            with self.sampler.planned(key, self._batches_ahead(order, b, per_epoch, len(ids))):
+                ro = self._rollout_batch(ids, key)                           # all processes' samples, in order
+            self.buffers.add_each(ro.samples)
+            losses, timing = self._timed_update()
+            run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev})
+    return run.finish(plot=plot_run)
 
-# %% ../../nbs/30_reinforce.ipynb #660ad749
+# %% ../../nbs/30_reinforce.ipynb #457d100f
+@patch
+def _start_run(self: MAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int) -> Run:
+    "The run of this trainer: checkpoints hold the team, the buffers and the sampler's cache (plus position, RNG)."
+    parts = {"team": self.team, "buffers": self.buffers, "sampler": self.sampler}
+    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
+    return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)")
+
+@patch
+def _epoch_order(self: MAGRPOTrainer, epoch: int) -> np.ndarray:
+    return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
+
+@patch
 def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "The later batches of this epoch that no update separates from batch b (single-turn, one process): [(items, ids)]."
     a = self.args
     if a.num_turns != 1 or self.dist.enabled: return []                  # one sample per item and agent: single-turn
-    return batches_ahead(order, b, per_epoch, a.rollout_batch_size, len(self.buffers[0].items) + n_now, a.rollout_buffer_size,
-                         1, self.train_dataset)
+    return batches_ahead(order, b, per_epoch, a.rollout_batch_size, len(self.buffers[0].items) + n_now,
+                         a.rollout_buffer_size, 1, self.train_dataset)
 
-def _train_batch(self: MAGRPOTrainer, order, per_epoch, metrics, bar, ckpt, stop_after_batch) -> bool:
-    "One batch of the loop; returns True when the run should stop here."
-    a, st, t0 = self.args, self.state, time.perf_counter()
-    b = st["batch_in_epoch"]; ids = order[b * a.rollout_batch_size:(b + 1) * a.rollout_batch_size]
-    ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
+# %% ../../nbs/30_reinforce.ipynb #8a4b5ccb
+@patch
+def _rollout_batch(self: MAGRPOTrainer, ids, round_key) -> Rollout:
+    "This process' share of the batch rolled out; under data parallel, every process' rollouts gathered in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    self._ahead = {("train", st["epoch"]): self._batches_ahead(order, b, per_epoch, len(ids))}
-    try: ro = self.rollout([self.train_dataset[int(j)] for j in local], local, ("train", st["epoch"])) if local else None
-    finally: self._ahead = {}
-    ro = self._gather_rollouts(ro, ids)
-    for i in range(self.n):
-        for s in ro["samples"][i]: self.buffers[i].add(s)
-    self._update_times = {}; t1 = time.perf_counter(); losses = self._update_full_buffers(); t_update = time.perf_counter() - t1
-    t_score, t_step = (sum(t[j] for t in self._update_times.values()) for j in (0, 1))
-    st["batch_in_epoch"] += 1; st["global_batch"] += 1
-    rec = {"batch": st["global_batch"], "epoch": st["epoch"], **self._batch_metrics(ro, losses, time.perf_counter() - t0),
-           "time/update": t_update, "time/score": t_score, "time/backward_step": t_step, **ev}
-    return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt),
-                        stop_after_batch, self.dist.is_main)
+    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
+    return self._gather_rollouts(ro, ids)
 
+@patch
+def _timed_update(self: MAGRPOTrainer) -> tuple[dict, dict]:
+    "Update the full buffers: ({agent: losses}, the time of the update, of its forwards and of backward + step)."
+    self._update_times, t1 = {}, time.perf_counter()
+    losses = self._update_full_buffers()
+    t_update = time.perf_counter() - t1
+    t_score, t_step = (sum(t[j] for t in self._update_times.values()) for j in (0, 1))
+    return losses, {"time/update": t_update, "time/score": t_score, "time/backward_step": t_step}
+
+# %% ../../nbs/30_reinforce.ipynb #dddeffeb
+@patch
+def _batch_metrics(self: MAGRPOTrainer, ro: Rollout, losses: dict, wall: float) -> dict:
+    ntok = sum(int(t.lengths[i].sum()) for t in ro.turns for i in range(self.n))
+    m = {"tokens_per_s": ntok / max(wall, 1e-9), "generate_tokens_per_s": ntok / max(ro.time_generate, 1e-9),
+         "time/generate": ro.time_generate, "time/reward": ro.time_reward, "time/batch": wall}
+    if self.team.ref_agents is not None: m["time/kl"] = ro.time_kl
+    for t, st in enumerate(ro.turns):
+        k = f"turn_{t + 1}"
+        m.update({f"{k}/reward_mean": float(st.rewards.mean()),
+                  f"{k}/reward_std": float(st.rewards.std(unbiased=False)),
+                  f"{k}/expected_return": float(st.returns.mean()), f"{k}/nodes": int(st.rewards.shape[0])})
+    for i in range(self.n):
+        adv = torch.cat([st.advantages[i].flatten() for st in ro.turns])
+        m.update({f"agent_{i}/adv_{k}": v for k, v in advantage_stats(adv).items() if k in ("mean", "std", "abs_mean")})
+        m[f"agent_{i}/completion_len"] = float(torch.cat([st.lengths[i].float() for st in ro.turns]).mean())
+        if ro.turns[0].kl is not None:
+            m[f"agent_{i}/kl"] = float(torch.cat([st.kl[i].flatten() for st in ro.turns]).mean())
+        if i in losses:
+            m[f"agent_{i}/loss"] = float(np.mean(losses[i]))
+            m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
+    return m
+
+# %% ../../nbs/30_reinforce.ipynb #3de8ebb6
+@patch
+def _gather_rollouts(self: MAGRPOTrainer, ro: Optional[Rollout], ids) -> Rollout:
+    "Under data parallel: every process' samples (in one-process order) and per-turn statistics; else `ro` itself."
+    if not self.dist.enabled: return ro
+    slim = None if ro is None else replace(ro, levels=None, prompts=None,
+                                           turns=[replace(t, comps=None) for t in ro.turns])
+    parts = [p for p in self.dist.gather(slim) if p is not None]
+    pos = {int(j): k for k, j in enumerate(ids)}
+    order = lambda smp: (smp.key[0], pos[smp.key[1]], smp.key[2])
+    samples = [sorted((x for p in parts for x in p.samples[i]), key=order) for i in range(self.n)]
+    turns = []
+    for t in range(max(len(p.turns) for p in parts)):
+        ts = [p.turns[t] for p in parts if len(p.turns) > t]
+        cat = lambda f: [torch.cat([getattr(x, f)[i] for x in ts]) for i in range(self.n)]
+        turns.append(Turn(torch.cat([x.rewards for x in ts]), torch.cat([x.returns for x in ts], 1), cat("advantages"),
+                          cat("kl") if ts[0].kl is not None else None, cat("lengths")))
+    times = (max(getattr(p, f) for p in parts) for f in ("time_generate", "time_reward", "time_kl"))
+    return Rollout(samples, turns, *times)
+
+# %% ../../nbs/30_reinforce.ipynb #79d52fe0
+@patch
+def save_model(self: MAGRPOTrainer, output_dir) -> Path:
+    "Write each agent's model and tokenizer to output_dir/agent_<i>/."
+    return self.team.save_pretrained(output_dir)
+
+@patch
 def _finish(self: MAGRPOTrainer, metrics, bar, stopped: bool = False) -> dict:
-    bar.close(); metrics.close()
+    "For the preference trainers' own loops (until they run on `Run`): close, plot, the final state."
+    bar.close()
+    metrics.close()
     if self.dist.is_main and self.args.save_plot:
         try: plot_run(metrics.path, self.output_dir / "training_curves.png", f"{self.algo}: reward per batch")
         except Exception as e: logger.warning(f"could not draw the run plot: {e}")
     self.dist.barrier()
     return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path)}
-
-def _gather_rollouts(self: MAGRPOTrainer, ro: Optional[dict], ids) -> dict:
-    "Under data parallel: every process' samples (in one-process order) and per-turn statistics; else `ro` itself."
-    if not self.dist.enabled: return ro
-    slim = None if ro is None else {"samples": ro["samples"], "time_generate": ro["time_generate"], "time_reward": ro["time_reward"],
-            "time_kl": ro["time_kl"], "kl": ro["kl"] is not None,
-            "turn_stats": [{"rewards": t["rewards"], "returns": t["returns"], "advantages": t["advantages"], "kl": t["kl"],
-                            "lengths": [c.lengths.cpu() for c in t["comps"]]} for t in ro["turn_stats"]]}
-    parts = [p for p in self.dist.gather(slim) if p is not None]
-    pos = {int(j): k for k, j in enumerate(ids)}
-    order = lambda smp: (smp.key[0], pos[smp.key[1]], smp.key[2])
-    samples = [sorted((x for p in parts for x in p["samples"][i]), key=order) for i in range(self.n)]
-    turns = []
-    for t in range(max(len(p["turn_stats"]) for p in parts)):
-        ts = [p["turn_stats"][t] for p in parts if len(p["turn_stats"]) > t]
-        turns.append({"rewards": torch.cat([x["rewards"] for x in ts]), "returns": torch.cat([x["returns"] for x in ts], 1),
-                      "advantages": [torch.cat([x["advantages"][i] for x in ts]) for i in range(self.n)],
-                      "kl": [torch.cat([x["kl"][i] for x in ts]) for i in range(self.n)] if ts[0]["kl"] is not None else None,
-                      "lengths": [torch.cat([x["lengths"][i] for x in ts]) for i in range(self.n)]})
-    return {"samples": samples, "turn_stats": turns, "kl": turns[0]["kl"], "time_generate": max(p["time_generate"] for p in parts),
-            "time_reward": max(p["time_reward"] for p in parts), "time_kl": max(p["time_kl"] for p in parts)}
-
-MAGRPOTrainer.train, MAGRPOTrainer._train_batch, MAGRPOTrainer._finish, MAGRPOTrainer._gather_rollouts = train, _train_batch, _finish, _gather_rollouts
-MAGRPOTrainer._batches_ahead = _batches_ahead
-
-# %% ../../nbs/30_reinforce.ipynb #79d52fe0
-def _save_checkpoint(self: MAGRPOTrainer, ckpt: CheckpointManager):
-    state = {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
-             "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None,
-             "buffers": [b.items for b in self.buffers], "state": copy.deepcopy(self.state), "rng": rng_state(),
-             "config": asdict(self.args), "sample_cache": self._sample_cache}
-    if self.dist.is_main:
-        p = ckpt.save(self.state["global_batch"], state, {"epoch": self.state["epoch"]})
-        logger.info(f"checkpoint saved: {p}")
-    self.dist.barrier()
-
-def _restore(self: MAGRPOTrainer, ckpt: CheckpointManager, which):
-    p, s = ckpt.load(which)
-    for m, sd in zip(self.agents, s["agents"]): m.load_state_dict(sd)
-    for o, sd in zip(self.optimizers, s["optimizers"]): o.load_state_dict(sd)
-    if self.ref_agents and s["refs"]:
-        for m, sd in zip(self.ref_agents, s["refs"]): m.load_state_dict(sd)
-    for b, items in zip(self.buffers, s["buffers"]): b.items = list(items)
-    self.state, self._sample_cache = s["state"], dict(s.get("sample_cache") or {}); set_rng_state(s["rng"])
-    logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state['epoch']})")
-
-def save_model(self: MAGRPOTrainer, output_dir) -> Path:
-    "Write each agent's model and tokenizer to output_dir/agent_<i>/."
-    out = Path(output_dir)
-    for i, (m, t) in enumerate(zip(self.agents, self.tokenizers)):
-        m.save_pretrained(out / f"agent_{i}"); t.save_pretrained(out / f"agent_{i}")
-    return out
-
-MAGRPOTrainer._save_checkpoint, MAGRPOTrainer._restore, MAGRPOTrainer.save_model = _save_checkpoint, _restore, save_model
 
 # %% ../../nbs/30_reinforce.ipynb #293267a3
 class MAREINFORCETrainer(MAGRPOTrainer):
