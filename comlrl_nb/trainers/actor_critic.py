@@ -298,7 +298,7 @@ class ValueSample:
     target: float
     old_value: float
 
-# %% ../../nbs/31_actor_critic.ipynb #590c4d41
+# %% ../../nbs/31_actor_critic.ipynb #e16750cd
 @dataclass
 class Episodes:
     "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
@@ -376,14 +376,15 @@ def _map_critics(self: ActorCriticTrainer, fn: Callable[[int], Any]) -> list:
     return map_jobs(fn, len(self.critics), self.args.parallel_training == "mp")
 
 # %% ../../nbs/31_actor_critic.ipynb #fd10cfcb
-_CRITIC_OPTIONS = ("critics=[model or id/path] or critic_model=<model or id/path> (model objects use critic_tokenizer=, "
-                   "else the agents' tokenizer), or {cfg}.critic_model_name='<id or path>'; critic_devices places the critic(s) "
-                   "and critic_value_head_hidden_dim sizes their value head")
+_CRITIC_OPTIONS = ("critics=[model or id/path] or critic_model=<model or id/path> (model objects use "
+                   "critic_tokenizer=, else the agents' tokenizer), or {cfg}.critic_model_name='<id or path>'; "
+                   "critic_devices places the critic(s) and critic_value_head_hidden_dim sizes their value head")
 
 def _hidden_size(model) -> int:
     h = getattr(getattr(model, "config", None), "hidden_size", None)
     if not isinstance(h, int):
-        raise ValueError(f"cannot tell the hidden size of the critic backbone {type(model).__name__} (config.hidden_size)")
+        raise ValueError(f"cannot tell the hidden size of the critic backbone {type(model).__name__} "
+                         "(config.hidden_size)")
     return h
 
 @patch
@@ -391,7 +392,8 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
     "A separate critic from a model object or an id/path (loaded once per id, copied for repeats)."
     if isinstance(source, torch.nn.Module):
         if tokenizer is None:
-            raise ValueError("a critic given as a model object needs a tokenizer: pass critic_tokenizer= (or tokenizer=)")
+            raise ValueError("a critic given as a model object needs a tokenizer: "
+                             "pass critic_tokenizer= (or tokenizer=)")
         taken = [m for m in self.team.agents] + [c.backbone for c in cache.get("_built", [])]
         backbone = copy.deepcopy(source) if any(source is m for m in taken) else source
     elif isinstance(source, (str, os.PathLike)):
@@ -408,7 +410,7 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
 
 # %% ../../nbs/31_actor_critic.ipynb #de2008ab
 class MAACTrainer(ActorCriticTrainer):
-    "Multi-agent actor-critic: one centralized critic over all agents' histories (V or Q); every agent uses its advantage."
+    "Multi-agent actor-critic: one centralized critic over all agents' histories (V or Q); every agent uses it."
     config_class, algo = MAACConfig, "maac"
 
     def _build_critics(self, critic_model, critics, critic_tokenizer):
@@ -417,11 +419,14 @@ class MAACTrainer(ActorCriticTrainer):
         if critics is not None:
             if not isinstance(critics, (list, tuple)) or len(critics) != 1:
                 got = len(critics) if isinstance(critics, (list, tuple)) else type(critics).__name__
-                raise ValueError(f"MAAC has one centralized critic: critics must be a list of exactly 1 model, got {got}")
+                raise ValueError(f"MAAC has one centralized critic: critics must be a list of exactly 1 model, "
+                                 f"got {got}")
             critic_model = critics[0]
         source = critic_model if critic_model is not None else a.critic_model_name
-        if source is None: raise ValueError("MAACTrainer needs a critic: pass " + _CRITIC_OPTIONS.format(cfg="MAACConfig"))
-        dev = resolve_device(as_list(a.critic_devices, 1, "critic_devices", "device")[0]) if a.critic_devices is not None else self.devices[0]
+        if source is None:
+            raise ValueError("MAACTrainer needs a critic: pass " + _CRITIC_OPTIONS.format(cfg="MAACConfig"))
+        dev = self.devices[0] if a.critic_devices is None else \
+            resolve_device(as_list(a.critic_devices, 1, "critic_devices", "device")[0])
         tok = critic_tokenizer[0] if isinstance(critic_tokenizer, (list, tuple)) else critic_tokenizer
         if tok is None and isinstance(source, torch.nn.Module): tok = self.tokenizers[0]
         crit = self._make_critic(source, tok, dev, a.critic_value_head_hidden_dim, list(range(self.n)), "maac", {})
@@ -429,26 +434,31 @@ class MAACTrainer(ActorCriticTrainer):
 
 # %% ../../nbs/31_actor_critic.ipynb #1b276f62
 class IACTrainer(ActorCriticTrainer):
-    "Independent actor-critic: agent i's own critic over its own history (a separate model, or a value head on the actor)."
+    "Independent actor-critic: agent i's own critic over its own history (a separate model, or a head on the actor)."
     config_class, algo = IACConfig, "iac"
 
     def _build_critics(self, critic_model, critics, critic_tokenizer):
         a, n = self.args, self.n
         if not a.use_separate_critic:
             if critic_model is not None or critics is not None or a.critic_model_name is not None:
-                raise ValueError("IACConfig.use_separate_critic=False puts a value head on each actor (sized by value_head_hidden_dim), "
-                                 "so critic_model/critics/critic_model_name are not used: drop them or set use_separate_critic=True")
-            heads = [ValueHead(_hidden_size(m), a.value_head_hidden_dim, seed=derive_seed(a.seed, "value_head", ("iac", i))).to(d)
-                     for i, (m, d) in enumerate(zip(self.agents, self.devices))]
-            return [Critic(m, h, t, [i], True, a.critic_max_length) for i, (m, h, t) in enumerate(zip(self.agents, heads, self.tokenizers))], list(range(n))
+                raise ValueError("IACConfig.use_separate_critic=False puts a value head on each actor (sized by "
+                                 "value_head_hidden_dim), so critic_model/critics/critic_model_name are not used: "
+                                 "drop them or set use_separate_critic=True")
+            seeds = [derive_seed(a.seed, "value_head", ("iac", i)) for i in range(n)]
+            heads = [ValueHead(_hidden_size(m), a.value_head_hidden_dim, seed=sd).to(d)
+                     for m, d, sd in zip(self.agents, self.devices, seeds)]
+            return [Critic(m, h, t, [i], True, a.critic_max_length)
+                    for i, (m, h, t) in enumerate(zip(self.agents, heads, self.tokenizers))], list(range(n))
         if critic_model is not None and critics is not None: raise ValueError("pass critic_model or critics, not both")
         sources = as_list(critics, n, "critics", "critic") if critics is not None else \
                   [critic_model if critic_model is not None else a.critic_model_name] * n
         if sources[0] is None:
-            raise ValueError("IACTrainer with use_separate_critic=True needs critics: pass " + _CRITIC_OPTIONS.format(cfg="IACConfig")
+            raise ValueError("IACTrainer with use_separate_critic=True needs critics: pass "
+                             + _CRITIC_OPTIONS.format(cfg="IACConfig")
                              + "; or set use_separate_critic=False for value heads on the actors (value_head_hidden_dim)")
-        devs = [resolve_device(d) for d in as_list(a.critic_devices, n, "critic_devices", "device")] if a.critic_devices is not None else self.devices
-        toks = as_list(critic_tokenizer, n, "critic_tokenizer", "tokenizer") if critic_tokenizer is not None else [None] * n
+        devs = self.devices if a.critic_devices is None else \
+            [resolve_device(d) for d in as_list(a.critic_devices, n, "critic_devices", "device")]
+        toks = [None] * n if critic_tokenizer is None else as_list(critic_tokenizer, n, "critic_tokenizer", "tokenizer")
         cache, out = {}, []
         for i, (s, d, t) in enumerate(zip(sources, devs, toks)):
             t = t if t is not None or not isinstance(s, torch.nn.Module) else self.tokenizers[i]
@@ -499,7 +509,7 @@ def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
 
 @patch
 def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
-    "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item in every buffer)."
+    "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item and buffer)."
     a = self.args
     if a.num_turns != 1: return []
     filled = min(len(buf.items) for buf in self.buffers + self.value_buffers) + n_now * a.num_generations
@@ -513,7 +523,8 @@ def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[
     "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
     a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
     if K > 1 and a.num_turns > 1:
-        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent per turn")
+        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent "
+                         "per turn")
     eps = self._new_episodes(items, item_ids, K)
     for t in range(a.num_turns):
         live = [e for e in eps if not e.done]
@@ -531,7 +542,7 @@ def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[
     if with_values: self._score_episodes(eps)
     return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
 
-# %% ../../nbs/31_actor_critic.ipynb #4823c69c
+# %% ../../nbs/31_actor_critic.ipynb #109dfcb4
 @patch
 def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
     "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
@@ -679,15 +690,17 @@ def _store(self: ActorCriticTrainer, eps: list):
                 adv = float(e.advantages[self.critic_of[i]][t])
                 self.buffers[i].add(ActorSample(e.prompt_ids[i][t], e.completion_ids[i][t], adv))
             for c in range(len(self.critics)):
-                self.value_buffers[c].add(ValueSample(e.critic_ids[c][t], float(e.targets[c][t]), float(e.values[c][t])))
+                y, v = float(e.targets[c][t]), float(e.values[c][t])
+                self.value_buffers[c].add(ValueSample(e.critic_ids[c][t], y, v))
 
 @patch
 def _update_full_buffers(self: ActorCriticTrainer, flush: bool = False) -> dict:
-    "Update every agent/critic whose buffer is full (or non-empty when flushing): {'policy': {i: ...}, 'value': {c: ...}}."
+    "Update every agent/critic whose buffer is full (or non-empty when flushing): {'policy': {i:..}, 'value': {c:..}}."
     ready = lambda b: b.full or (flush and b.items)
     todo = [i for i in range(self.n) if ready(self.buffers[i])]
     drained = {i: self.buffers[i].drain() for i in todo}
-    vdrained = {i: self.value_buffers[self.critic_of[i]].drain() for i in todo if self.critics[self.critic_of[i]].shared}
+    heads = [i for i in todo if self.critics[self.critic_of[i]].shared]          # value heads step with their actor
+    vdrained = {i: self.value_buffers[self.critic_of[i]].drain() for i in heads}
     res = self.team.map(lambda i: self._update_agent(i, drained[i], vdrained.get(i)) if i in drained else None)
     ctodo = {c: self.value_buffers[c].drain() for c, cr in enumerate(self.critics)
              if not cr.shared and ready(self.value_buffers[c])}
@@ -717,7 +730,8 @@ def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dic
                                             prompts=[[e.inputs[i][0] for e in eps] for i in range(self.n)]))
     out = {}
     for t, r in sorted(per_turn.items()):
-        out[f"eval/turn_{t + 1}/reward_mean"], out[f"eval/turn_{t + 1}/reward_std"] = float(np.mean(r)), float(np.std(r))
+        out[f"eval/turn_{t + 1}/reward_mean"] = float(np.mean(r))
+        out[f"eval/turn_{t + 1}/reward_std"] = float(np.std(r))
     out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
     if self.eval_aggregator is not None:
         out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=self.args.num_turns).items()})
@@ -748,7 +762,8 @@ def _batch_metrics(self: ActorCriticTrainer, ro: Episodes, upd: dict, wall: floa
     eps = ro.episodes
     m = self._turn_metrics(eps)
     ntok = sum(len(c) for e in eps for i in range(self.n) for c in e.completion_ids[i])
-    m.update({"tokens_per_s": ntok / max(wall, 1e-9), "time/batch": wall, **{f"time/{k}": v for k, v in ro.times.items()}})
+    m.update({"tokens_per_s": ntok / max(wall, 1e-9), "time/batch": wall,
+              **{f"time/{k}": v for k, v in ro.times.items()}})
     for i in range(self.n):
         A = torch.cat([e.advantages[self.critic_of[i]] for e in eps])
         m[f"agent_{i}/adv_mean"], m[f"agent_{i}/adv_std"] = float(A.mean()), float(A.std(unbiased=False))
@@ -802,7 +817,8 @@ def save_model(self: ActorCriticTrainer, output_dir) -> Path:
     "Each agent to output_dir/agent_<i>/; the critics to critic/ (MAAC), critic_<i>/ (IAC) or agent_<i>/value_head.pt."
     out = self.team.save_pretrained(output_dir)
     for c in self.critics:
-        d = out / f"agent_{c.agents[0]}" if c.shared else out / ("critic" if self.algo == "maac" else f"critic_{c.agents[0]}")
+        name = f"agent_{c.agents[0]}" if c.shared else "critic" if self.algo == "maac" else f"critic_{c.agents[0]}"
+        d = out / name
         if not c.shared:
             c.backbone.save_pretrained(d)
             c.tokenizer.save_pretrained(d)
