@@ -152,35 +152,39 @@ def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[
 
 # %% ../../nbs/31_actor_critic.ipynb #fcd0dac7
 from dataclasses import fields
-from ..config import (AdvantageFields, BufferFields, CheckpointFields, CriticFields, DeviceFields, EvalFields,
-                              GenerationFields, LoggingFields, MultiTurnFields, RolloutFields, RunFields, SamplingFields,
-                              ScheduleFields, TaskFields, TeamFields, TrainerConfig, TurnFields, ValueHeadFields, compose)
+from ..config import (AdvantageFields, BufferFields, CheckpointFields, CriticFields, DeviceFields,
+                              EvalFields, GenerationFields, LoggingFields, MultiTurnFields, RolloutFields, RunFields,
+                              SamplingFields, ScheduleFields, TaskFields, TeamFields, TrainerConfig, TurnFields,
+                              ValueHeadFields, compose)
 
 def _ac_relations(c, owner: str):
     "Multi-turn samples one episode per item; critic_devices fit the critics; rollout_batch_size=None fills one buffer."
     if c.num_turns > 1 and c.num_generations != 1:
-        raise config_error(owner, f"num_generations={c.num_generations} with num_turns={c.num_turns} is invalid: multi-turn "
-                                  "actor-critic samples one completion per agent per turn; set num_generations=1 (or num_turns=1)")
+        raise config_error(owner, f"num_generations={c.num_generations} with num_turns={c.num_turns} is invalid: "
+                                  "multi-turn actor-critic samples one completion per agent per turn; set "
+                                  "num_generations=1 (or num_turns=1)")
     critics = c.num_agents if type(c).critic_per_agent else 1
     if isinstance(c.critic_devices, (list, tuple)) and len(c.critic_devices) not in {1, critics}:
         raise config_error(owner, f"critic_devices has {len(c.critic_devices)} entries for {critics} critic(s); give 1"
                                   + (f" or {critics}" if critics > 1 else ""))
-    if c.rollout_batch_size is None:    # items whose full episodes fill one buffer (K episodes x num_turns samples each)
+    if c.rollout_batch_size is None:    # items whose episodes fill one buffer (K episodes x num_turns samples each)
         c.rollout_batch_size = max(1, c.rollout_buffer_size // (c.num_generations * c.num_turns))
 
 # %% ../../nbs/31_actor_critic.ipynb #673692e4
 @compose(TeamFields, TurnFields, ScheduleFields, CriticFields, AdvantageFields, BufferFields, LoggingFields,
-         GenerationFields, SamplingFields, MultiTurnFields, EvalFields, DeviceFields, RunFields, RolloutFields, TaskFields,
-         CheckpointFields, checks=(_ac_relations,),
-         defaults=dict(num_train_epochs=40, rollout_buffer_size=8, logging_steps=1, num_generations=1, top_k=None), order=(
+         GenerationFields, SamplingFields, MultiTurnFields, EvalFields, DeviceFields, RunFields, RolloutFields,
+         TaskFields, CheckpointFields, checks=(_ac_relations,),
+         defaults=dict(num_train_epochs=40, rollout_buffer_size=8, logging_steps=1, num_generations=1, top_k=None),
+         order=(
     "num_agents num_turns critic_type num_train_epochs agent_learning_rate critic_learning_rate value_loss_coef "
     "advantage_normalization rollout_buffer_size train_batch_size logging_steps num_generations max_new_tokens "
     "temperature top_p top_k discount early_termination_threshold eval_interval eval_num_samples eval_batch_size "
     "external_prompt_passthrough parallel_training agent_devices critic_devices critic_model_name "
-    "critic_value_head_hidden_dim critic_max_length seed output_dir rollout_batch_size reward_batched use_chat_template "
-    "autocast_dtype weight_decay max_grad_norm save_steps save_total_limit progress_bar tensorboard save_plot",))
+    "critic_value_head_hidden_dim critic_max_length seed output_dir rollout_batch_size reward_batched "
+    "use_chat_template autocast_dtype weight_decay max_grad_norm save_steps save_total_limit progress_bar tensorboard "
+    "save_plot",))
 class ActorCriticConfig(TrainerConfig):
-    "Settings shared by MAAC and IAC (see MAACConfig / IACConfig); `comlrl-nb options --algo maac` prints each one's help."
+    "Settings shared by MAAC and IAC (see MAACConfig / IACConfig); `comlrl-nb options --algo maac` prints their help."
     min_generations = 1             # one episode per item is the actor-critic default
     critic_per_agent = False        # IAC: one critic per agent (critic_devices may list num_agents devices)
 
@@ -197,8 +201,8 @@ def _iac_relations(c, owner: str):
     for f in ("critic_devices", "critic_value_head_hidden_dim"):
         if getattr(c, f) is not None:
             raise config_error(owner, f"{f}={getattr(c, f)!r} places or sizes separate critic models, which "
-                                      "use_separate_critic=False does not have (its value heads sit on the actors, sized "
-                                      "by value_head_hidden_dim): remove it or set use_separate_critic=True")
+                                      "use_separate_critic=False does not have (its value heads sit on the actors, "
+                                      "sized by value_head_hidden_dim): remove it or set use_separate_critic=True")
 
 # %% ../../nbs/31_actor_critic.ipynb #a02f1315
 @compose()

@@ -43,14 +43,14 @@ def _reinforce_relations(c, owner: str):
 @compose(TeamFields, TurnFields, ScheduleFields, LoggingFields, GenerationFields, SamplingFields, MultiTurnFields,
          JointFields, BufferFields, AdvantageFields, BaselineFields, EvalFields, DeviceFields, ReferenceKLFields,
          RunFields, RolloutFields, TaskFields, CheckpointFields, checks=(_reinforce_relations,), order=(
-    "num_agents num_turns num_train_epochs agent_learning_rate logging_steps num_generations max_new_tokens temperature "
-    "top_p top_k discount joint_mode early_termination_threshold rollout_buffer_size train_batch_size "
+    "num_agents num_turns num_train_epochs agent_learning_rate logging_steps num_generations max_new_tokens "
+    "temperature top_p top_k discount joint_mode early_termination_threshold rollout_buffer_size train_batch_size "
     "advantage_normalization advantage_mode eval_interval eval_num_samples eval_batch_size external_prompt_passthrough "
     "parallel_training agent_devices reference_kl_enabled reference_kl_coef reference_devices seed output_dir "
     "rollout_batch_size reward_batched use_chat_template autocast_dtype weight_decay max_grad_norm save_steps "
     "save_total_limit progress_bar tensorboard save_plot",))
 class MAGRPOConfig(TrainerConfig):
-    "Settings of the multi-agent REINFORCE family (MAGRPO: group-mean baseline); `comlrl-nb options` prints each one's help."
+    "Settings of the multi-agent REINFORCE family (MAGRPO: group-mean baseline); `comlrl-nb options` prints their help."
 
 # %% ../../nbs/30_reinforce.ipynb #5e8c4936
 _check_devices = check_devices           # the old private name, for modules that still import it
