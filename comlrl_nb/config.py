@@ -189,9 +189,10 @@ def format_options(config, width: int = 100) -> str:
             text = r["help"] + (f" NOT USED by {cls.__name__}: {r['unused']} (only the default is accepted)."
                                 if r["unused"] else "")
             lines += textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      ")
-    for k, why in getattr(cls, "removed_fields", {}).items():
-        lines += textwrap.wrap(f"{k}: not an option of {cls.__name__} ({why}).", width, initial_indent="  ",
-                               subsequent_indent="      ")
+    removed = getattr(cls, "removed_fields", {})
+    if removed: lines += ["", f"[removed] Not options of {cls.__name__}: passing one raises with the reason."]
+    for k, why in removed.items():
+        lines += [f"  {k}"] + textwrap.wrap(why + ".", width, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines)
 
 # %% ../nbs/26_config.ipynb #6a6a6adb
