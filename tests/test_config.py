@@ -11,7 +11,7 @@ from comlrl_nb.cli import ALGORITHMS, _algorithms, main
 from comlrl_nb.config import GROUPS, TrainerConfig, config_groups
 from comlrl_nb.trainers.iterative import IterativeFields, MADPOIterConfig, MARLHFIterConfig
 from comlrl_nb.trainers.madpo import MADPOConfig
-from comlrl_nb.trainers.marlhf import MARLHFConfig, backend_config, rl_backend
+from comlrl_nb.trainers.marlhf import MARLHFConfig, map_backend_config, rl_backend
 from comlrl_nb.trainers.reinforce import MAGRPOConfig
 
 CONFIGS = sorted({c for c, _ in _algorithms().values()} | {APIComparatorConfig, IterativeFields}, key=lambda c: c.__name__)
@@ -86,12 +86,12 @@ def test_marlhf_refuses_what_its_backend_never_reads(kw, msg):
 
 
 @pytest.mark.parametrize("algo", ["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"])
-def test_backend_config_is_the_old_same_name_copy(algo):
+def test_map_backend_config_is_the_old_same_name_copy(algo):
     extra = {"value_loss_coef": 0.3} if algo in ("maac", "iac") else {"reference_kl_enabled": True}
     cfg = MARLHFConfig(rl_algorithm=algo, num_generations=6, rollout_buffer_size=4, agent_learning_rate=1e-2, **extra)
     cls = rl_backend(algo).config_class
     names = {f.name for f in dataclasses.fields(cls)} - {"advantage_mode"}
-    assert backend_config(cfg, cls) == cls(**{k: getattr(cfg, k) for k in names if hasattr(cfg, k)})
+    assert map_backend_config(cfg, cls) == cls(**{k: getattr(cfg, k) for k in names if hasattr(cfg, k)})
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)

@@ -19,7 +19,7 @@ from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOT
                                           _validate_reinforce)
 
 # %% auto #0
-__all__ = ['MARLHFConfig', 'backend_config', 'rl_backend', 'MARLHFTrainer', 'RL_ALGORITHMS']
+__all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'MARLHFTrainer', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -51,7 +51,7 @@ class MARLHFConfig(TrainerConfig):
     "MARLHF settings: the MAGRPO groups, preference collection, the reward model, the policy backend and its critic."
 
 # %% ../../nbs/43_marlhf.ipynb #c0f1a9b2
-def backend_config(cfg, config_class):
+def map_backend_config(cfg, config_class):
     """The policy phase's config (`config_class`, e.g. MARLOOConfig or MAACConfig) from a MARLHF config: every field of
     the groups both configs have, except the baseline, which is the backend class's own."""
     shared = [f for f in fields(config_class) if f.metadata.get("group") in set(config_groups(cfg)) - {"baseline"}]
