@@ -722,8 +722,8 @@ class ComparatorAPIFields:
 def validate_comparator_api(c, owner):
     """APIComparatorConfig checks all of them (`api._validate`); an iterative config builds one from its fields when
     comparator_policy='api' (errors then name APIComparatorConfig) and refuses a URL with any other policy."""
+    if not hasattr(c, "comparator_policy"): return c._validate()        # APIComparatorConfig itself
     from comlrl_nb.api import APIComparatorConfig
-    if isinstance(c, APIComparatorConfig): return c._validate()
     if c.comparator_policy == "api":
         c.comparator_api_format = APIComparatorConfig.from_any(c).comparator_api_format
     elif c.comparator_api_url is not None:
