@@ -300,3 +300,177 @@ def test_sigkill_during_replay_writes_leaves_old_or_new_file(tmp_path):
         proc.send_signal(signal.SIGKILL); proc.wait()
         data = json.loads(path.read_text())                      # never a partial file
         assert data["num_pairs"] == len(data["pairs"]) == 300 and len({p["gen"] for p in data["pairs"]}) == 1
+
+
+# ------------------------------------------------------------------ code rewards the model cannot forge
+from comlrl_nb.envs.code import code_level_reward, load_problems, problem_item  # noqa: E402
+from comlrl_nb.sandbox import run_sandboxed, run_tests  # noqa: E402
+
+_PROBLEM = load_problems()[0]                                   # primes_below(n), helper aux(k)
+_AUX = "```python\n" + _PROBLEM["reference_aux"] + "```"
+_BANK = str(Path(__import__("comlrl_nb").__file__).resolve().parent / "data" / "code_problems.json")
+_WRONG = "    return [-1]\n"
+EXPLOITS = {
+    "always-equal object": "class Any:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
+                           "def primes_below(n):\n    aux(n)\n    return Any()\n",
+    "list subclass with forged __eq__": "class L(list):\n    def __eq__(self, o): return True\n"
+                                        "def primes_below(n):\n    aux(n)\n    return L()\n",
+    "int subclass in a list": "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
+                              "def primes_below(n):\n    aux(n)\n    return [I(0)]\n",
+    "forged result records on every fd": "import os\nfor fd in range(3, 64):\n    for i in range(4):\n        try: os.write(fd, ("
+                                         "'{\"test\": %d, \"error\": null}\\n' % i).encode())\n        except OSError: pass\n"
+                                         "def primes_below(n):\n    aux(n)\n" + _WRONG,
+    "nonce read from the harness frames": "import sys, os\nf, found = sys._getframe(), []\nwhile f is not None:\n"
+                                          "    found += [v for k, v in f.f_locals.items() if k in ('nonce', 'payload')]\n    f = f.f_back\n"
+                                          "for fd in range(3, 64):\n    for i in range(4):\n        try: os.write(fd, (repr(found) + "
+                                          "'{\"test\": %d, \"error\": null}\\n' % i).encode())\n        except OSError: pass\n"
+                                          "def primes_below(n):\n    aux(n)\n" + _WRONG,
+    "harness patched through gc": "import gc\nfor o in gc.get_objects():\n    if callable(o) and getattr(o, '__name__', '') in "
+                                  "('_run_one_test', '_ask', 'emit', '_dec', 'timed'):\n        o.__code__ = (lambda *a, **k: None).__code__\n"
+                                  "def primes_below(n):\n    aux(n)\n" + _WRONG,
+    "test strings searched in memory": "import gc\nseen = [o for o in gc.get_objects() if isinstance(o, str) and 'primes_below(' in o]\n"
+                                       "def primes_below(n):\n    aux(n)\n    for s in seen:\n        if 'primes_below(%d) ==' % n in s:\n"
+                                       "            return eval(s.split('==', 1)[1])\n" + _WRONG,
+    "answers read from the problem bank": f"import json\nbank = json.load(open({_BANK!r}))['problems']\n"
+                                          "ns = {}\nexec(bank[0]['reference_aux'] + bank[0]['reference_main'], ns)\n"
+                                          "def primes_below(n):\n    aux(n)\n    return ns['primes_below'](n)\n",
+    "answers written ahead into the answer pipe": "import os, json\nfor fd in range(3, 64):\n    for i in range(50):\n"
+                                                  "        try: os.write(fd, (json.dumps({'id': '%016x' % i, 'ok': {'l': []}}) + '\\n').encode())\n"
+                                                  "        except OSError: pass\ndef primes_below(n):\n    aux(n)\n" + _WRONG,
+    "harness killed at load": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef primes_below(n):\n    aux(n)\n" + _WRONG,
+    "exit(0) inside the function": "import os\ndef primes_below(n):\n    aux(n)\n    os._exit(0)\n",
+    "harness memory through /proc": "import os\nfor p in ('/proc/%d/mem' % os.getppid(), '/proc/%d/fd/3' % os.getppid()):\n"
+                                     "    try: open(p, 'rb').read(1); print('OPENED', p)\n    except OSError: pass\n"
+                                     "def primes_below(n):\n    aux(n)\n" + _WRONG,
+}
+
+
+def test_reference_solutions_get_full_points():
+    probs = load_problems()
+    rewards = code_level_reward(["```python\n" + p["reference_aux"] + "```" for p in probs],
+                                ["```python\n" + p["reference_main"] + "```" for p in probs], [problem_item(p) for p in probs])
+    assert rewards == [4.0] * len(probs)
+
+
+@pytest.mark.parametrize("name", list(EXPLOITS))
+def test_code_exploit_earns_no_test_points(name):
+    main = "```python\n" + EXPLOITS[name] + "```"
+    (r,) = code_level_reward([_AUX], [main], [problem_item(_PROBLEM)])
+    assert r <= 1.5, (name, r)                                  # aux + main defined + runs at most: no test, no collaboration points
+    rep = run_tests(_PROBLEM["reference_aux"] + EXPLOITS[name], _PROBLEM["tests"])
+    assert rep.passed == [False] * len(_PROBLEM["tests"]), (name, rep.errors)
+
+
+def test_hostile_objects_are_reported_not_compared():
+    code = "class Bad:\n    def __eq__(self, o): raise SystemExit\n    def __repr__(self): raise SystemExit\n    __hash__ = None\n" \
+           "def f():\n    return Bad()\ndef g():\n    return {1: Bad()}\n"
+    rep = run_tests(code, ["assert f() == 1", "assert g() == {1: 1}", "assert f() is not None"])
+    assert rep.passed == [False, False, False]
+    assert all("not a plain value" in e for e in rep.errors), rep.errors
+
+
+def test_builtins_in_tests_cannot_be_replaced():
+    code = "abs = lambda x: 0\nlen = lambda x: 3\ndef f(x):\n    return 100\n"
+    rep = run_tests(code, ["assert abs(f(1) - 1.5) < 1e-6", "assert len(str(f(1))) == 3"])
+    assert rep.passed == [False, True]                          # 100 is honestly 3 characters long
+
+
+def test_test_harness_semantics_kept():
+    code = "import math\nLIMIT = 10\ndef f(x, scale=1):\n    if x < 0: raise ValueError('negative')\n    return [x * scale, {'a': (1, 2.5)}]\n" \
+           "def loop():\n    while True: pass\n"
+    tests = ["assert f(2, scale=3) == [6, {'a': (1, 2.5)}]", "assert LIMIT == 10",
+             "try:\n    f(-1)\n    assert False\nexcept ValueError as e:\n    assert str(e) == 'negative'",
+             "assert loop() is None", "assert f(1)[0] == 1", "def check(candidate):\n    assert candidate(4)[0] == 4\ncheck(f)"]
+    rep = run_tests(code, tests, test_timeout=0.5)
+    assert rep.passed == [True, True, True, False, True, True], rep.errors
+    assert rep.errors[3] == "timed out"
+
+
+# ------------------------------------------------------------------ a sandbox that contains
+IPC = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n")
+
+
+def _host_shm_keys():
+    return {int(line.split()[0]) for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:] if line.strip()}
+
+
+def test_sysv_shared_memory_does_not_outlive_the_run():
+    before = _host_shm_keys()
+    r = run_sandboxed(IPC + "i = libc.shmget(4242, 1 << 20, 0o1666)\nprint('created', i >= 0)\n"
+                      "print('again', libc.shmget(4242, 0, 0o666) >= 0)")
+    assert r.stdout == "created True\nagain True\n", (r.stdout, r.stderr)
+    r2 = run_sandboxed(IPC + "print('found', libc.shmget(4242, 0, 0o666) >= 0)")
+    assert r2.stdout == "found False\n"                           # a new IPC namespace per run
+    assert 4242 not in _host_shm_keys() - before and "ipcns" in r.isolation
+
+
+def test_sysv_shared_memory_counts_against_memory_mb():
+    code = IPC + ("total = 0\nfor k in range(64):\n    i = libc.shmget(1000 + k, 32 << 20, 0o1600)\n    if i < 0: break\n"
+                  "    a = libc.shmat(i, None, 0)\n    if a in (None, ctypes.c_void_p(-1).value): break\n"
+                  "    ctypes.memset(a, 1, 32 << 20); libc.shmdt(ctypes.c_void_p(a)); total += 32\nprint(total)")
+    r = run_sandboxed(code, memory_mb=128, timeout=10)
+    assert int(r.stdout.strip() or 0) <= 128, r.stdout            # not 64 x 32 MB = 2 GB
+
+
+def test_run_lock_and_host_directories_are_not_there():
+    mark = "comlrl_nb_persist_" + os.urandom(4).hex()
+    code = ("import os\nfor d in ['/run/lock', '/var/lock', '/run', '/work', '/home', '/root/.cache']:\n"
+            f"    try: open(os.path.join(d, '{mark}'), 'w').write('x'); print('KEPT', d)\n"
+            "    except OSError as e: print('no', type(e).__name__)\n")
+    r = run_sandboxed(code)
+    assert "KEPT" not in r.stdout and r.stdout.count("no ") == 6, r.stdout
+    assert not any(Path(d, mark).exists() for d in ["/run/lock", "/var/lock", "/run"])
+
+
+def test_host_unix_sockets_are_unreachable(tmp_path):
+    import socket
+    path = str(tmp_path / "svc.sock")
+    srv, abstract = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    srv.bind(path); srv.listen(1); abstract.bind("\0comlrl_nb_test_" + os.urandom(4).hex()); abstract.listen(1)
+    try:
+        code = ("import socket\nfor a in [%r, %r, '/run/systemd/private', '/var/run/docker.sock']:\n"
+                "    s = socket.socket(socket.AF_UNIX)\n    try: s.connect(a); print('CONNECTED', a)\n"
+                "    except OSError as e: print('no', type(e).__name__)\n") % (path, abstract.getsockname())
+        r = run_sandboxed(code)
+        assert "CONNECTED" not in r.stdout and r.stdout.count("no ") == 4, r.stdout
+    finally:
+        srv.close(); abstract.close()
+
+
+def test_scratch_quota_holds_whatever_tmpdir_is(monkeypatch):
+    import tempfile
+    other = tempfile.mkdtemp(dir="/var/tmp")                    # TMPDIR outside /tmp
+    monkeypatch.setattr(tempfile, "tempdir", other)
+    try:
+        r = run_sandboxed("import os\nn = 0\ntry:\n    for i in range(100):\n        open('f%d' % i, 'wb').write(b'x' * (1 << 20)); n += 1\n"
+                          "except OSError as e: print(type(e).__name__, e.errno)\nprint(n)", file_size_mb=4)
+        assert int(r.stdout.split()[-1]) <= 16 and "OSError 28" in r.stdout, r.stdout      # ENOSPC at the 16 MB cap
+        assert os.listdir(other) == []
+    finally:
+        os.rmdir(other)
+
+
+def test_site_packages_and_problem_bank_are_hidden():
+    import site
+    dirs = [d for d in site.getsitepackages() + [str(Path(__import__("comlrl_nb").__file__).parents[1])] if os.path.isdir(d)]
+    code = (f"import sys, os\nsys.path[:0] = {dirs!r}\nfor m in ['torch', 'numpy', 'comlrl_nb']:\n"
+            "    try: __import__(m); print('IMPORTED', m)\n    except ImportError: print('no', m)\n"
+            f"print(os.path.exists({_BANK!r}))")
+    r = run_sandboxed(code)
+    assert r.stdout == "no torch\nno numpy\nno comlrl_nb\nFalse\n", (r.stdout, r.stderr)
+
+
+def test_weak_mode_warns_on_every_run_and_blocks_bypasses(caplog):
+    import logging
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    codes = ["import _xxsubinterpreters", "import _posixsubprocess", "import subprocess",
+             "import os\nopen('/proc/self/mem', 'rb')"]
+    for c in codes:
+        r = run_sandboxed(c, namespaces=False)
+        assert r.returncode == 1 and "not allowed" in r.stderr and "weak" in r.isolation, (c, r.stderr)
+    assert sum("WEAK isolation" in m for m in caplog.messages) == len(codes)
+
+
+def test_full_mode_is_the_default():
+    r = run_sandboxed("pass")
+    assert {"netns", "pidns", "mntns", "ipcns", "private-root"} <= set(r.isolation) and "weak" not in r.isolation
