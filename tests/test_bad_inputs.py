@@ -474,3 +474,159 @@ def test_weak_mode_warns_on_every_run_and_blocks_bypasses(caplog):
 def test_full_mode_is_the_default():
     r = run_sandboxed("pass")
     assert {"netns", "pidns", "mntns", "ipcns", "private-root"} <= set(r.isolation) and "weak" not in r.isolation
+
+
+# ------------------------------------------------------------------ secrets that stay secret
+import base64  # noqa: E402
+import logging  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from comlrl_nb.api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets  # noqa: E402
+
+KEY = "sk-live-" + "9f3b2c7d1e8a4b6c0d5e2f7a1b3c9d8e"
+FAST = dict(comparator_api_backoff=0.001, comparator_api_backoff_cap=0.01, comparator_api_max_retries=1)
+
+
+def _no_fragment(text, secret=KEY, k=8):
+    "No run of k characters of the secret (or of its base64) in text."
+    variants = [secret, base64.b64encode(secret.encode()).decode(), base64.b64encode(b"user:" + secret.encode()).decode()[8:-4]]
+    return not any(v[i:i + k] in text for v in variants for i in range(len(v) - k + 1))
+
+
+def test_key_with_trailing_newline_is_cleaned_and_never_echoed():
+    with MockAPIServer() as srv:
+        c = APIComparatorClient(comparator_api_url=srv.url(), comparator_api_key=KEY + "\n", **FAST)
+        assert c.generate("hi", 1) and srv.requests[-1]["headers"]["authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize("bad", [KEY[:10] + "\n" + KEY[10:], KEY + "\x00", "sk-ключ-" + KEY[8:], KEY[:20] + "\r\nX-Evil: 1"])
+def test_malformed_key_is_refused_without_echo(bad):
+    with pytest.raises(ValueError) as e:
+        APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key=bad)
+    assert "control or non-ASCII character at position" in str(e.value) and _no_fragment(str(e.value), bad)
+
+
+def test_malformed_env_key_is_refused_without_echo(monkeypatch):
+    monkeypatch.setenv("COMLRL_NB_TEST_KEY", KEY[:12] + "\x1b[2J" + KEY[12:])
+    with pytest.raises(ValueError) as e:
+        APIComparatorClient(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key_env="COMLRL_NB_TEST_KEY")
+    assert "$COMLRL_NB_TEST_KEY" in str(e.value) and _no_fragment(str(e.value))
+
+
+@pytest.mark.parametrize("echo", [KEY[2:-2], KEY[:14] + "..." + KEY[-14:], base64.b64encode(b"user:" + KEY.encode()).decode(),
+                                  base64.urlsafe_b64encode(KEY.encode()).decode(), KEY.upper().lower()[3:]])
+def test_server_echoing_parts_of_the_key_is_redacted(echo, caplog):
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    with MockAPIServer() as srv:
+        c = APIComparatorClient(comparator_api_url=srv.url(), comparator_api_key=KEY, **FAST)
+        srv.script(429, {"error": f"slow down {echo}"}, headers={"Retry-After": "0"})
+        srv.script(401, {"error": f"bad key {echo}"})
+        with pytest.raises(APIError) as e:
+            c.generate("hi", 1)
+    assert e.value.status == 401 and _no_fragment(str(e.value)) and _no_fragment(caplog.text), (str(e.value), caplog.text)
+
+
+def test_redact_fragments_but_keeps_other_text():
+    assert redact(f"error near {KEY[5:30]} at line 3", [KEY]) == "error near *** at line 3"
+    assert redact("nothing secret here", [KEY]) == "nothing secret here"
+
+
+def test_secret_extra_body_and_headers_hidden_everywhere():
+    from comlrl_nb.trainers.iterative import MADPOIterConfig, config_record
+    extra = {"api_key": KEY, "metadata": {"session_token": KEY[::-1]}, "max_tokens": 64, "seed": 1}
+    cfg = APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_extra_body=extra,
+                              comparator_api_headers={"X-Goog-Api-Key": KEY, "X-Trace": "t1"})
+    for text in (repr(cfg), json.dumps(scrub_secrets(cfg))):
+        assert _no_fragment(text) and _no_fragment(text, KEY[::-1]) and '"max_tokens": 64' in json.dumps(scrub_secrets(cfg))
+    assert scrub_secrets(cfg)["comparator_api_headers"] == {"X-Goog-Api-Key": "***", "X-Trace": "t1"}
+    it = MADPOIterConfig(comparator_policy="api", comparator_api_url="http://127.0.0.1:9/x", comparator_api_extra_body=extra)
+    assert _no_fragment(json.dumps(config_record(it))) and _no_fragment(repr(it))
+
+
+def test_server_echoing_an_extra_body_secret_is_redacted():
+    with MockAPIServer() as srv:
+        c = APIComparatorClient(comparator_api_url=srv.url(), comparator_api_extra_body={"auth": {"token": KEY}}, **FAST)
+        srv.script(400, {"error": f"unknown field auth.token={KEY}"})
+        with pytest.raises(APIError) as e:
+            c.generate("hi", 1)
+    assert "HTTP 400" in str(e.value) and _no_fragment(str(e.value))
+
+
+def _raw_server(handler):
+    "A one-thread TCP server on 127.0.0.1 that runs handler(conn) for each connection."
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(8)
+    stop = threading.Event()
+    def loop():
+        while not stop.is_set():
+            try: conn, _ = srv.accept()
+            except OSError: return
+            threading.Thread(target=lambda: _serve(conn, handler, stop), daemon=True).start()
+    threading.Thread(target=loop, daemon=True).start()
+    return srv, stop, f"http://127.0.0.1:{srv.getsockname()[1]}/generic"
+
+
+def _serve(conn, handler, stop):
+    try:
+        conn.recv(65536); handler(conn, stop)
+    except OSError: pass
+    finally: conn.close()
+
+
+def _trickle_body(conn, stop):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+    while not stop.is_set():
+        conn.sendall(b" "); time.sleep(0.05)
+
+
+def _trickle_headers(conn, stop):
+    for ch in b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 10000:
+        if stop.is_set(): return
+        conn.sendall(bytes([ch])); time.sleep(0.05)
+
+
+@pytest.mark.parametrize("handler", [_trickle_body, _trickle_headers])
+def test_trickling_response_hits_a_total_deadline(handler):
+    srv, stop, url = _raw_server(handler)
+    try:
+        c = APIComparatorClient(comparator_api_url=url, comparator_api_timeout=0.5, sleep=lambda s: None, **FAST)
+        t0 = time.time()
+        with pytest.raises(APIError) as e:
+            c.generate("hi", 1)
+        assert time.time() - t0 < 2.5 and "timed out" in str(e.value) and "total deadline" in str(e.value)
+    finally:
+        stop.set(); srv.close()
+
+
+@pytest.mark.parametrize("length", [True, False])
+def test_response_size_is_capped(length):
+    big = b'{"completions": ["' + b"x" * (3 << 20) + b'"]}'
+    def send(conn, stop):
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + (b"Content-Length: %d\r\n" % len(big) if length else b"Connection: close\r\n")
+        conn.sendall(head + b"\r\n" + big)
+    srv, stop, url = _raw_server(send)
+    try:
+        c = APIComparatorClient(comparator_api_url=url, comparator_api_max_response_bytes=1 << 20, **FAST)
+        with pytest.raises(APIError, match="comparator_api_max_response_bytes=1048576"):
+            c.generate("hi", 1)
+    finally:
+        stop.set(); srv.close()
+
+
+@pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b'{"completions": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                                  b'{"completions": [[[["a"]]]]}', b"\xff\xfe not utf-8"])
+def test_every_client_failure_is_an_api_error(body):
+    with MockAPIServer() as srv:
+        c = APIComparatorClient(comparator_api_url=srv.url(), **FAST)
+        srv.script(200, body, headers={"Content-Type": "application/json"})
+        with pytest.raises(APIError) as e:
+            c.generate("hi", 1)
+    assert "comparator API (generic" in str(e.value) and len(str(e.value)) < 1000
+
+
+def test_bad_header_name_or_prefix_is_refused():
+    with pytest.raises(ValueError, match="not an HTTP header name"):
+        APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key_header="X Key:")
+    with pytest.raises(ValueError, match="comparator_api_key_prefix is invalid"):
+        APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key_prefix="Bearer\n")
