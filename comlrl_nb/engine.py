@@ -51,6 +51,12 @@ def read_metrics(path) -> list[dict]:
         except json.JSONDecodeError: logger.warning(f"{path}: line {i + 1} is not complete JSON (interrupted write?); skipped")
     return rows
 
+def _plain_metric(v):
+    "numpy scalars (int, bool, float) and one-element tensors as Python numbers; arrays as lists."
+    if isinstance(v, torch.Tensor): return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, (np.generic, np.ndarray)): return v.tolist()
+    return v
+
 class MetricsLogger:
     "Appends one JSON line per record to `output_dir/metrics.jsonl`, mirrors summaries to trackers."
     def __init__(self, output_dir, logging_steps: int = 1, wandb_config: dict | None = None, tensorboard: bool = False):
@@ -59,8 +65,9 @@ class MetricsLogger:
         if wandb_config is not None: self.trackers.append(_WandbTracker(wandb_config))
         if tensorboard: self.trackers.append(_TensorboardTracker(Path(output_dir) / "tensorboard"))
     def log(self, record: dict, step: int, console: bool | None = None):
-        rec = {k: (float(v) if isinstance(v, (np.floating, torch.Tensor)) else v) for k, v in record.items()}
-        with open(self.path, "a") as f: f.write(json.dumps(rec) + "\n")
+        rec = {k: _plain_metric(v) for k, v in record.items()}
+        line = json.dumps(rec, default=str) + "\n"          # anything still unknown is written as its text, never a crash
+        with open(self.path, "a") as f: f.write(line)
         if console if console is not None else step % self.logging_steps == 0:
             for t in self.trackers: t.log(rec, step)
             return True

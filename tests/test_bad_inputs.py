@@ -33,7 +33,7 @@ CONFIG_CASES = [
     (dict(num_turns=0), "num_turns=0 is invalid"),
     (dict(num_train_epochs=1.5), "num_train_epochs=1.5 is invalid: expected an integer"),
     (dict(agent_learning_rate=0), "agent_learning_rate=0 is invalid: must be > 0"),
-    (dict(agent_learning_rate="1e-5"), "expected a number (got str)"),
+    (dict(agent_learning_rate="fast"), "expected a number (got str)"),
     (dict(logging_steps=0), "logging_steps=0"),
     (dict(num_generations=1), "num_generations=1 is invalid: must be >= 2"),
     (dict(max_new_tokens=0), "max_new_tokens=0"),
@@ -630,3 +630,104 @@ def test_bad_header_name_or_prefix_is_refused():
         APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key_header="X Key:")
     with pytest.raises(ValueError, match="comparator_api_key_prefix is invalid"):
         APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key_prefix="Bearer\n")
+
+
+# ------------------------------------------------------------------ bad data found early, with the row
+from comlrl_nb.core import check_number  # noqa: E402
+from comlrl_nb.dataset import as_rows, check_dataset  # noqa: E402
+from comlrl_nb.engine import MetricsLogger  # noqa: E402
+from comlrl_nb.rewards import FormatterError, RewardError, RewardFunction, default_formatter, format_prompt  # noqa: E402
+
+GOOD = [{"prompt": f"Write story {i}"} for i in range(50)]
+
+
+@pytest.mark.parametrize("bad, where, msg", [
+    ({"prompt": None}, 37, "item['prompt'] must be a string, got NoneType"),
+    ({"question": "hi"}, 49, "reads item['prompt'], but the item has ['question']"),
+    ("just text", 3, "a str, but items must be dicts"),
+    ({"prompt": ""}, 10, "returned an empty prompt"),
+    ({"prompt": 7}, 0, "item['prompt'] must be a string, got int"),
+])
+def test_every_row_is_checked_and_named(bad, where, msg):
+    rows = GOOD[:where] + [bad] + GOOD[where + 1:]
+    with pytest.raises((ValueError, TypeError)) as e:
+        check_dataset(rows, [default_formatter, default_formatter])
+    assert f"train_dataset[{where}] (row {where + 1} of 50)" in str(e.value) and msg in str(e.value), str(e.value)
+
+
+def test_dataframe_and_dict_of_columns_are_rows():
+    import pandas as pd
+    df = pd.DataFrame({"prompt": ["a", "b", None], "answer": [1, 2, 3]})
+    with pytest.raises(ValueError, match=r"train_dataset\[2\] \(row 3 of 3\).*must be a string, got float"):
+        check_dataset(df, [default_formatter])
+    assert check_dataset(df.iloc[:2], [default_formatter]) == [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]
+    assert check_dataset({"prompt": ["x", "y"]}, [default_formatter], "eval_dataset") == [{"prompt": "x"}, {"prompt": "y"}]
+    with pytest.raises(ValueError, match="columns have different lengths"):
+        as_rows({"prompt": ["x", "y"], "id": [1]})
+    with pytest.raises(TypeError, match="a pandas DataFrame or a dict of columns is converted"):
+        as_rows(iter(GOOD))
+
+
+def test_formatter_exception_is_wrapped_with_agent_and_row():
+    fmt = lambda it: it["text"].upper()
+    with pytest.raises(FormatterError) as e:
+        check_dataset([{"text": "ok", "prompt": "p"}, {"text": None, "prompt": "p"}], [fmt, default_formatter], "eval_dataset")
+    msg = str(e.value)
+    assert "eval_dataset[1] (row 2 of 2)" in msg and "<lambda>) raised AttributeError: 'NoneType'" in msg
+    with pytest.raises(FormatterError, match=r"formatter of agent 2 \(.*<lambda>\) raised KeyError: missing key 'text'"):
+        format_prompt(fmt, {}, 1)
+
+
+def test_reward_processor_exception_is_wrapped():
+    rf = RewardFunction(lambda a, b: [1.0] * len(a), 2, processor=lambda v: {}["scale"] * v)
+    with pytest.raises(RewardError, match=r"reward_processor '.*<lambda>' raised KeyError on the reward 1.0"):
+        rf([["x"], ["y"]])
+    bad = RewardFunction(lambda a, b: [1.0] * len(a), 2, processor=lambda v: "high")
+    with pytest.raises(RewardError, match="returned 'high'"):
+        bad([["x"], ["y"]])
+
+
+@pytest.mark.parametrize("text, value", [("5e-6", 5e-6), (" 1e-3 ", 1e-3), ("2", 2.0), ("-0.5", -0.5)])
+def test_numeric_strings_accepted_for_float_fields(text, value):
+    assert check_number(text, "agent_learning_rate", "MAGRPOConfig") == value
+    with pytest.raises(ValueError, match="expected an integer"):
+        check_number(text, "num_agents", "MAGRPOConfig", integer=True)
+
+
+def test_yaml_5e_minus_6_reaches_the_config_as_a_float(tmp_path):
+    from comlrl_nb.cli import build_config, load_config_file
+    p = tmp_path / "c.yaml"
+    p.write_text("agent_learning_rate: 5e-6\nnum_train_epochs: 2\n")
+    data = load_config_file(p)
+    assert data["agent_learning_rate"] == "5e-6"                             # YAML 1.1 gives a string...
+    cfg = build_config(MAGRPOConfig, data)
+    assert cfg.agent_learning_rate == 5e-6 and isinstance(cfg.agent_learning_rate, float)   # ...the config a float
+    with pytest.raises(ValueError, match="agent_learning_rate='fast' is invalid: expected a number"):
+        build_config(MAGRPOConfig, {"agent_learning_rate": "fast"})
+
+
+def test_metrics_logger_takes_numpy_and_tensor_values(tmp_path):
+    import numpy as np
+    m = MetricsLogger(tmp_path)
+    m.log({"batch": np.int64(3), "stopped": np.bool_(True), "loss": np.float32(0.5), "t": torch.tensor(2.0),
+           "hist": np.array([1, 2]), "odd": {1, 2}, "big": torch.ones(2)}, step=1)
+    (row,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert row["batch"] == 3 and type(row["batch"]) is int and row["stopped"] is True and row["loss"] == 0.5
+    assert row["t"] == 2.0 and row["hist"] == [1, 2] and row["odd"] == "{1, 2}" and row["big"] == [1.0, 1.0]
+
+
+def test_prompt_longer_than_the_context(tiny, caplog):
+    from comlrl_nb.generation import context_length, generate_completions
+    m, tok = tiny
+    limit = context_length(m)
+    assert limit is not None
+    long = " ".join(["word"] * (limit + 50))
+    with pytest.raises(ValueError, match=rf"prompt 1 of the batch is \d+ tokens long but the model's context is {limit} positions"):
+        generate_completions(m, tok, ["short", long], k=1, max_new_tokens=4)
+    ntok = lambda w: len(tok(" ".join(["word"] * w), add_special_tokens=False).input_ids)
+    words = (limit - 5) * 10 // ntok(10)
+    while ntok(words) > limit - 5: words -= 1
+    near = " ".join(["word"] * words)
+    c = generate_completions(m, tok, [near], k=1, max_new_tokens=16, temperature=0.0)
+    room = limit - len(tok(near, add_special_tokens=False).input_ids)
+    assert c.completion_ids.shape[1] <= room and "generating at most" in caplog.text
