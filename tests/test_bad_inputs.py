@@ -1,10 +1,12 @@
 """The catalogue of bad inputs and faults: each gets an error that names the problem and the fix, early, and no work is lost."""
 import json
+import shutil
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -731,3 +733,181 @@ def test_prompt_longer_than_the_context(tiny, caplog):
     c = generate_completions(m, tok, [near], k=1, max_new_tokens=16, temperature=0.0)
     room = limit - len(tok(near, add_special_tokens=False).input_ids)
     assert c.completion_ids.shape[1] <= room and "generating at most" in caplog.text
+
+
+# ------------------------------------------------------------------ never lose work, never mix runs
+from comlrl_nb.replay import ReplayBuffer, iteration_path  # noqa: E402
+from comlrl_nb.runs import (RunLock, Terminated, check_resume_config, config_changes, exit_status,  # noqa: E402
+                            prepare_output_dir, sigterm_as_interrupt)
+
+
+def _fake_run(d, batches=(1, 2)):
+    ck = CheckpointManager(Path(d) / "checkpoints", algo="magrpo", num_agents=2)
+    for b in batches: ck.save(b, {"w": torch.full((3,), float(b))})
+    (Path(d) / "metrics.jsonl").write_text("".join(json.dumps({"batch": b}) + "\n" for b in batches))
+    return ck
+
+
+@pytest.mark.parametrize("what", ["checkpoints", "metrics"])
+def test_fresh_run_into_a_used_dir_refuses_and_keeps_the_files(tmp_path, what):
+    ck = _fake_run(tmp_path)
+    if what == "metrics": shutil.rmtree(tmp_path / "checkpoints")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(FileExistsError) as e:
+        prepare_output_dir(tmp_path, "magrpo")
+    msg = str(e.value)
+    assert "--resume" in msg and "resume_from_checkpoint=True" in msg and "fresh directory" in msg
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert prepare_output_dir(tmp_path, "magrpo", resume=True) == tmp_path
+
+
+def test_default_output_dir_is_fresh_per_run_and_resume_finds_the_newest(tmp_path):
+    a = prepare_output_dir(None, "maac", root=tmp_path, now=1_700_000_000)
+    _fake_run(a)
+    b = prepare_output_dir(None, "maac", root=tmp_path, now=1_700_000_000)
+    assert a != b and b.parent == a.parent and (tmp_path / "maac" / "latest").resolve() == b.resolve()
+    assert prepare_output_dir(None, "maac", resume=True, root=tmp_path) == a.resolve()      # b holds no run yet
+    _fake_run(b)
+    assert prepare_output_dir(None, "maac", resume=True, root=tmp_path) == b.resolve()
+    with pytest.raises(FileNotFoundError, match="no run under"):
+        prepare_output_dir(None, "iac", resume=True, root=tmp_path)
+
+
+def test_unwritable_output_dir_is_found_before_any_work(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match=r"output_dir .*file/run is not writable"):
+        prepare_output_dir(tmp_path / "file" / "run", "magrpo")
+    with pytest.raises(OSError, match="is not writable"):
+        prepare_output_dir("/proc/comlrl_nb_run", "magrpo")
+
+
+_HOLD = "import sys, time\nfrom comlrl_nb.runs import RunLock\nRunLock(sys.argv[1]).acquire()\nprint('locked', flush=True)\ntime.sleep(120)\n"
+
+
+def test_second_live_process_is_refused_and_a_killed_ones_lock_taken_over(tmp_path, caplog):
+    p = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        with pytest.raises(RuntimeError, match=rf"in use by another run \(pid {p.pid} on "):
+            RunLock(tmp_path).acquire()
+    finally:
+        p.kill(); p.wait()
+    with RunLock(tmp_path) as lock:
+        assert lock.holder()["pid"] == os.getpid()
+    assert f"took over the lock left by pid {p.pid}" in caplog.text
+
+
+def test_config_change_that_breaks_exact_resume_is_named():
+    saved = {"agent_learning_rate": 1e-5, "num_generations": 4, "seed": 0, "logging_steps": 1, "eval_interval": 4,
+             "comparator_api_key": "***", "agent_devices": ["cpu", "cpu"]}
+    same = {**saved, "logging_steps": 5, "eval_interval": 0, "comparator_api_key": "sk-rotated", "agent_devices": ("cpu", "cpu")}
+    assert config_changes(saved, same) == {}
+    with pytest.raises(ValueError) as e:
+        check_resume_config(saved, {**same, "num_generations": 8, "seed": 3})
+    msg = str(e.value)
+    assert "num_generations: 4 -> 8" in msg and "seed: 0 -> 3" in msg and "allow_config_changes=['num_generations', 'seed']" in msg
+    assert check_resume_config(saved, {**same, "seed": 3}, allow=["seed"]) == ["seed"]
+
+
+_TERM = textwrap.dedent('''
+    import sys, time
+    from comlrl_nb.runs import sigterm_as_interrupt, exit_status
+    try:
+        with sigterm_as_interrupt():
+            print("ready", flush=True)
+            for step in range(10**6): time.sleep(0.01)
+    except KeyboardInterrupt as e:
+        open(sys.argv[1], "w").write("checkpoint at step %d" % step)
+        sys.exit(exit_status(e))
+''')
+
+
+def test_sigterm_takes_the_ctrl_c_path(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", _TERM, str(tmp_path / "saved")], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 143 and (tmp_path / "saved").read_text().startswith("checkpoint at step")
+    assert exit_status(Terminated()) == 143 and exit_status(KeyboardInterrupt()) == 130
+
+
+def test_resave_never_leaves_no_checkpoint(tmp_path, monkeypatch):
+    from comlrl_nb import engine
+    ck = CheckpointManager(tmp_path, total_limit=1)
+    ck.save(5, {"v": 1})
+    monkeypatch.setattr(engine, "_swap", lambda a, b: False)              # no atomic exchange: the two-rename path
+    real, calls = os.replace, []
+    def crash_after_first(a, b):
+        calls.append(a); real(a, b)
+        if len(calls) == 1: raise KeyboardInterrupt("killed between the renames")
+    monkeypatch.setattr(engine.os, "replace", crash_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save(5, {"v": 2})
+    monkeypatch.setattr(engine.os, "replace", real)
+    p, state = CheckpointManager(tmp_path).load(True)                     # the old one is recovered
+    assert p.name == "checkpoint-0000005" and state == {"v": 1}
+    monkeypatch.undo()
+    ck.save(5, {"v": 3})
+    assert [q.name for q in tmp_path.iterdir()] == ["checkpoint-0000005"] and ck.load(True)[1] == {"v": 3}
+
+
+_RESAVE = textwrap.dedent('''
+    import sys, torch
+    from comlrl_nb.engine import CheckpointManager
+    ck = CheckpointManager(sys.argv[1], total_limit=1)
+    i = 0
+    while True:
+        i += 1
+        ck.save(7, {"i": i, "w": torch.randn(200_000)})
+        print(i, flush=True)
+''')
+
+
+def test_resave_killed_at_random_moments_keeps_a_complete_checkpoint(tmp_path):
+    import random
+    rng = random.Random(1)
+    for _ in range(6):
+        p = subprocess.Popen([sys.executable, "-c", _RESAVE, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        p.stdout.readline()
+        time.sleep(rng.uniform(0.0, 0.4))
+        p.kill(); p.wait()
+        path, state = CheckpointManager(tmp_path).load(True)
+        assert path.name == "checkpoint-0000007" and state["w"].shape == (200_000,)
+
+
+def test_pruning_ignores_what_it_did_not_write(tmp_path):
+    (tmp_path / "checkpoint-best").mkdir(); (tmp_path / "checkpoint-best" / "trainer_state.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("mine")
+    other = CheckpointManager(tmp_path); other.save(90, {"other": True})       # a later batch number (another run)
+    ck = CheckpointManager(tmp_path, total_limit=2)
+    for b in range(1, 6): ck.save(b, {"b": b})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-0000004", "checkpoint-0000005", "checkpoint-0000090",
+                                                           "checkpoint-best", "notes.txt"]
+
+
+@pytest.mark.parametrize("damage", ["state.pt", "trainer_state.json"])
+def test_truncated_checkpoint_file_is_named_and_the_previous_used(tmp_path, damage, caplog):
+    ck = CheckpointManager(tmp_path)
+    for b in (1, 2, 3): ck.save(b, {"b": b, "w": torch.ones(1000)})
+    f = tmp_path / "checkpoint-0000003" / damage
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    p, state = ck.load(True)
+    assert p.name == "checkpoint-0000002" and state["b"] == 2
+    assert str(f) in caplog.text and "falling back to the previous checkpoint" in caplog.text
+    with pytest.raises(ValueError, match=rf"{f}.*resume from another checkpoint \(checkpoint-0000001, checkpoint-0000002\)"):
+        ck.load(tmp_path / "checkpoint-0000003")
+
+
+def test_replay_restore_leaves_another_runs_files_alone(tmp_path):
+    a = ReplayBuffer(tmp_path)
+    a.register(1, [{"x": 1}])
+    state = a.state_dict()
+    a.register(2, [{"x": 2}])                                              # after a's checkpoint: a's own, removed on restore
+    b = ReplayBuffer(tmp_path)
+    b.register(1, [{"b": 1}]); b.register(3, [{"b": 3}])                  # another run shares the directory
+    theirs = {n: iteration_path(tmp_path, n).read_bytes() for n in (1, 3)}
+    back = ReplayBuffer(tmp_path); back.load_state_dict(state)
+    assert {n: iteration_path(tmp_path, n).read_bytes() for n in (1, 3)} == theirs
+    assert not iteration_path(tmp_path, 2).exists() and back.select(1) == [{"x": 1}]
