@@ -31,6 +31,10 @@ from .trainers.marlhf import MARLHFConfig, MARLHFTrainer
 from .trainers.iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from .comparators import COMPARATOR_POLICIES, parse_agent_sections, centralized_prompt
 from .api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets
+from .dataset import as_rows, check_dataset
+from .rewards import FormatterError
+from .runs import RunLock, Terminated, check_resume_config, config_changes, prepare_output_dir, sigterm_as_interrupt
+
 
 # %% ../nbs/99_api.ipynb #100d7049
 _LAZY = {"code_task": "comlrl_nb.envs.code", "writing_task": "comlrl_nb.envs.writing",

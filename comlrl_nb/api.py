@@ -14,10 +14,10 @@ from .core import check_choice, check_number, logger
 
 # %% auto #0
 __all__ = ['FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS', 'DEFAULT_KEY_ENVS', 'ANTHROPIC_VERSION', 'ONE_PER_REQUEST',
-           'EXCERPT_CHARS', 'RETRY_STATUSES', 'resolve_format', 'redact', 'safe_url', 'scrub_secrets', 'APIError',
-           'excerpt', 'APIComparatorConfig', 'get_path', 'jsonable', 'build_body', 'parse_completions',
-           'is_transient_status', 'backoff_delay', 'parse_retry_after', 'backoff_schedule', 'APIComparatorClient',
-           'MockAPIServer']
+           'FRAGMENT_CHARS', 'EXCERPT_CHARS', 'RETRY_STATUSES', 'resolve_format', 'redact', 'safe_url', 'secret_values',
+           'scrub_secrets', 'APIError', 'excerpt', 'APIComparatorConfig', 'check_key', 'get_path', 'jsonable',
+           'build_body', 'parse_completions', 'is_transient_status', 'backoff_delay', 'parse_retry_after',
+           'backoff_schedule', 'APIComparatorClient', 'MockAPIServer']
 
 # %% ../nbs/52_api.ipynb #e51b5ef6
 FORMATS = ("generic", "openai", "anthropic", "openai_responses")
@@ -34,13 +34,36 @@ def resolve_format(name, owner: str = "APIComparatorConfig") -> str:
     return check_choice(value, "comparator_api_format", FORMATS, owner, FORMAT_ALIASES)
 
 # %% ../nbs/52_api.ipynb #172df58c
-_SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|password", re.I)
+_SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|password|credential|session|signature", re.I)
+FRAGMENT_CHARS = 8   # any run of this many characters of a secret (or of its base64/URL encodings) is hidden
+
+def _encodings(s: str) -> list:
+    "`s` and how it can appear elsewhere: base64 (standard and URL-safe, at each of the 3 alignments inside a longer string), URL-quoted."
+    import base64
+    out = {s, urllib.parse.quote(s, safe="")}
+    for pad in range(3):
+        for enc in (base64.b64encode, base64.urlsafe_b64encode):
+            b = enc(b"\0" * pad + s.encode("utf-8", "replace")).decode().rstrip("=")
+            out.add(b[(4 * pad + 2) // 3:len(b) - 2])         # drop the characters the neighbours also shape
+    return [e for e in out if e]
 
 def redact(text, secrets: Sequence[str] = ()) -> str:
-    "`text` with every non-empty secret replaced by `***` (longest first, so overlapping secrets are fully hidden)."
-    text = str(text)
-    for s in sorted({s for s in secrets if s}, key=len, reverse=True): text = text.replace(s, "***")
-    return text
+    "`text` with every secret, and every run of >= FRAGMENT_CHARS characters of a secret or of its base64/URL encodings, replaced by `***`."
+    text, spans = str(text), []
+    for s in {s for s in secrets if isinstance(s, str) and s}:
+        for e in _encodings(s):
+            k = min(FRAGMENT_CHARS, len(e))
+            for i in range(len(e) - k + 1):
+                frag, j = e[i:i + k], text.find(e[i:i + k])
+                while j >= 0:
+                    spans.append((j, j + k)); j = text.find(frag, j + 1)
+    merged = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]: merged[-1][1] = max(merged[-1][1], b)
+        else: merged.append([a, b])
+    out, pos = [], 0
+    for a, b in merged: out += [text[pos:a], "***"]; pos = b
+    return "".join(out) + text[pos:]
 
 def safe_url(url) -> str:
     "The URL without user:password and with query values hidden (names kept)."
@@ -50,17 +73,31 @@ def safe_url(url) -> str:
     query = "&".join(f"{k}=***" for k, _ in urllib.parse.parse_qsl(p.query, keep_blank_values=True))
     return urllib.parse.urlunsplit((p.scheme, netloc, p.path, query, ""))
 
+
 # %% ../nbs/52_api.ipynb #ddd1ea71
 def _secret_header(name: str) -> bool: return bool(_SECRET_NAME.search(str(name)))
 
+def _scrub(x, secret: bool = False):
+    "A JSON-like value with the string values under secret-looking names replaced by `***` (nested dicts and lists too)."
+    if isinstance(x, dict): return {k: _scrub(v, secret or _secret_header(k)) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [_scrub(v, secret) for v in x]
+    return "***" if secret and isinstance(x, str) and x else x
+
+def secret_values(x, secret: bool = False) -> list:
+    "The string values under secret-looking names of a header/extra-body mapping (what `_scrub` hides)."
+    if isinstance(x, dict): return [s for k, v in x.items() for s in secret_values(v, secret or _secret_header(k))]
+    if isinstance(x, (list, tuple)): return [s for v in x for s in secret_values(v, secret)]
+    return [x] if secret and isinstance(x, str) and x else []
+
 def scrub_secrets(cfg) -> dict:
-    "A copy of a config mapping (or dataclass) with `comparator_api_key` and secret-looking header values replaced by `***`."
+    "A copy of a config mapping (or dataclass) with `comparator_api_key` and secret-looking header and extra-body values replaced by `***`."
     d = dict(asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else cfg)
     if d.get("comparator_api_key"): d["comparator_api_key"] = "***"
-    if isinstance(d.get("comparator_api_headers"), dict):
-        d["comparator_api_headers"] = {k: ("***" if _secret_header(k) else v) for k, v in d["comparator_api_headers"].items()}
+    for k in ("comparator_api_headers", "comparator_api_extra_body"):
+        if isinstance(d.get(k), dict): d[k] = _scrub(d[k])
     if d.get("comparator_api_url"): d["comparator_api_url"] = safe_url(d["comparator_api_url"])
     return d
+
 
 # %% ../nbs/52_api.ipynb #8f81c7bf
 class APIError(OSError):
@@ -74,9 +111,10 @@ EXCERPT_CHARS = 300
 
 def excerpt(body, secrets: Sequence[str] = (), limit: int = EXCERPT_CHARS) -> str:
     "A redacted, single-line excerpt of a response body, at most `limit` characters."
-    text = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else str(body)
-    text = redact(" ".join(text.split()), secrets)
+    text = body[:8 * limit].decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else str(body)[:8 * limit]
+    text = redact(" ".join(text.split())[:limit + 64], secrets)     # cut first: redaction cost stays small
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
 
 # %% ../nbs/52_api.ipynb #c21b8d54
 from .config import ComparatorAPIFields, TrainerConfig, compose
@@ -102,6 +140,18 @@ def _check_url(url, name="comparator_api_url"):
         raise ValueError(f"{_OWNER}.{name}={safe_url(url)!r} is invalid: expected an http:// or https:// URL with a host")
     return url
 
+# %% ../nbs/52_api.ipynb #14b6f91a
+def check_key(key, where: str) -> str:
+    "An API key as an HTTP header can carry it: surrounding whitespace (a pasted newline) removed; other control or non-ASCII characters refused. Never echoes the key."
+    key = key.strip()
+    bad = next((i for i, ch in enumerate(key) if not (32 <= ord(ch) < 127)), None)
+    if bad is not None:
+        raise ValueError(f"{where} contains a control or non-ASCII character at position {bad} of {len(key)} (the key itself is "
+                         "not shown); copy the key again without line breaks or quotes")
+    if not key: raise ValueError(f"{where} is empty after removing whitespace; set the key")
+    return key
+
+
 # %% ../nbs/52_api.ipynb #28812fa6
 def _validate(self: APIComparatorConfig):
     self.comparator_api_format = fmt = resolve_format(self.comparator_api_format)
@@ -111,10 +161,15 @@ def _validate(self: APIComparatorConfig):
     if self.comparator_api_url is not None: _check_url(_check_str(self.comparator_api_url, "comparator_api_url", show=False))
     _check_str(self.comparator_api_model, "comparator_api_model", allow_none=True)
     _check_str(self.comparator_api_key_env, "comparator_api_key_env", allow_none=True)
-    _check_str(self.comparator_api_key, "comparator_api_key", allow_none=True, show=False)
+    if _check_str(self.comparator_api_key, "comparator_api_key", allow_none=True, show=False) is not None:
+        self.comparator_api_key = check_key(self.comparator_api_key, f"{_OWNER}.comparator_api_key")
     _check_str(self.comparator_api_key_header, "comparator_api_key_header")
+    if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", self.comparator_api_key_header):
+        raise ValueError(f"{_OWNER}.comparator_api_key_header={self.comparator_api_key_header!r} is invalid: not an HTTP header name")
     if not isinstance(self.comparator_api_key_prefix, str):
         raise ValueError(f"{_OWNER}.comparator_api_key_prefix={self.comparator_api_key_prefix!r} is invalid: expected a string ('' for none)")
+    if any(not 32 <= ord(ch) < 127 for ch in self.comparator_api_key_prefix):
+        raise ValueError(f"{_OWNER}.comparator_api_key_prefix is invalid: control or non-ASCII characters (use e.g. 'Bearer ')")
     _check_str(self.comparator_api_response_field, "comparator_api_response_field")
     _validate_numbers(self); _validate_dicts(self)
 
@@ -130,6 +185,7 @@ def _validate_numbers(self: APIComparatorConfig):
     check_number(self.comparator_api_max_retries, "comparator_api_max_retries", _OWNER, integer=True, min=0)
     check_number(self.comparator_api_backoff, "comparator_api_backoff", _OWNER, min=0)
     check_number(self.comparator_api_backoff_cap, "comparator_api_backoff_cap", _OWNER, min=self.comparator_api_backoff)
+    check_number(self.comparator_api_max_response_bytes, "comparator_api_max_response_bytes", _OWNER, integer=True, min=1)
     check_number(self.comparator_api_max_n_per_request, "comparator_api_max_n_per_request", _OWNER, integer=True, min=1, allow_none=True)
 
 def _validate_dicts(self: APIComparatorConfig):
@@ -138,7 +194,8 @@ def _validate_dicts(self: APIComparatorConfig):
         if not isinstance(h, dict): raise ValueError(f"{_OWNER}.comparator_api_headers must be a dict of str -> str or None (got {type(h).__name__})")
         for k, v in h.items():
             if not isinstance(k, str) or not isinstance(v, str) or "\n" in k + v or "\r" in k + v:
-                raise ValueError(f"{_OWNER}.comparator_api_headers[{k!r}] is invalid: names and values must be single-line strings")
+                raise ValueError(f"{_OWNER}.comparator_api_headers[{k!r}] is invalid: names and values must be single-line strings"
+                                 " (the value is not shown)")
     eb = self.comparator_api_extra_body
     if eb is not None:
         if not isinstance(eb, dict): raise ValueError(f"{_OWNER}.comparator_api_extra_body must be a dict or None (got {type(eb).__name__})")
@@ -302,8 +359,24 @@ def _is_loopback(host: str) -> bool:
     try: return ipaddress.ip_address(host).is_loopback
     except ValueError: return False
 
-_OPENERS = {True: urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect),
-            False: urllib.request.build_opener(_NoRedirect)}
+_SOCKETS = threading.local()    # the sockets the current thread's request opened (the deadline's watchdog closes them)
+
+def _watched(cls):
+    class Conn(cls):
+        def connect(self):
+            super().connect()
+            getattr(_SOCKETS, "open", []).append(self.sock)
+    return Conn
+
+class _HTTP(urllib.request.HTTPHandler):
+    def http_open(self, req): return self.do_open(_watched(http.client.HTTPConnection), req)
+
+class _HTTPS(urllib.request.HTTPSHandler):
+    def https_open(self, req): return self.do_open(_watched(http.client.HTTPSConnection), req, context=self._context)
+
+_OPENERS = {True: urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect, _HTTP, _HTTPS),
+            False: urllib.request.build_opener(_NoRedirect, _HTTP, _HTTPS)}
+
 
 # %% ../nbs/52_api.ipynb #4f1b6043
 class APIComparatorClient:
@@ -316,7 +389,8 @@ class APIComparatorClient:
         self.stats = {"requests": 0, "attempts": 0, "retries": 0, "completions": 0}
         self._key, self.key_source = self._resolve_key()
         q = [v for _, v in urllib.parse.parse_qsl(urllib.parse.urlsplit(self.url).query)]
-        self._secrets = [s for s in [self._key, *q, *[v for k, v in (cfg.comparator_api_headers or {}).items() if _secret_header(k)]] if s]
+        self._secrets = [s for s in [self._key, *q, *secret_values(cfg.comparator_api_headers or {}),
+                                     *secret_values(cfg.comparator_api_extra_body or {})] if s]
         self._opener = _OPENERS[_is_loopback(urllib.parse.urlsplit(self.url).hostname or "")]
         if self._key and self.url.startswith("http://") and self._opener is _OPENERS[False]:
             logger.warning(f"comparator API: sending an API key over plain http to {safe_url(self.url)}")
@@ -335,6 +409,7 @@ def _resolve_key(self: APIComparatorClient):
     if env is None and cfg.comparator_api_url is None: env = DEFAULT_KEY_ENVS.get(self.format)
     if env is None: return None, "none"
     key = os.environ.get(env, "").strip()
+    if key: key = check_key(key, f"the API key in ${env}")
     if not key:
         raise ValueError(f"{_OWNER}: the API key environment variable {env} is not set or empty "
                          f"({'comparator_api_key_env' if cfg.comparator_api_key_env else f'default for {self.format!r} at its default URL'}); "
@@ -355,26 +430,59 @@ def _headers(self: APIComparatorClient) -> dict:
 APIComparatorClient._resolve_key, APIComparatorClient._headers = _resolve_key, _headers
 
 # %% ../nbs/52_api.ipynb #99704f62
+def _read_capped(resp, cap: int, where: str) -> bytes:
+    "The body, read as it arrives; APIError as soon as it is larger than `cap` bytes."
+    n = resp.headers.get("Content-Length") if getattr(resp, "headers", None) else None
+    if n and n.strip().isdigit() and int(n) > cap:
+        raise APIError(f"{where}: the response announces {int(n)} bytes, over comparator_api_max_response_bytes={cap}")
+    chunks, size = [], 0
+    while True:
+        chunk = resp.read1(1 << 16) if hasattr(resp, "read1") else resp.read(1 << 16)
+        if not chunk: return b"".join(chunks)
+        size += len(chunk); chunks.append(chunk)
+        if size > cap: raise APIError(f"{where}: the response is over comparator_api_max_response_bytes={cap} bytes; raise it "
+                                      "or ask for fewer/shorter completions")
+
 def _send(self: APIComparatorClient, data: bytes):
+    "One POST under a total deadline: a watchdog shuts the sockets down when comparator_api_timeout seconds are over."
     req = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
+    timeout, cap, fired = self.config.comparator_api_timeout, self.config.comparator_api_max_response_bytes, []
+    _SOCKETS.open = socks = []
+    def expire():
+        fired.append(True)
+        for s in list(socks):
+            try: s.shutdown(2)
+            except OSError: pass
+    dog = threading.Timer(timeout, expire); dog.daemon = True; dog.start()
+    late = "timed out: no complete response within the total deadline (one limit for the whole request, not per read)"
     try:
-        with self._opener.open(req, timeout=self.config.comparator_api_timeout) as resp:
-            return resp.status, resp.read(), resp.headers
-    except urllib.error.HTTPError as e:
-        try: body = e.read()
-        except (OSError, http.client.HTTPException): body = b""
-        return e.code, body, e.headers
+        try:
+            with self._opener.open(req, timeout=timeout) as resp:
+                out = resp.status, _read_capped(resp, cap, self._where()), resp.headers
+        except urllib.error.HTTPError as e:
+            try: body = _read_capped(e, min(cap, 1 << 20), self._where())
+            except (OSError, http.client.HTTPException): body = b""
+            out = e.code, body, e.headers
+    except APIError: raise
+    except (OSError, http.client.HTTPException):
+        if fired: raise TimeoutError(late) from None
+        raise
+    finally:
+        dog.cancel(); _SOCKETS.open = []
+    if fired: raise TimeoutError(late)
+    return out
 
 def _where(self: APIComparatorClient) -> str: return f"comparator API ({self.format}, {safe_url(self.url)})"
 
 def _transient_exc(e: BaseException) -> bool:
     "Timeouts, refused/reset connections, DNS hiccups and truncated responses; not TLS certificate errors."
-    if isinstance(e, urllib.error.HTTPError): return False
+    if isinstance(e, (urllib.error.HTTPError, APIError)): return False
     reason = e.reason if isinstance(e, urllib.error.URLError) else e
     if isinstance(reason, ssl.SSLError): return False
     return isinstance(reason, (OSError, http.client.HTTPException))
 
 APIComparatorClient._send, APIComparatorClient._where = _send, _where
+
 
 # %% ../nbs/52_api.ipynb #5e1d0fe2
 def _fatal(self: APIComparatorClient, status: int, body: bytes, headers) -> APIError:
@@ -389,7 +497,7 @@ def _fatal(self: APIComparatorClient, status: int, body: bytes, headers) -> APIE
 
 def _decode(self: APIComparatorClient, body: bytes, headers):
     try: return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError, MemoryError):            # not UTF-8, not JSON, nested too deep
         ctype = headers.get("Content-Type", "?") if headers else "?"
         raise APIError(self.redact(f"{self._where()}: response is not JSON (Content-Type {ctype}): {excerpt(body, self._secrets) or '<empty body>'}"),
                        status=200, url=safe_url(self.url), format=self.format) from None
@@ -398,7 +506,7 @@ APIComparatorClient._fatal, APIComparatorClient._decode = _fatal, _decode
 
 # %% ../nbs/52_api.ipynb #972344ce
 def _post(self: APIComparatorClient, body: dict):
-    "POST `body` with retries; the parsed JSON response, or APIError."
+    "POST `body` with retries; the parsed JSON response, or APIError (every failure of the client becomes one)."
     data, cfg = json.dumps(body).encode("utf-8"), self.config
     attempts = 1 + cfg.comparator_api_max_retries
     with self._lock: self.stats["requests"] += 1
@@ -406,10 +514,14 @@ def _post(self: APIComparatorClient, body: dict):
         with self._lock: self.stats["attempts"] += 1
         status = retry_after = None
         try: status, raw, headers = self._send(data)
+        except APIError as e: raise APIError(self.redact(str(e)), url=safe_url(self.url), format=self.format, attempts=attempt + 1) from None
         except (OSError, http.client.HTTPException) as e:
             if not _transient_exc(e): raise APIError(self.redact(f"{self._where()}: {type(e).__name__}: {e}"), url=safe_url(self.url), format=self.format, attempts=attempt + 1) from None
             reason = getattr(e, "reason", e)
             why = f"{type(reason).__name__}: {reason}" + (f" (comparator_api_timeout={cfg.comparator_api_timeout}s)" if isinstance(reason, TimeoutError) else "")
+        except Exception as e:           # anything else the HTTP stack raises (a bad header value, a codec error, ...)
+            raise APIError(self.redact(f"{self._where()}: {type(e).__name__}: {e}"), url=safe_url(self.url), format=self.format,
+                           attempts=attempt + 1) from None
         else:
             if 200 <= status < 300: return self._decode(raw, headers)
             if not is_transient_status(status): raise self._fatal(status, raw, headers)
@@ -423,6 +535,7 @@ def _post(self: APIComparatorClient, body: dict):
         self._sleep(wait)
 
 APIComparatorClient._post = _post
+
 
 # %% ../nbs/52_api.ipynb #ec6fe67a
 def _is_deepseek(self: APIComparatorClient) -> bool:
@@ -449,8 +562,8 @@ def _generate(self: APIComparatorClient, prompt: str, n: int, agent_idx: int = 0
                           temperature=temperature, top_p=top_p, top_k=top_k)
         data = self._post(body)
         try: texts = parse_completions(self.config, data)
-        except ValueError as e:
-            raise APIError(self.redact(f"{self._where()}: {e}; response: {excerpt(json.dumps(data), self._secrets, 200)}"),
+        except Exception as e:           # a shape no parser expects (RecursionError, TypeError, ...) is still an APIError
+            raise APIError(self.redact(f"{self._where()}: {e if isinstance(e, ValueError) else f'{type(e).__name__}: {e}'}; response: {excerpt(json.dumps(data), self._secrets, 200)}"),
                            status=200, url=safe_url(self.url), format=self.format) from None
         out += texts[:size]
     if len(out) < n:

@@ -65,7 +65,13 @@ def build_config(config_cls, overrides: dict):
             close = difflib.get_close_matches(k, valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown config key {k!r} for {config_cls.__name__}.{hint} Valid keys: {', '.join(valid)}")
-    return config_cls(**overrides)
+    floats = {f.name for f in dataclasses.fields(config_cls) if "float" in str(f.type)}
+    return config_cls(**{k: (_float_text(v) if k in floats else v) for k, v in overrides.items()})
+
+def _float_text(v):
+    "YAML 1.1 reads 5e-6 (no dot) as a string: such a value becomes the float it spells; anything else is left to the config's check."
+    try: return float(v) if isinstance(v, str) else v
+    except ValueError: return v
 
 # %% ../nbs/80_cli.ipynb #3aaf33cc
 def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -> dict:

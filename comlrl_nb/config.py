@@ -704,7 +704,8 @@ class ComparatorAPIFields:
         "('' for none)."})
     comparator_api_headers: Optional[dict] = field(default=None, metadata={"help": "Extra request headers "
         "(str -> str)."})
-    comparator_api_timeout: float = field(default=120.0, metadata={"help": "Seconds to wait for one response."})
+    comparator_api_timeout: float = field(default=120.0, metadata={"help": "Seconds for a whole request "
+        "(connect, headers and body), not per read."})
     comparator_api_max_retries: int = field(default=4, metadata={"help": "Retries of a transient failure (429, 5xx, "
         "timeouts)."})
     comparator_api_backoff: Any = field(default=1.0, metadata={"help": "First retry delay in seconds (it doubles), "
@@ -715,7 +716,9 @@ class ComparatorAPIFields:
     comparator_api_response_field: str = field(default="completions", metadata={"help": "'generic' format: the "
         "response field (a dotted path) holding the completions."})
     comparator_api_extra_body: Optional[dict] = field(default=None, metadata={"help": "Extra JSON fields merged into "
-        "every request body."})
+        "every request body (secret-looking keys such as api_key or token are hidden like the key)."})
+    comparator_api_max_response_bytes: int = field(default=16 << 20, metadata={"help": "Largest response body "
+        "read, in bytes; a longer one is an APIError."})
 
 # %% ../nbs/26_config.ipynb #7403296a
 @validates(ComparatorAPIFields)

@@ -113,6 +113,10 @@ def check_number(value, name: str, owner: str = "", *, integer: bool = False, mi
         if allow_none: return None
         raise ValueError(f"{w}=None is invalid: a number is required")
     kind = "an integer" if integer else "a number"
+    if isinstance(value, str) and not integer:         # YAML 1.1 reads 5e-6 (no dot) as a string
+        try: value = float(value.strip())
+        except ValueError: raise ValueError(f"{w}={value!r} is invalid: expected a number (got str)"
+                                            + (", or None" if allow_none else "")) from None
     if isinstance(value, bool) or not isinstance(value, Real) or (integer and not float(value).is_integer()) \
        or (integer and isinstance(value, float)):
         raise ValueError(f"{w}={value!r} is invalid: expected {kind} (got {type(value).__name__})"

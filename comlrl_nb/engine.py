@@ -54,6 +54,12 @@ def read_metrics(path) -> list[dict]:
         except json.JSONDecodeError: logger.warning(f"{path}: line {i + 1} is not complete JSON (interrupted write?); skipped")
     return rows
 
+def _plain_metric(v):
+    "numpy scalars (int, bool, float) and one-element tensors as Python numbers; arrays as lists."
+    if isinstance(v, torch.Tensor): return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, (np.generic, np.ndarray)): return v.tolist()
+    return v
+
 class MetricsLogger:
     "Appends one JSON line per record to `output_dir/metrics.jsonl`, mirrors summaries to trackers."
     def __init__(self, output_dir, logging_steps: int = 1, wandb_config: dict | None = None, tensorboard: bool = False):
@@ -62,8 +68,9 @@ class MetricsLogger:
         if wandb_config is not None: self.trackers.append(_WandbTracker(wandb_config))
         if tensorboard: self.trackers.append(_TensorboardTracker(Path(output_dir) / "tensorboard"))
     def log(self, record: dict, step: int, console: bool | None = None):
-        rec = {k: (float(v) if isinstance(v, (np.floating, torch.Tensor)) else v) for k, v in record.items()}
-        with open(self.path, "a") as f: f.write(json.dumps(rec) + "\n")
+        rec = {k: _plain_metric(v) for k, v in record.items()}
+        line = json.dumps(rec, default=str) + "\n"          # anything still unknown is written as its text, never a crash
+        with open(self.path, "a") as f: f.write(line)
         if console if console is not None else step % self.logging_steps == 0:
             for t in self.trackers: t.log(rec, step)
             return True
@@ -129,48 +136,106 @@ def set_rng_state(s: dict):
     random.setstate(s["python"]); np.random.set_state(s["numpy"]); torch.set_rng_state(s["torch"])
     if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
 
+import re                                      # (CheckpointManager only; kept here to leave the imports cell alone)
+
 class CheckpointManager:
-    "Atomic, pruned training checkpoints under `root` (one directory per saved batch)."
+    "Atomic, pruned training checkpoints under `root` (one directory per saved batch); only its own directories are touched."
+    PATTERN = re.compile(r"checkpoint-(\d+)")
     def __init__(self, root, total_limit: int | None = None, algo: str = "", num_agents: int | None = None):
         self.root, self.total_limit, self.algo, self.num_agents = Path(root), total_limit, algo, num_agents
     def complete(self) -> list[Path]:
-        "Complete checkpoints, oldest first."
+        "Complete checkpoints (ours: checkpoint-<number> with trainer_state.json), oldest first; other directories are ignored."
         if not self.root.exists(): return []
-        ok = [p for p in self.root.glob("checkpoint-*") if p.is_dir() and (p / "trainer_state.json").exists()
-              and not p.name.endswith(".tmp")]
-        return sorted(ok, key=lambda p: int(p.name.split("-")[1]))
+        self._recover()
+        ok = [p for p in self.root.iterdir() if self.PATTERN.fullmatch(p.name) and p.is_dir() and (p / "trainer_state.json").exists()]
+        return sorted(ok, key=lambda p: int(self.PATTERN.fullmatch(p.name).group(1)))
     def latest(self) -> Optional[Path]:
         c = self.complete(); return c[-1] if c else None
+    def _recover(self):
+        "A re-save killed between its two renames leaves .checkpoint-N.old and no checkpoint-N: put it back."
+        for old in self.root.glob(".checkpoint-*.old"):
+            final = self.root / old.name[1:-4]
+            if not final.exists(): os.replace(old, final)
+            elif (final / "trainer_state.json").exists(): shutil.rmtree(old, ignore_errors=True)
+
 
 # %% ../nbs/25_engine.ipynb #82832f96
+import contextlib
+
+_RENAME_EXCHANGE = 2
+
+def _swap(a: Path, b: Path) -> bool:
+    "Atomically exchange two directories (Linux renameat2); False where the system cannot."
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), _RENAME_EXCHANGE) == 0
+    except (OSError, AttributeError): return False
+
+def _fsync_dir(d: Path):
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try: os.fsync(fd)
+        finally: os.close(fd)
+
 def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | None = None) -> Path:
-    "Write `state` (torch-serializable) as checkpoint-<batch>, atomically; prune old ones."
+    "Write `state` (torch-serializable) as checkpoint-<batch>; at every instant a complete checkpoint exists; prune old ones."
     final = self.root / f"checkpoint-{batch:07d}"; tmp = self.root / f".checkpoint-{batch:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
     torch.save(state, tmp / "state.pt")
     with open(tmp / "state.pt", "rb") as f: os.fsync(f.fileno())
     atomic_write_json(tmp / "trainer_state.json", {"batch": batch, "algo": self.algo, "num_agents": self.num_agents,
                                                    "saved_at": time.time(), **(info or {})})
-    if final.exists(): shutil.rmtree(final)
-    os.replace(tmp, final)
+    _fsync_dir(tmp)
+    if final.exists() and _swap(tmp, final): shutil.rmtree(tmp, ignore_errors=True)     # the new one took the old one's place
+    elif final.exists():                                  # no atomic swap: old aside, new in, old gone (see _recover)
+        old = self.root / f".checkpoint-{batch:07d}.old"
+        shutil.rmtree(old, ignore_errors=True); os.replace(final, old); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
+    else: os.replace(tmp, final)
+    _fsync_dir(self.root)
     if self.total_limit:
-        for old in self.complete()[:-self.total_limit]: shutil.rmtree(old, ignore_errors=True)
+        older = [p for p in self.complete() if int(self.PATTERN.fullmatch(p.name).group(1)) < batch]
+        for p in older[:max(0, len(older) - (self.total_limit - 1))]: shutil.rmtree(p, ignore_errors=True)
     return final
 
-def _ckpt_load(self: CheckpointManager, path=True) -> tuple[Path, dict]:
-    "Load a checkpoint: `True` -> the newest complete one; a path -> that one (checked for algorithm and agent count)."
-    p = self.latest() if path is True else Path(path)
-    if p is None: raise FileNotFoundError(f"resume_from_checkpoint=True but there is no complete checkpoint under {self.root}")
-    meta_f = p / "trainer_state.json"
-    if not meta_f.exists(): raise FileNotFoundError(f"{p} is not a complete checkpoint (no trainer_state.json); pass another one or True for the newest")
-    meta = json.loads(meta_f.read_text())
+
+# %% ../nbs/25_engine.ipynb #222f2701
+def _read_checkpoint(p: Path) -> tuple[dict, dict]:
+    "(trainer_state.json, state.pt) of one checkpoint; ValueError naming the damaged file."
+    meta_f, state_f = p / "trainer_state.json", p / "state.pt"
+    try: meta = json.loads(meta_f.read_text())
+    except (OSError, ValueError) as e: raise ValueError(f"{meta_f} is damaged or unreadable ({type(e).__name__}: {e})") from None
+    try: state = torch.load(state_f, map_location="cpu", weights_only=False)
+    except FileNotFoundError: raise ValueError(f"{state_f} is missing") from None
+    except Exception as e: raise ValueError(f"{state_f} is damaged (truncated?) ({type(e).__name__}: {str(e)[:200]})") from None
+    return meta, state
+
+def _check_meta(self: CheckpointManager, p: Path, meta: dict):
     if self.algo and meta.get("algo") and meta["algo"] != self.algo:
         raise ValueError(f"checkpoint {p} was written by {meta['algo']}, not {self.algo}; resume it with the same trainer")
     if self.num_agents and meta.get("num_agents") not in (None, self.num_agents):
         raise ValueError(f"checkpoint {p} holds {meta['num_agents']} agents but this trainer has {self.num_agents}")
-    return p, torch.load(p / "state.pt", map_location="cpu", weights_only=False)
+
+def _ckpt_load(self: CheckpointManager, path=True) -> tuple[Path, dict]:
+    "Load a checkpoint: `True` -> the newest complete one that reads (a damaged one is named, and the previous used, with a warning); a path -> that one."
+    if path is not True:
+        p = Path(path)
+        if not (p / "trainer_state.json").exists(): raise FileNotFoundError(f"{p} is not a complete checkpoint (no trainer_state.json); pass another one or True for the newest")
+        try: meta, state = _read_checkpoint(p)
+        except ValueError as e:
+            others = [q.name for q in self.complete() if q.resolve() != p.resolve()]
+            raise ValueError(f"{e}; resume from another checkpoint ({', '.join(others[-3:]) or 'none left'}) or True for the newest that reads") from None
+        _check_meta(self, p, meta); return p, state
+    cands = self.complete()
+    if not cands: raise FileNotFoundError(f"resume_from_checkpoint=True but there is no complete checkpoint under {self.root}")
+    for p in reversed(cands):
+        try: meta, state = _read_checkpoint(p)
+        except ValueError as e: logger.warning(f"{e}; falling back to the previous checkpoint"); continue
+        _check_meta(self, p, meta); return p, state
+    raise ValueError(f"every checkpoint under {self.root} is damaged ({', '.join(q.name for q in cands)}); start a fresh run")
 
 CheckpointManager.save, CheckpointManager.load = _ckpt_save, _ckpt_load
+
 
 # %% ../nbs/25_engine.ipynb #ff149b85
 def start_run(trainer, resume_from_checkpoint=None, is_main: bool = True) -> tuple["CheckpointManager", MetricsLogger]:

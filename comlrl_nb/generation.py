@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
-from .core import autocast, check_choice, derive_seed
+from .core import autocast, check_choice, derive_seed, logger
 
 # %% auto #0
-__all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts',
-           'generate_completions', 'check_joint_mode', 'joint_indices', 'compose_joint', 'per_agent_returns']
+__all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts', 'context_length',
+           'fit_context', 'generate_completions', 'check_joint_mode', 'joint_indices', 'compose_joint',
+           'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 def _gumbel(shape_last: int, gens: Sequence[torch.Generator], device) -> torch.Tensor:
@@ -88,6 +89,30 @@ def encode_prompts(tokenizer, prompts: Sequence[str], device=None):
     if enc.input_ids.shape[1] == 0: raise ValueError("every prompt is empty after tokenization; formatters must return text")
     return enc.input_ids.to(device), enc.attention_mask.to(device)
 
+# %% ../nbs/02_generation.ipynb #eb4e1286
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+
+def context_length(model) -> Optional[int]:
+    "The most positions the model can attend to (its config's max_position_embeddings or equivalent); None when unknown."
+    cfg = getattr(getattr(model, "signature_target", model), "config", None) or getattr(model, "config", None)
+    vals = [getattr(cfg, k, None) for k in _CONTEXT_KEYS]
+    return next((int(v) for v in vals if isinstance(v, int) and v > 0), None)
+
+def fit_context(model, mask: torch.Tensor, max_new_tokens: int) -> int:
+    "Prompts (attention `mask`) must fit the context: too long -> ValueError naming the prompt; no room for all new tokens -> fewer, with a warning."
+    limit, lens = context_length(model), mask.sum(-1)
+    if limit is None: return max_new_tokens
+    b = int(lens.argmax())
+    if int(lens[b]) >= limit:
+        raise ValueError(f"prompt {b} of the batch is {int(lens[b])} tokens long but the model's context is {limit} positions; "
+                         "shorten the prompts (the formatter or the dataset) or use a model with a longer context")
+    room = limit - mask.shape[1]
+    if room < max_new_tokens:
+        logger.warning(f"the longest prompt ({mask.shape[1]} tokens) leaves {room} of the model's {limit} positions: "
+                       f"generating at most {room} new tokens instead of max_new_tokens={max_new_tokens}")
+    return min(max_new_tokens, room)
+
+
 # %% ../nbs/02_generation.ipynb #3de2d1cf
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, max_new_tokens: int = 32,
@@ -96,6 +121,7 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, m
     "Sample `k` completions per prompt with one cached decoding loop over all B*k rows."
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, device)
+    max_new_tokens = fit_context(model, mask, max_new_tokens)
     B = ids.shape[0]; keys = list(keys) if keys is not None else [(seed, b) for b in range(B)]
     if len(keys) != B: raise ValueError(f"got {len(keys)} sampling keys for {B} prompts")
     gens = [torch.Generator().manual_seed(derive_seed(*keys[r // k], r % k)) for r in range(B * k)]

@@ -112,9 +112,10 @@ class ReplayBuffer:
         self.dir, self.k, self.lam, self.sample_size, self.seed, self.validate = Path(directory), k, lam, sample_size, seed, validate
         self.index: list[dict] = []            # every registered round: {"iteration", "file", "num_pairs"}
         self._data: dict[int, list] = {}       # iteration -> pairs (non-empty rounds)
+        self.run_id, self.written = __import__("secrets").token_hex(8), {}   # file name -> sha256 of what this run wrote
     def register(self, iteration: int, pairs: Sequence[dict]) -> Path:
         "Write this round's file atomically and add it to the index."
-        p = atomic_write_json(iteration_path(self.dir, iteration), {"iteration": iteration, "num_pairs": len(pairs), "pairs": list(pairs)})
+        p = self._write(iteration, {"iteration": iteration, "num_pairs": len(pairs), "pairs": list(pairs)})
         self.index = [e for e in self.index if e["iteration"] != iteration] + [{"iteration": iteration, "file": p.name, "num_pairs": len(pairs)}]
         if pairs: self._data[iteration] = list(pairs)
         else: self._data.pop(iteration, None)
@@ -141,22 +142,51 @@ def _rb_select(self: ReplayBuffer, iteration: int) -> list[dict]:
     keep = [j for j in range(len(ds)) if w[j] > 0]
     return draw_sample([ds[j][1] for j in keep], w[keep], size, rng)
 
+def _rb_write(self: ReplayBuffer, iteration: int, record: dict) -> Path:
+    "Write one round file atomically and note (in .run-<id>.json) that this run wrote exactly these bytes."
+    import hashlib
+    from comlrl_nb.core import atomic_write_bytes
+    data = (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    p = atomic_write_bytes(iteration_path(self.dir, iteration), data)
+    self.written[p.name] = hashlib.sha256(data).hexdigest()
+    atomic_write_json(self.dir / f".run-{self.run_id}.json", self.written)
+    return p
+
+def _rb_ours(self: ReplayBuffer, path: Path) -> bool:
+    "The file holds exactly what this run last wrote there (nobody else has written it since)."
+    import hashlib
+    try: return self.written.get(path.name) == hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError: return False
+
 def _rb_state_dict(self: ReplayBuffer) -> dict:
-    "The index and the data (so a checkpoint restores exactly what this run would train on)."
-    return {"index": [dict(e) for e in self.index], "data": {i: list(p) for i, p in self._data.items()}}
+    "The index and the data (so a checkpoint restores exactly what this run would train on), and which run wrote them."
+    return {"index": [dict(e) for e in self.index], "data": {i: list(p) for i, p in self._data.items()}, "run_id": self.run_id}
 
 def _rb_load_state_dict(self: ReplayBuffer, state: dict, rewrite_files: bool = True):
-    "Restore the index and data; rewrites the round files so the directory matches the restored run."
+    "Restore the index and data and this run's round files; files another run wrote are never changed or deleted."
     self.index = [dict(e) for e in state["index"]]; self._data = {int(i): list(p) for i, p in state["data"].items()}
+    if "run_id" in state:
+        self.run_id = state["run_id"]
+        try: self.written = json.loads((self.dir / f".run-{self.run_id}.json").read_text())
+        except (OSError, ValueError): self.written = {}
     if rewrite_files:
         for e in self.index:
-            atomic_write_json(iteration_path(self.dir, e["iteration"]), {"iteration": e["iteration"], "num_pairs": e["num_pairs"],
-                                                                        "pairs": self._data.get(e["iteration"], [])})
+            path = iteration_path(self.dir, e["iteration"])
+            if path.exists() and not self._ours(path) and _readable_round(path):
+                from comlrl_nb.core import logger
+                logger.warning(f"{path} was written by another run: left as it is (this run keeps its round in memory)")
+                continue
+            self._write(e["iteration"], {"iteration": e["iteration"], "num_pairs": e["num_pairs"], "pairs": self._data.get(e["iteration"], [])})
         known = {e["file"] for e in self.index}
         for f in self.dir.glob("iteration_*.json"):
-            if f.name not in known: f.unlink()                 # rounds written after the checkpoint
+            if f.name not in known and self._ours(f): f.unlink()      # this run's rounds after the checkpoint
+
+def _readable_round(path: Path) -> bool:
+    try: load_iteration_file(path); return True
+    except (OSError, ValueError): return False
 
 ReplayBuffer.select, ReplayBuffer.state_dict, ReplayBuffer.load_state_dict = _rb_select, _rb_state_dict, _rb_load_state_dict
+ReplayBuffer._write, ReplayBuffer._ours = _rb_write, _rb_ours
 
 # %% ../nbs/50_replay.ipynb #7a8920fe
 def replay_mix(pair_counts: Sequence[int], mode: str = "lambda_decay", lam: Optional[float] = 0.5, k: Optional[int] = None) -> list[dict]:

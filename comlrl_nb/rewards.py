@@ -12,7 +12,8 @@ import torch
 from .core import as_list
 
 # %% auto #0
-__all__ = ['RewardError', 'RewardFunction', 'default_formatter', 'resolve_formatters', 'format_prompt', 'apply_chat_template']
+__all__ = ['RewardError', 'RewardFunction', 'FormatterError', 'default_formatter', 'resolve_formatters', 'format_prompt',
+           'apply_chat_template']
 
 # %% ../nbs/04_rewards.ipynb #88106353
 def _fn_name(fn) -> str: return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
@@ -77,7 +78,7 @@ def _rf_call(self: RewardFunction, completions: Sequence[Sequence[str]], batch_i
             kj = {k: ([v[j]] if k == "batch_items" else [[p[j]] for p in v]) for k, v in kw.items()}
             vals += _to_floats(self._invoke([[c[j]] for c in completions], kj), self.fn, 1)
     if self.processor is not None:
-        vals = [_to_floats([self.processor(v)], self.processor, 1)[0] for v in vals]
+        vals = [_to_floats([self._process(v)], self.processor, 1)[0] for v in vals]
     return vals
 
 def _rf_invoke(self: RewardFunction, lists, kw):
@@ -86,9 +87,22 @@ def _rf_invoke(self: RewardFunction, lists, kw):
     except Exception as e:
         raise RewardError(f"reward function '{self.__name__}' raised {type(e).__name__}: {e}") from e
 
-RewardFunction.__call__, RewardFunction._invoke = _rf_call, _rf_invoke
+def _rf_process(self: RewardFunction, v: float):
+    try: return self.processor(v)
+    except Exception as e:
+        raise RewardError(f"reward_processor '{_fn_name(self.processor)}' raised {type(e).__name__} on the reward {v!r}: {e}") from e
+
+RewardFunction.__call__, RewardFunction._invoke, RewardFunction._process = _rf_call, _rf_invoke, _rf_process
 
 # %% ../nbs/04_rewards.ipynb #2aa2a4f9
+def _key_message(e: KeyError) -> str:
+    "A KeyError's own sentence, or 'missing key ...' for a bare key."
+    k = e.args[0] if e.args else None
+    return k if isinstance(k, str) and " " in k else f"missing key {k!r}"
+
+class FormatterError(ValueError):
+    "A prompt formatter raised (a missing field, a None value, a bug in the formatter)."
+
 def default_formatter(item) -> str:
     "item['prompt'], with a clear error when the field is missing or not a string."
     if not isinstance(item, dict) or "prompt" not in item:
@@ -107,8 +121,11 @@ def resolve_formatters(formatters, num_agents: int) -> list[Callable]:
     return fs
 
 def format_prompt(formatter: Callable, item, agent: int) -> str:
-    "Apply one formatter and check it returned a string."
-    p = formatter(item)
+    "Apply one formatter and check it returned a string; what it raises comes back as a FormatterError naming it."
+    try: p = formatter(item)
+    except Exception as e:
+        raise FormatterError(f"formatter of agent {agent + 1} ({_fn_name(formatter)}) raised {type(e).__name__}: "
+                             f"{_key_message(e) if isinstance(e, KeyError) else e}") from e
     if not isinstance(p, str):
         raise TypeError(f"formatter of agent {agent + 1} ({_fn_name(formatter)}) returned {type(p).__name__}; it must return the prompt string")
     return p

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .core import check_number
+from .core import check_number, logger
 
 # %% auto #0
 __all__ = ['SANDBOX_UID', 'SANDBOX_GID', 'SandboxResult', 'SandboxError', 'sandbox_python', 'run_sandboxed', 'TestReport',
@@ -17,9 +17,13 @@ __all__ = ['SANDBOX_UID', 'SANDBOX_GID', 'SandboxResult', 'SandboxError', 'sandb
 
 # %% ../nbs/60_sandbox.ipynb #eaf742ac
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+_CLONE_NEWIPC, _CLONE_NEWUTS = 0x08000000, 0x04000000
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 1, 4, 38
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_MS_REC, _MS_PRIVATE = 16384, 1 << 18
 _INTERNAL_ERROR = 70          # the runner's exit status when it, not the program, failed
+_ANSWER_LIMIT = 8 << 20       # the most bytes one answer of the program to the test harness may have
+_FULL_ISOLATION = ("netns", "pidns", "mntns", "ipcns")
 
 def _libc():
     try: return ctypes.CDLL(None, use_errno=True)
@@ -31,39 +35,99 @@ def _write(path, text):
 def _die_with_parent(libc):
     if libc is not None: libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
+
 # %% ../nbs/60_sandbox.ipynb #d9bbdafe
 def _enter_namespaces(libc):
-    "New network, pid and mount namespaces (as root directly, else inside a new user namespace); returns what worked."
+    "New network, pid, mount, IPC and UTS namespaces (as root directly, else inside a new user namespace); returns what worked."
     if libc is None: return []
+    kinds = [(_CLONE_NEWNET, "netns"), (_CLONE_NEWPID, "pidns"), (_CLONE_NEWNS, "mntns"), (_CLONE_NEWIPC, "ipcns"),
+             (_CLONE_NEWUTS, "utsns")]
     if os.geteuid() == 0:
-        for flags, got in ((_CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWNS, ["netns", "pidns", "mntns"]),
-                           (_CLONE_NEWNET | _CLONE_NEWPID, ["netns", "pidns"]), (_CLONE_NEWNET, ["netns"])):
-            if libc.unshare(flags) == 0: return got
+        for n in (5, 4, 3, 2, 1):                    # all of them, else fewer (an old kernel, a restricted container)
+            if libc.unshare(sum(f for f, _ in kinds[:n])) == 0: return [k for _, k in kinds[:n]]
         return []
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWNS) != 0: return []
+    if libc.unshare(_CLONE_NEWUSER | sum(f for f, _ in kinds)) != 0: return []
     try:
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", "%d %d 1" % (uid, uid)); _write("/proc/self/gid_map", "%d %d 1" % (gid, gid))
     except OSError: pass
-    return ["userns", "netns", "pidns", "mntns"]
+    return ["userns"] + [k for _, k in kinds]
 
-def _private_mounts(libc, iso, payload):
-    "In a new mount namespace: /proc showing only the sandbox, and fresh size-capped tmpfs scratch dirs."
+
+# %% ../nbs/60_sandbox.ipynb #5f95a9fb
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_FILES = ("ld.so.cache", "ld.so.conf", "passwd", "group", "nsswitch.conf", "localtime", "hosts")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+
+def _bind(libc, src, dst, flags=_MS_NOSUID | _MS_NODEV):
+    "Bind-mount `src` (a file or a directory) on `dst` inside the new root, read-only; True when it worked."
+    if os.path.isdir(src): os.makedirs(dst, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        open(dst, "a").close()
+    if libc.mount(src.encode(), dst.encode(), None, _MS_BIND | _MS_REC, None) != 0: return False
+    libc.mount(None, dst.encode(), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags, None)
+    return True
+
+def _python_dirs():
+    "Where this interpreter and its standard library live (kept), and the package directories in them (hidden)."
+    import glob, sysconfig
+    keep = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    keep = {os.path.realpath(p) for p in keep if p}
+    hide = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
+    for pat in ["/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages", "/usr/lib/python3/dist-packages"] \
+            + [os.path.join(p, "lib", "python3*", "*-packages") for p in keep]:
+        hide.update(glob.glob(pat))
+    return sorted(p for p in keep if os.path.isdir(p)), sorted(os.path.realpath(p) for p in hide if p and os.path.isdir(p))
+
+
+# %% ../nbs/60_sandbox.ipynb #b61ea206
+def _private_root(libc, iso, payload):
+    "In a new mount namespace, a new root: system and Python directories read-only (package directories hidden), a few devices, a private /proc, size-capped tmpfs scratch. Nothing else of the host exists there."
     if libc is None or "mntns" not in iso: return []
     if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0: return []        # never propagate to the host
-    done = []
-    if "pidns" in iso and libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) == 0:
+    root, done = os.getcwd(), []                    # the host working directory is the new root's mount point
+    if libc.mount(b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=4m,mode=755") != 0: return []
+    keep, hide = _python_dirs()
+    ok, bound = True, []
+    for d in _SYSTEM_DIRS + tuple(keep):
+        if os.path.islink(d) and d in _SYSTEM_DIRS: os.symlink(os.readlink(d), root + d)
+        elif os.path.isdir(d) and not any((d + "/").startswith(b + "/") for b in bound):
+            ok = _bind(libc, d, root + d) and ok; bound.append(os.path.realpath(d))
+    for h in hide:                                  # an empty read-only tmpfs over every site-/dist-packages
+        if os.path.isdir(root + h):
+            ok = libc.mount(b"tmpfs", (root + h).encode(), b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, b"size=4k") == 0 and ok
+    for f in _ETC_FILES:
+        if os.path.isfile("/etc/" + f): _bind(libc, "/etc/" + f, root + "/etc/" + f)
+    for f in _DEVICES: ok = _bind(libc, "/dev/" + f, root + "/dev/" + f, _MS_NOSUID) and ok
+    for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(to, root + "/dev/" + name)
+    os.makedirs(root + "/proc")
+    if "pidns" in iso and libc.mount(b"proc", (root + "/proc").encode(), b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) == 0:
         done.append("private-proc")
-    work, opts = os.getcwd(), ("size=%dm,mode=1777" % payload["scratch_mb"]).encode()
-    tmps = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)]
-    if all(libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) == 0 for d in tmps):
+    opts = ("size=%dm,mode=1777" % payload["scratch_mb"]).encode()
+    tmps = ("/tmp", "/var/tmp", "/dev/shm")
+    for d in tmps: os.makedirs(root + d, exist_ok=True)
+    if all(libc.mount(b"tmpfs", (root + d).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) == 0 for d in tmps):
         done.append("private-tmp")
-        if any(work.startswith(d + "/") for d in tmps):    # the working directory moves into the fresh tmpfs
-            os.makedirs(work, 0o700)
-            if payload["uid"] is not None: os.chown(work, payload["uid"], payload["gid"])
-            os.chdir(work)
-    return done
+    work = "/tmp/" + os.path.basename(root)         # the program's directory: always inside the capped tmpfs
+    os.makedirs(root + work, 0o700)
+    if payload["uid"] is not None: os.chown(root + work, payload["uid"], payload["gid"])
+    libc.mount(None, root.encode(), None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
+    os.chroot(root); os.chdir(work)
+    return done + (["private-root"] if ok and "private-tmp" in done else [])
+
+def _limit_ipc(iso, payload):
+    "In the new IPC namespace: System V shared memory at most memory_mb in all, few segments and message queues."
+    if "ipcns" not in iso: return []
+    mem = payload["limits"]["memory"]
+    try:
+        for k, v in (("shmmax", mem), ("shmall", max(1, mem // 4096)), ("shmmni", 16), ("msgmni", 4)):
+            _write("/proc/sys/kernel/" + k, str(v))
+    except OSError: return []
+    return ["ipc-limits"]
+
 
 # %% ../nbs/60_sandbox.ipynb #da091545
 def _tasks_of(uid):
@@ -88,20 +152,41 @@ def _apply_limits(lim, drop):
         except (ValueError, OSError): pass
     setl(R.RLIMIT_CORE, 0); setl(R.RLIMIT_AS, lim["memory"]); setl(R.RLIMIT_FSIZE, lim["fsize"])
     setl(R.RLIMIT_NOFILE, lim["nofile"]); setl(R.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)
-    setl(R.RLIMIT_NPROC, lim["nproc"] if drop else lim["nproc"] + _tasks_of(os.getuid()))
+    try: n = 0 if drop else _tasks_of(os.getuid())
+    except OSError: n = 64                           # no /proc in the new root: leave room for the user's own
+    setl(R.RLIMIT_NPROC, lim["nproc"] + n)
 
-def _drop_privileges(uid, gid):
-    "Become uid/gid for good (real, effective and saved ids), with no supplementary groups."
-    os.setgroups([]); os.setresgid(gid, gid, gid); os.setresuid(uid, uid, uid)
+def _drop_privileges(libc, uid, gid):
+    "Become uid/gid for good (real, effective and saved ids, no supplementary groups); without root, drop capabilities."
+    if uid is not None:
+        os.setgroups([]); os.setresgid(gid, gid, gid); os.setresuid(uid, uid, uid)
+    elif libc is not None:                           # a user namespace gave us capabilities: give them back
+        hdr, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+        libc.capset(hdr, data)
+    if libc is not None:
+        libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)    # its memory and descriptors stay out of reach of its children
+
 
 # %% ../nbs/60_sandbox.ipynb #2d2ceafd
-_BLOCKED_EVENTS = ("socket.", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "ctypes.")
+_BLOCKED_EVENTS = ("socket.", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "ctypes.",
+                   "sys.remote_exec")
+_BLOCKED_MODULES = ("_posixsubprocess", "_ctypes", "_xxsubinterpreters", "_xxinterpchannels", "_interpreters",
+                    "_interpchannels", "_interpqueues")
 
 def _block_with_audit_hook():
-    "Refuse sockets, new programs and ctypes from Python code (used only when there is no network namespace)."
+    "Best effort where no namespaces exist: refuse sockets, new programs, ctypes, subinterpreters, raw process spawning and /proc/*/mem from Python code."
+    for m in _BLOCKED_MODULES: sys.modules.pop(m, None)
     def hook(event, args):
         if event.startswith(_BLOCKED_EVENTS): raise PermissionError("sandbox: %s is not allowed" % event)
+        if event == "import" and args and str(args[0]).split(".")[0] in _BLOCKED_MODULES:
+            raise PermissionError("sandbox: importing %s is not allowed" % args[0])
+        if event == "open" and args and isinstance(args[0], (str, bytes)):
+            p = os.fsdecode(args[0])
+            if p.startswith("/proc/") and p.rstrip("/").rsplit("/", 1)[-1] in ("mem", "environ", "fd"):
+                raise PermissionError("sandbox: opening %s is not allowed" % p)
     sys.addaudithook(hook)
+
 
 # %% ../nbs/60_sandbox.ipynb #e85be033
 class _TestTimeout(BaseException): pass
@@ -115,11 +200,12 @@ def _short(x, n=160):
 
 def _describe(e):
     if isinstance(e, _TestTimeout): return "timed out"
-    msg = "%s (line %s)" % (e.msg, e.lineno) if isinstance(e, SyntaxError) else str(e)
+    try: msg = "%s (line %s)" % (e.msg, e.lineno) if isinstance(e, SyntaxError) else str(e)
+    except BaseException: msg = "<unprintable message>"
     return (type(e).__name__ + (": " + msg if msg else ""))[:300]
 
 def _run_one_test(test, g):
-    "Execute one test in the program's globals; an `assert a == b` failure says what `a` was."
+    "Execute one test in the harness's namespace; an `assert a == b` failure says what `a` was."
     import ast
     tree = ast.parse(test)
     node = tree.body[0] if len(tree.body) == 1 else None
@@ -130,21 +216,195 @@ def _run_one_test(test, g):
         if not (got == want): raise AssertionError("got %s, expected %s" % (_short(got), _short(want)))
     else: exec(compile(tree, "<test>", "exec"), g)
 
+
+# %% ../nbs/60_sandbox.ipynb #eca34ad7
+def _enc(x, depth=0):
+    "A plain value (None, bool, int, float, complex, str, bytes; lists, tuples, dicts, sets of them; exact types) as JSON data."
+    t = type(x)
+    if depth > 100: raise ValueError("the value is nested more than 100 levels deep")
+    if x is None or t is bool or t is str: return x
+    if t is int: return {"i": "%x" % x}
+    if t is float: return {"f": x.hex()}
+    if t is complex: return {"c": [x.real.hex(), x.imag.hex()]}
+    if t is bytes: return {"b": x.hex()}
+    if t in (list, tuple, set, frozenset):
+        return {{list: "l", tuple: "t", set: "s", frozenset: "fs"}[t]: [_enc(v, depth + 1) for v in x]}
+    if t is dict: return {"d": [[_enc(k, depth + 1), _enc(v, depth + 1)] for k, v in x.items()]}
+    raise TypeError("a %s object is not a plain value (tests compare numbers, strings, bytes, None, and lists, tuples, "
+                    "dicts and sets of them)" % t.__name__)
+
+def _dec(o, depth=0, remote=None):
+    "The value `_enc` encoded, rebuilt from exact built-in types only (never the sender's objects); ValueError if malformed."
+    t = type(o)
+    if depth > 100: raise ValueError("nested more than 100 levels deep")
+    if o is None or t is bool or t is str: return o
+    if t is not dict or len(o) != 1: raise ValueError("not an encoded plain value")
+    (k, v), = o.items()
+    if k in ("i", "f", "b", "fn") and type(v) is not str: raise ValueError("malformed %s" % k)
+    if k == "i" and len(v) <= 100000: return int(v, 16)
+    if k == "f": return float.fromhex(v)
+    if k == "b": return bytes.fromhex(v)
+    if k == "fn" and remote is not None: return remote(v)
+    if type(v) is not list: raise ValueError("malformed %s" % k)
+    if k == "c" and len(v) == 2 and type(v[0]) is str and type(v[1]) is str:
+        return complex(float.fromhex(v[0]), float.fromhex(v[1]))
+    if k == "d" and all(type(p) is list and len(p) == 2 for p in v):
+        return {_dec(p[0], depth + 1, remote): _dec(p[1], depth + 1, remote) for p in v}
+    items = [_dec(x, depth + 1, remote) for x in v]
+    kinds = {"l": list, "t": tuple, "s": set, "fs": frozenset}
+    if k in kinds: return kinds[k](items)
+    raise ValueError("unknown tag %r" % k)
+
+
+# %% ../nbs/60_sandbox.ipynb #dccc1dce
+def _names(g):
+    "What the program defined: names of its callables and its plain values (the harness builds stand-ins from them)."
+    fns, vals = [], []
+    for k, v in list(g.items()):
+        if k.startswith("__") or type(v).__name__ == "module": continue
+        if callable(v): fns.append(k)
+        else:
+            try: vals.append([k, _enc(v)])
+            except Exception: pass
+    return {"callables": fns, "values": vals}
+
+def _child_main():
+    "The candidate's own interpreter: load the program, then answer the harness's calls with plain values only."
+    rf, out = os.fdopen(int(sys.argv[1]), "rb"), os.fdopen(int(sys.argv[2]), "wb")
+    if sys.argv[3] == "1": _block_with_audit_hook()
+    g = {"__name__": "__solution__"}
+    def remote(name):
+        if name not in g: raise NameError("name %r is not defined" % name)
+        return g[name]
+    for line in rf:
+        msg = json.loads(line)
+        rec = {"id": msg["id"]}
+        if msg["op"] == "load":
+            try: exec(compile(msg["code"], "<solution>", "exec"), g); rec["load_error"] = None
+            except BaseException as e: rec["load_error"] = _describe(e)
+            rec.update(_names(g))
+        else:
+            try:
+                args = [_dec(a, 0, remote) for a in msg["args"]]
+                kw = {k: _dec(v, 0, remote) for k, v in msg["kwargs"]}
+                rec["ok"] = _enc(remote(msg["fn"])(*args, **kw))
+            except BaseException as e: rec["raise"] = [type(e).__name__, _describe(e).split(": ", 1)[-1] if ": " in _describe(e) else ""]
+        out.write((json.dumps(rec) + "\n").encode()); out.flush()
+
+
+# %% ../nbs/60_sandbox.ipynb #0224e2a7
+def _spawn_program(payload, weak):
+    "The candidate's interpreter: a fresh `python -I -S` (nothing of the harness in its memory), its own session, two pipes."
+    req_r, req_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            lo, hi = sorted((req_r, ans_w))
+            os.closerange(3, lo); os.closerange(lo + 1, hi); os.closerange(hi + 1, 1 << 16)
+            os.set_inheritable(req_r, True); os.set_inheritable(ans_w, True)
+            os.execv(payload["exe"], [payload["exe"], "-I", "-S", "-c", payload["child_source"], str(req_r), str(ans_w),
+                                      "1" if weak else "0"])
+        finally: os._exit(_INTERNAL_ERROR)
+    os.close(req_r); os.close(ans_w)
+    return {"pid": pid, "req": req_w, "ans": ans_r, "buf": b""}
+
+def _stop_program(st):
+    "Kill the candidate's interpreter (and its session) and say how it ended."
+    if not st: return "not started"
+    for f in (lambda: os.killpg(st["pid"], signal.SIGKILL), lambda: os.close(st["req"]), lambda: os.close(st["ans"])):
+        try: f()
+        except OSError: pass
+    try: _, s = os.waitpid(st["pid"], 0)
+    except OSError: return "gone"
+    if os.WIFSIGNALED(s): return "signal %s" % signal.Signals(os.WTERMSIG(s)).name
+    return "exit status %d" % os.WEXITSTATUS(s)
+
+
+# %% ../nbs/60_sandbox.ipynb #14c65b2a
+def _ask(st, msg):
+    "Send one request; return the program's answer that carries its fresh random id (other lines are skipped)."
+    rid = os.urandom(8).hex()
+    data = (json.dumps(dict(msg, id=rid)) + "\n").encode()
+    try:
+        while data: data = data[os.write(st["req"], data):]
+    except OSError: raise EOFError() from None
+    while True:
+        i = st["buf"].find(b"\n")
+        if i >= 0:
+            line, st["buf"] = st["buf"][:i], st["buf"][i + 1:]
+            try: ans = json.loads(line)
+            except (ValueError, RecursionError, MemoryError): continue
+            if type(ans) is dict and ans.get("id") == rid: return ans
+            continue
+        if len(st["buf"]) > _ANSWER_LIMIT: raise RuntimeError("the program's answer is over %d bytes" % _ANSWER_LIMIT)
+        chunk = os.read(st["ans"], 1 << 16)
+        if not chunk: raise EOFError()
+        st["buf"] += chunk
+
+def _reraise(err):
+    "Raise, in the harness, the built-in exception the program's function raised (others as RuntimeError)."
+    import builtins
+    name, msg = (err if type(err) is list and len(err) == 2 else ["?", ""])
+    name, msg = (name if type(name) is str else "?"), (msg if type(msg) is str else "")[:300]
+    cls = getattr(builtins, name, None) if name.isidentifier() else None
+    if isinstance(cls, type) and issubclass(cls, Exception): raise cls(msg)
+    raise RuntimeError("%s: %s" % (name[:60], msg))
+
+
 # %% ../nbs/60_sandbox.ipynb #c48cd262
-def _run_tests_mode(payload):
-    "Load the program, then run each test under its own alarm; one JSON line per step to the result fd."
+def _run_tests_mode(payload, weak):
+    "The harness: it never runs the candidate's code; the tests run here and call its functions in its own process."
+    import builtins
     out, nonce, step = os.fdopen(payload["result_fd"], "w", buffering=1), payload["nonce"], payload["test_timeout"]
     def emit(rec):
         try: rec["k"] = nonce; out.write(json.dumps(rec) + "\n"); out.flush()
         except BaseException: pass
+    st, ns, loaded = {}, {"__name__": "__test__"}, []
+    def start():
+        st.update(_spawn_program(payload, weak))
+        try: ans = _ask(st, {"op": "load", "code": payload["code"]})
+        except EOFError:
+            how = _stop_program(st); st.clear()
+            raise RuntimeError("the program stopped (%s)" % how) from None
+        for name in ans.get("callables") if type(ans.get("callables")) is list else []:
+            if type(name) is str and name.isidentifier() and not hasattr(builtins, name): ns.setdefault(name, remote(name))
+        for pair in ans.get("values") if type(ans.get("values")) is list else []:
+            try:
+                if pair[0].isidentifier() and not hasattr(builtins, pair[0]): ns.setdefault(pair[0], _dec(pair[1]))
+            except Exception: pass
+        err = ans.get("load_error")
+        loaded.append(None if err is None else str(err)[:300])
+    def call(name, args, kwargs):
+        if not st: start()                               # a fresh interpreter after a test that ended the last one
+        enc = lambda v: {"fn": v.__name__} if getattr(v, "__self_remote__", None) is v else _enc(v)
+        req = {"op": "call", "fn": name, "args": [enc(a) for a in args], "kwargs": [[k, enc(v)] for k, v in kwargs.items()]}
+        try: ans = _ask(st, req)
+        except EOFError:
+            how = _stop_program(st); st.clear()
+            raise RuntimeError("the program stopped (%s)" % how) from None
+        if "raise" in ans: _reraise(ans["raise"])
+        try: return _dec(ans.get("ok"))
+        except Exception as e: raise TypeError("the program's answer is not a plain value (%s)" % e) from None
+    def remote(name):
+        def f(*args, **kwargs): return call(name, args, kwargs)
+        f.__name__ = f.__qualname__ = name; f.__self_remote__ = f
+        return f
     def timed(fn):
         try: signal.setitimer(signal.ITIMER_REAL, step); fn(); return None
         except BaseException as e: return _describe(e)
         finally: signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, _on_alarm)
-    g = {"__name__": "__solution__"}
-    emit({"load": timed(lambda: exec(compile(payload["code"], "<solution>", "exec"), g))})
-    for i, t in enumerate(payload["tests"]): emit({"test": i, "error": timed(lambda: _run_one_test(t, g))})
+    fatal = timed(start)                                 # it timed out, or the program ended while loading
+    if fatal is not None: fatal = fatal.split(": ", 1)[1] if fatal.startswith("RuntimeError: ") else fatal
+    emit({"load": fatal if fatal is not None else loaded[0]})
+    for i, t in enumerate(payload["tests"]):
+        err = ("not run: " + fatal) if fatal is not None else timed(lambda: _run_one_test(t, ns))
+        if err is not None and st and (err == "timed out" or "the program" in err):
+            _stop_program(st); st.clear()
+        emit({"test": i, "error": err})
+    _stop_program(st)
     return 0
 
 def _run_exec_mode(payload):
@@ -157,20 +417,24 @@ def _run_exec_mode(payload):
         import traceback
         traceback.print_exception(type(e), e, e.__traceback__.tb_next); return 1     # without the runner's frame
 
+
 # %% ../nbs/60_sandbox.ipynb #eb334fea
 def _runner_program(payload, iso, status_fd):
-    "The sandboxed program: limits, identity, then the user's code. Never returns."
+    "The sandboxed program (in tests mode: the harness): limits, identity, then the work. Never returns."
     code = _INTERNAL_ERROR
     try:
         os.close(status_fd)
         libc = _libc(); _die_with_parent(libc)
         drop = payload["uid"] is not None
         _apply_limits(payload["limits"], drop)
-        if drop: _drop_privileges(payload["uid"], payload["gid"])
-        if libc is not None: libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        if "netns" not in iso: _block_with_audit_hook()
+        _drop_privileges(libc, payload["uid"] if drop else None, payload["gid"])
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.getcwd()
+        weak = "netns" not in iso
         os.umask(0o077)
-        code = _run_tests_mode(payload) if payload["mode"] == "tests" else _run_exec_mode(payload)
+        if payload["mode"] == "tests": code = _run_tests_mode(payload, weak)
+        else:
+            if weak: _block_with_audit_hook()
+            code = _run_exec_mode(payload)
     except BaseException:
         try: import traceback; traceback.print_exc()
         except BaseException: pass
@@ -180,20 +444,26 @@ def _runner_program(payload, iso, status_fd):
             except BaseException: pass
         os._exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
 
+
 # %% ../nbs/60_sandbox.ipynb #3d6b3b56
 def _runner_init(payload, iso, status_fd):
-    "pid 1 of the sandbox: start the program, reap, report; everything left dies with it."
+    "pid 1 of the sandbox: the private root, then start the program, reap, report; everything left dies with it."
     rec = {}
     try:
         libc = _libc(); _die_with_parent(libc)
         os.setsid()
-        rec["mounts"] = _private_mounts(libc, iso, payload)
-        pid = os.fork()
-        if pid == 0: _runner_program(payload, iso, status_fd)
-        while True:                                    # as pid 1 we also reap orphans until the program ends
-            p, st = os.waitpid(-1, 0)
-            if p == pid: break
-        rec.update({"exit": os.WEXITSTATUS(st)} if os.WIFEXITED(st) else {"signal": os.WTERMSIG(st)})
+        rec["mounts"] = _private_root(libc, iso, payload)
+        rec["mounts"] += _limit_ipc(iso, payload)
+        missing = [k for k in _FULL_ISOLATION + ("private-root",) if k not in iso + rec["mounts"]]
+        if payload["strict"] and missing: rec["refused"] = missing
+        else:
+            pid = os.fork()
+            if pid == 0: _runner_program(payload, iso, status_fd)
+            os.close(payload["result_fd"])                 # only the program writes results
+            while True:                                    # as pid 1 we also reap orphans until the program ends
+                p, st = os.waitpid(-1, 0)
+                if p == pid: break
+            rec.update({"exit": os.WEXITSTATUS(st)} if os.WIFEXITED(st) else {"signal": os.WTERMSIG(st)})
     except BaseException as e: rec["init_error"] = repr(e)
     try: os.write(status_fd, (json.dumps({"init": rec}) + "\n").encode())
     except OSError: pass
@@ -202,16 +472,20 @@ def _runner_init(payload, iso, status_fd):
         except OSError: pass
     os._exit(0)
 
+
 # %% ../nbs/60_sandbox.ipynb #418763be
 def _runner_main():
     "Read the job from stdin, isolate, fork init, enforce the wall-clock limit, report."
     payload = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    payload["exe"] = os.path.realpath(sys.executable)                       # its path inside the new root too
     libc = _libc(); _die_with_parent(libc)
     if os.getppid() != payload["parent_pid"]: os._exit(_INTERNAL_ERROR)       # the trainer died before prctl
     null = os.open(os.devnull, os.O_RDONLY); os.dup2(null, 0); os.close(null)
     iso = _enter_namespaces(libc) if payload["namespaces"] else []
+    if libc is not None: libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     pid = os.fork()
     if pid == 0: _runner_init(payload, iso, payload["status_fd"])
+    os.close(payload["result_fd"])
     fired = []
     def on_alarm(signum, frame):
         fired.append(True)
@@ -225,12 +499,18 @@ def _runner_main():
     os.write(payload["status_fd"], (json.dumps({"runner": rec}) + "\n").encode())
     return 0
 
+
 # %% ../nbs/60_sandbox.ipynb #d60a1f54
-_RUNNER_CONSTANTS = ("_CLONE_NEWNS", "_CLONE_NEWUSER", "_CLONE_NEWPID", "_CLONE_NEWNET", "_PR_SET_PDEATHSIG", "_PR_SET_NO_NEW_PRIVS",
-                     "_MS_NOSUID", "_MS_NODEV", "_MS_NOEXEC", "_MS_REC", "_MS_PRIVATE", "_INTERNAL_ERROR", "_BLOCKED_EVENTS")
-_RUNNER_OBJECTS = (_libc, _write, _die_with_parent, _enter_namespaces, _private_mounts, _tasks_of, _apply_limits, _drop_privileges,
-                   _block_with_audit_hook, _on_alarm, _short, _describe, _run_one_test, _run_tests_mode,
-                   _run_exec_mode, _runner_program, _runner_init, _runner_main)
+_RUNNER_CONSTANTS = ("_CLONE_NEWNS", "_CLONE_NEWUSER", "_CLONE_NEWPID", "_CLONE_NEWNET", "_CLONE_NEWIPC", "_CLONE_NEWUTS",
+                     "_PR_SET_PDEATHSIG", "_PR_SET_DUMPABLE", "_PR_SET_NO_NEW_PRIVS", "_MS_RDONLY", "_MS_NOSUID", "_MS_NODEV",
+                     "_MS_NOEXEC", "_MS_REMOUNT", "_MS_BIND", "_MS_REC", "_MS_PRIVATE", "_INTERNAL_ERROR", "_ANSWER_LIMIT",
+                     "_FULL_ISOLATION", "_SYSTEM_DIRS", "_ETC_FILES", "_DEVICES", "_BLOCKED_EVENTS", "_BLOCKED_MODULES")
+_SHARED_OBJECTS = (_block_with_audit_hook, _short, _describe, _enc, _dec)
+_RUNNER_OBJECTS = _SHARED_OBJECTS + (
+    _libc, _write, _die_with_parent, _enter_namespaces, _bind, _python_dirs, _private_root, _limit_ipc, _tasks_of,
+    _apply_limits, _drop_privileges, _on_alarm, _run_one_test, _spawn_program, _stop_program, _ask, _reraise,
+    _run_tests_mode, _run_exec_mode, _runner_program, _runner_init, _runner_main)
+_CHILD_OBJECTS = _SHARED_OBJECTS + (_names, _child_main)
 _RUNNER_TAIL = '''
 try: sys.exit(_runner_main())
 except SystemExit: raise
@@ -238,12 +518,21 @@ except BaseException:
     import traceback; traceback.print_exc(); sys.stderr.flush(); os._exit(_INTERNAL_ERROR)
 '''
 
+def _script(objects, tail: str) -> str:
+    consts = "\n".join(f"{k} = {globals()[k]!r}" for k in _RUNNER_CONSTANTS)
+    body = "\n\n".join(inspect.getsource(o) for o in objects)
+    return f"import ctypes, json, os, resource, signal, sys, time\n{consts}\n\nclass _TestTimeout(BaseException): pass\n\n{body}\n{tail}"
+
 @functools.lru_cache(maxsize=1)
 def _runner_source() -> str:
     "The runner as one stdlib-only script: imports, constants, the functions above (classes have no retrievable source in a notebook: `_TestTimeout` is written out), the entry point."
-    consts = "\n".join(f"{k} = {globals()[k]!r}" for k in _RUNNER_CONSTANTS)
-    body = "\n\n".join(inspect.getsource(o) for o in _RUNNER_OBJECTS)
-    return f"import ctypes, json, os, resource, signal, sys, time\n{consts}\n\nclass _TestTimeout(BaseException): pass\n\n{body}\n{_RUNNER_TAIL}"
+    return _script(_RUNNER_OBJECTS, _RUNNER_TAIL)
+
+@functools.lru_cache(maxsize=1)
+def _child_source() -> str:
+    "The candidate's interpreter as one stdlib-only script: it knows how to answer calls, nothing of the tests."
+    return _script(_CHILD_OBJECTS, "\n_child_main()\n")
+
 
 # %% ../nbs/60_sandbox.ipynb #faa408b4
 @dataclass
@@ -341,14 +630,16 @@ def _limits(timeout, memory_mb, file_size_mb, max_processes) -> dict:
     return {"memory": int(memory_mb * 2**20), "cpu": int(math.ceil(timeout)) + 1, "fsize": int(file_size_mb * 2**20),
             "nofile": 64, "nproc": int(max_processes)}
 
-def sandbox_python(python: Optional[str] = None, uid: Optional[int] = SANDBOX_UID, gid: Optional[int] = SANDBOX_GID) -> str:
+def sandbox_python(python: Optional[str] = None, uid: Optional[int] = SANDBOX_UID, gid: Optional[int] = SANDBOX_GID,
+                   namespaces: bool = True) -> str:
     "The interpreter the sandbox uses: the first candidate that can import the stdlib as the sandbox identity."
-    key = (python, uid if os.geteuid() == 0 else None, gid)
+    key = (python, uid if os.geteuid() == 0 else None, gid, bool(namespaces))
     if key in _PYTHONS: return _PYTHONS[key]
     cands = [python] if python else [sys.executable, getattr(sys, "_base_executable", None), "/usr/bin/python3", shutil.which("python3")]
     cands = [c for i, c in enumerate(cands) if c and os.path.exists(c) and c not in cands[:i]]
     probe = {"mode": "exec", "code": "import json, math, re, collections, itertools, functools, heapq, string", "tests": [],
-             "test_timeout": 5.0, "limits": _limits(10, 512, 8, 32), "namespaces": True, "nonce": "", "scratch_mb": 16}
+             "test_timeout": 5.0, "limits": _limits(10, 512, 8, 32),
+             "namespaces": bool(namespaces), "strict": False, "nonce": "", "scratch_mb": 16}
     tried = []
     for c in cands:
         recs, rc, *_, tail = _launch(probe, c, 10.0, uid, gid, 2000)
@@ -365,22 +656,38 @@ def _check_options(timeout, memory_mb, max_output, file_size_mb, max_processes):
     check_number(file_size_mb, "file_size_mb", "sandbox", min=0, min_exclusive=True)
     check_number(max_processes, "max_processes", "sandbox", integer=True, min=1)
 
+_WEAK = ("sandbox: namespaces=False: WEAK isolation for this run: no network, pid, mount or IPC namespaces; an audit hook "
+         "stands in for the network namespace (native code can bypass it); every file the sandbox identity can read "
+         "(problem banks included) stays readable; the disk scratch is not capped. Use it only for trusted code.")
+
+def _refused(missing) -> SandboxError:
+    return SandboxError(f"this machine cannot give the sandbox its full isolation (missing: {', '.join(missing)}); "
+                        "model-written code is not run with less. Run as root or allow unprivileged user namespaces "
+                        "(sysctl kernel.unprivileged_userns_clone=1), or pass namespaces=False to accept the weak mode knowingly")
+
+
+# %% ../nbs/60_sandbox.ipynb #cfa5f527
 def _run(mode: str, code: str, tests: Sequence[str], test_timeout: float, timeout: float, memory_mb: float,
          max_output: int, file_size_mb: float, max_processes: int, namespaces: bool, uid, gid, python):
     if not isinstance(code, str): raise TypeError(f"code must be a string, got {type(code).__name__}")
     _check_options(timeout, memory_mb, max_output, file_size_mb, max_processes)
+    if not namespaces: logger.warning(_WEAK)
     lim, nonce = _limits(timeout, memory_mb, file_size_mb, max_processes), secrets.token_hex(8)
     payload = {"mode": mode, "code": code, "tests": list(tests), "test_timeout": test_timeout, "limits": lim,
-               "namespaces": bool(namespaces), "nonce": nonce, "scratch_mb": int(max(16, 4 * file_size_mb))}
-    recs, rc, out, err, out_cut, err_cut, dur, res, tail = _launch(payload, sandbox_python(python, uid, gid), timeout, uid, gid, max_output)
+               "namespaces": bool(namespaces), "strict": bool(namespaces), "nonce": nonce,
+               "scratch_mb": int(max(16, 4 * file_size_mb)), "child_source": _child_source() if mode == "tests" else ""}
+    recs, rc, out, err, out_cut, err_cut, dur, res, tail = _launch(payload, sandbox_python(python, uid, gid, namespaces), timeout, uid, gid, max_output)
     if rc == _INTERNAL_ERROR and "runner" not in recs: raise SandboxError(f"the sandbox runner failed: {tail.strip()[-500:]}")
     init, runner = recs.get("init", {}), recs.get("runner", {})
+    if init.get("refused"): raise _refused(init["refused"])
     iso = tuple(runner.get("isolation", [])) + (("uid",) if os.geteuid() == 0 and uid is not None else ()) \
-        + tuple(init.get("mounts", [])) + (() if "netns" in runner.get("isolation", []) else ("audit-hook",))
+        + tuple(init.get("mounts", [])) + (() if "netns" in runner.get("isolation", []) else ("audit-hook",)) \
+        + (() if namespaces else ("weak",))
     code_rc = init["exit"] if "exit" in init else (-init["signal"] if "signal" in init else None)
     result = SandboxResult(out, err, code_rc, bool(runner.get("timed_out")), _killed_reason(recs, tail, lim["cpu"]), dur,
                            out_cut, err_cut, iso)
     return result, [json.loads(l) for l in res.splitlines() if l.startswith("{") and f'"k": "{nonce}"' in l]
+
 
 # %% ../nbs/60_sandbox.ipynb #731818ba
 def run_sandboxed(code: str, timeout: float = 5.0, memory_mb: float = 512, *, max_output: int = 10_000,

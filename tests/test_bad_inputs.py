@@ -1,10 +1,12 @@
 """The catalogue of bad inputs and faults: each gets an error that names the problem and the fix, early, and no work is lost."""
 import json
+import shutil
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,7 @@ CONFIG_CASES = [
     (dict(num_turns=0), "num_turns=0 is invalid"),
     (dict(num_train_epochs=1.5), "num_train_epochs=1.5 is invalid: expected an integer"),
     (dict(agent_learning_rate=0), "agent_learning_rate=0 is invalid: must be > 0"),
-    (dict(agent_learning_rate="1e-5"), "expected a number (got str)"),
+    (dict(agent_learning_rate="fast"), "expected a number (got str)"),
     (dict(logging_steps=0), "logging_steps=0"),
     (dict(num_generations=1), "num_generations=1 is invalid: must be >= 2"),
     (dict(max_new_tokens=0), "max_new_tokens=0"),
@@ -300,3 +302,612 @@ def test_sigkill_during_replay_writes_leaves_old_or_new_file(tmp_path):
         proc.send_signal(signal.SIGKILL); proc.wait()
         data = json.loads(path.read_text())                      # never a partial file
         assert data["num_pairs"] == len(data["pairs"]) == 300 and len({p["gen"] for p in data["pairs"]}) == 1
+
+
+# ------------------------------------------------------------------ code rewards the model cannot forge
+from comlrl_nb.envs.code import code_level_reward, load_problems, problem_item  # noqa: E402
+from comlrl_nb.sandbox import run_sandboxed, run_tests  # noqa: E402
+
+_PROBLEM = load_problems()[0]                                   # primes_below(n), helper aux(k)
+_AUX = "```python\n" + _PROBLEM["reference_aux"] + "```"
+_BANK = str(Path(__import__("comlrl_nb").__file__).resolve().parent / "data" / "code_problems.json")
+_WRONG = "    return [-1]\n"
+EXPLOITS = {
+    "always-equal object": "class Any:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
+                           "def primes_below(n):\n    aux(n)\n    return Any()\n",
+    "list subclass with forged __eq__": "class L(list):\n    def __eq__(self, o): return True\n"
+                                        "def primes_below(n):\n    aux(n)\n    return L()\n",
+    "int subclass in a list": "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
+                              "def primes_below(n):\n    aux(n)\n    return [I(0)]\n",
+    "forged result records on every fd": "import os\nfor fd in range(3, 64):\n    for i in range(4):\n        try: os.write(fd, ("
+                                         "'{\"test\": %d, \"error\": null}\\n' % i).encode())\n        except OSError: pass\n"
+                                         "def primes_below(n):\n    aux(n)\n" + _WRONG,
+    "nonce read from the harness frames": "import sys, os\nf, found = sys._getframe(), []\nwhile f is not None:\n"
+                                          "    found += [v for k, v in f.f_locals.items() if k in ('nonce', 'payload')]\n    f = f.f_back\n"
+                                          "for fd in range(3, 64):\n    for i in range(4):\n        try: os.write(fd, (repr(found) + "
+                                          "'{\"test\": %d, \"error\": null}\\n' % i).encode())\n        except OSError: pass\n"
+                                          "def primes_below(n):\n    aux(n)\n" + _WRONG,
+    "harness patched through gc": "import gc\nfor o in gc.get_objects():\n    if callable(o) and getattr(o, '__name__', '') in "
+                                  "('_run_one_test', '_ask', 'emit', '_dec', 'timed'):\n        o.__code__ = (lambda *a, **k: None).__code__\n"
+                                  "def primes_below(n):\n    aux(n)\n" + _WRONG,
+    "test strings searched in memory": "import gc\nseen = [o for o in gc.get_objects() if isinstance(o, str) and 'primes_below(' in o]\n"
+                                       "def primes_below(n):\n    aux(n)\n    for s in seen:\n        if 'primes_below(%d) ==' % n in s:\n"
+                                       "            return eval(s.split('==', 1)[1])\n" + _WRONG,
+    "answers read from the problem bank": f"import json\nbank = json.load(open({_BANK!r}))['problems']\n"
+                                          "ns = {}\nexec(bank[0]['reference_aux'] + bank[0]['reference_main'], ns)\n"
+                                          "def primes_below(n):\n    aux(n)\n    return ns['primes_below'](n)\n",
+    "answers written ahead into the answer pipe": "import os, json\nfor fd in range(3, 64):\n    for i in range(50):\n"
+                                                  "        try: os.write(fd, (json.dumps({'id': '%016x' % i, 'ok': {'l': []}}) + '\\n').encode())\n"
+                                                  "        except OSError: pass\ndef primes_below(n):\n    aux(n)\n" + _WRONG,
+    "harness killed at load": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef primes_below(n):\n    aux(n)\n" + _WRONG,
+    "exit(0) inside the function": "import os\ndef primes_below(n):\n    aux(n)\n    os._exit(0)\n",
+    "harness memory through /proc": "import os\nfor p in ('/proc/%d/mem' % os.getppid(), '/proc/%d/fd/3' % os.getppid()):\n"
+                                     "    try: open(p, 'rb').read(1); print('OPENED', p)\n    except OSError: pass\n"
+                                     "def primes_below(n):\n    aux(n)\n" + _WRONG,
+}
+
+
+def test_reference_solutions_get_full_points():
+    probs = load_problems()
+    rewards = code_level_reward(["```python\n" + p["reference_aux"] + "```" for p in probs],
+                                ["```python\n" + p["reference_main"] + "```" for p in probs], [problem_item(p) for p in probs])
+    assert rewards == [4.0] * len(probs)
+
+
+@pytest.mark.parametrize("name", list(EXPLOITS))
+def test_code_exploit_earns_no_test_points(name):
+    main = "```python\n" + EXPLOITS[name] + "```"
+    (r,) = code_level_reward([_AUX], [main], [problem_item(_PROBLEM)])
+    assert r <= 1.5, (name, r)                                  # aux + main defined + runs at most: no test, no collaboration points
+    rep = run_tests(_PROBLEM["reference_aux"] + EXPLOITS[name], _PROBLEM["tests"])
+    assert rep.passed == [False] * len(_PROBLEM["tests"]), (name, rep.errors)
+
+
+def test_hostile_objects_are_reported_not_compared():
+    code = "class Bad:\n    def __eq__(self, o): raise SystemExit\n    def __repr__(self): raise SystemExit\n    __hash__ = None\n" \
+           "def f():\n    return Bad()\ndef g():\n    return {1: Bad()}\n"
+    rep = run_tests(code, ["assert f() == 1", "assert g() == {1: 1}", "assert f() is not None"])
+    assert rep.passed == [False, False, False]
+    assert all("not a plain value" in e for e in rep.errors), rep.errors
+
+
+def test_builtins_in_tests_cannot_be_replaced():
+    code = "abs = lambda x: 0\nlen = lambda x: 3\ndef f(x):\n    return 100\n"
+    rep = run_tests(code, ["assert abs(f(1) - 1.5) < 1e-6", "assert len(str(f(1))) == 3"])
+    assert rep.passed == [False, True]                          # 100 is honestly 3 characters long
+
+
+def test_test_harness_semantics_kept():
+    code = "import math\nLIMIT = 10\ndef f(x, scale=1):\n    if x < 0: raise ValueError('negative')\n    return [x * scale, {'a': (1, 2.5)}]\n" \
+           "def loop():\n    while True: pass\n"
+    tests = ["assert f(2, scale=3) == [6, {'a': (1, 2.5)}]", "assert LIMIT == 10",
+             "try:\n    f(-1)\n    assert False\nexcept ValueError as e:\n    assert str(e) == 'negative'",
+             "assert loop() is None", "assert f(1)[0] == 1", "def check(candidate):\n    assert candidate(4)[0] == 4\ncheck(f)"]
+    rep = run_tests(code, tests, test_timeout=0.5)
+    assert rep.passed == [True, True, True, False, True, True], rep.errors
+    assert rep.errors[3] == "timed out"
+
+
+# ------------------------------------------------------------------ a sandbox that contains
+IPC = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n")
+
+
+def _host_shm_keys():
+    return {int(line.split()[0]) for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:] if line.strip()}
+
+
+def test_sysv_shared_memory_does_not_outlive_the_run():
+    before = _host_shm_keys()
+    r = run_sandboxed(IPC + "i = libc.shmget(4242, 1 << 20, 0o1666)\nprint('created', i >= 0)\n"
+                      "print('again', libc.shmget(4242, 0, 0o666) >= 0)")
+    assert r.stdout == "created True\nagain True\n", (r.stdout, r.stderr)
+    r2 = run_sandboxed(IPC + "print('found', libc.shmget(4242, 0, 0o666) >= 0)")
+    assert r2.stdout == "found False\n"                           # a new IPC namespace per run
+    assert 4242 not in _host_shm_keys() - before and "ipcns" in r.isolation
+
+
+def test_sysv_shared_memory_counts_against_memory_mb():
+    code = IPC + ("total = 0\nfor k in range(64):\n    i = libc.shmget(1000 + k, 32 << 20, 0o1600)\n    if i < 0: break\n"
+                  "    a = libc.shmat(i, None, 0)\n    if a in (None, ctypes.c_void_p(-1).value): break\n"
+                  "    ctypes.memset(a, 1, 32 << 20); libc.shmdt(ctypes.c_void_p(a)); total += 32\nprint(total)")
+    r = run_sandboxed(code, memory_mb=128, timeout=10)
+    assert int(r.stdout.strip() or 0) <= 128, r.stdout            # not 64 x 32 MB = 2 GB
+
+
+def test_run_lock_and_host_directories_are_not_there():
+    mark = "comlrl_nb_persist_" + os.urandom(4).hex()
+    code = ("import os\nfor d in ['/run/lock', '/var/lock', '/run', '/work', '/home', '/root/.cache']:\n"
+            f"    try: open(os.path.join(d, '{mark}'), 'w').write('x'); print('KEPT', d)\n"
+            "    except OSError as e: print('no', type(e).__name__)\n")
+    r = run_sandboxed(code)
+    assert "KEPT" not in r.stdout and r.stdout.count("no ") == 6, r.stdout
+    assert not any(Path(d, mark).exists() for d in ["/run/lock", "/var/lock", "/run"])
+
+
+def test_host_unix_sockets_are_unreachable(tmp_path):
+    import socket
+    path = str(tmp_path / "svc.sock")
+    srv, abstract = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    srv.bind(path); srv.listen(1); abstract.bind("\0comlrl_nb_test_" + os.urandom(4).hex()); abstract.listen(1)
+    try:
+        code = ("import socket\nfor a in [%r, %r, '/run/systemd/private', '/var/run/docker.sock']:\n"
+                "    s = socket.socket(socket.AF_UNIX)\n    try: s.connect(a); print('CONNECTED', a)\n"
+                "    except OSError as e: print('no', type(e).__name__)\n") % (path, abstract.getsockname())
+        r = run_sandboxed(code)
+        assert "CONNECTED" not in r.stdout and r.stdout.count("no ") == 4, r.stdout
+    finally:
+        srv.close(); abstract.close()
+
+
+def test_scratch_quota_holds_whatever_tmpdir_is(monkeypatch):
+    import tempfile
+    other = tempfile.mkdtemp(dir="/var/tmp")                    # TMPDIR outside /tmp
+    monkeypatch.setattr(tempfile, "tempdir", other)
+    try:
+        r = run_sandboxed("import os\nn = 0\ntry:\n    for i in range(100):\n        open('f%d' % i, 'wb').write(b'x' * (1 << 20)); n += 1\n"
+                          "except OSError as e: print(type(e).__name__, e.errno)\nprint(n)", file_size_mb=4)
+        assert int(r.stdout.split()[-1]) <= 16 and "OSError 28" in r.stdout, r.stdout      # ENOSPC at the 16 MB cap
+        assert os.listdir(other) == []
+    finally:
+        os.rmdir(other)
+
+
+def test_site_packages_and_problem_bank_are_hidden():
+    import site
+    dirs = [d for d in site.getsitepackages() + [str(Path(__import__("comlrl_nb").__file__).parents[1])] if os.path.isdir(d)]
+    code = (f"import sys, os\nsys.path[:0] = {dirs!r}\nfor m in ['torch', 'numpy', 'comlrl_nb']:\n"
+            "    try: __import__(m); print('IMPORTED', m)\n    except ImportError: print('no', m)\n"
+            f"print(os.path.exists({_BANK!r}))")
+    r = run_sandboxed(code)
+    assert r.stdout == "no torch\nno numpy\nno comlrl_nb\nFalse\n", (r.stdout, r.stderr)
+
+
+def test_weak_mode_warns_on_every_run_and_blocks_bypasses(caplog):
+    import logging
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    codes = ["import _xxsubinterpreters", "import _posixsubprocess", "import subprocess",
+             "import os\nopen('/proc/self/mem', 'rb')"]
+    for c in codes:
+        r = run_sandboxed(c, namespaces=False)
+        assert r.returncode == 1 and "not allowed" in r.stderr and "weak" in r.isolation, (c, r.stderr)
+    assert sum("WEAK isolation" in m for m in caplog.messages) == len(codes)
+
+
+def test_full_mode_is_the_default():
+    r = run_sandboxed("pass")
+    assert {"netns", "pidns", "mntns", "ipcns", "private-root"} <= set(r.isolation) and "weak" not in r.isolation
+
+
+# ------------------------------------------------------------------ secrets that stay secret
+import base64  # noqa: E402
+import logging  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from comlrl_nb.api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets  # noqa: E402
+
+KEY = "sk-live-" + "9f3b2c7d1e8a4b6c0d5e2f7a1b3c9d8e"
+FAST = dict(comparator_api_backoff=0.001, comparator_api_backoff_cap=0.01, comparator_api_max_retries=1)
+
+
+def _no_fragment(text, secret=KEY, k=8):
+    "No run of k characters of the secret (or of its base64) in text."
+    variants = [secret, base64.b64encode(secret.encode()).decode(), base64.b64encode(b"user:" + secret.encode()).decode()[8:-4]]
+    return not any(v[i:i + k] in text for v in variants for i in range(len(v) - k + 1))
+
+
+def test_key_with_trailing_newline_is_cleaned_and_never_echoed():
+    with MockAPIServer() as srv:
+        c = APIComparatorClient(comparator_api_url=srv.url(), comparator_api_key=KEY + "\n", **FAST)
+        assert c.generate("hi", 1) and srv.requests[-1]["headers"]["authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize("bad", [KEY[:10] + "\n" + KEY[10:], KEY + "\x00", "sk-ключ-" + KEY[8:], KEY[:20] + "\r\nX-Evil: 1"])
+def test_malformed_key_is_refused_without_echo(bad):
+    with pytest.raises(ValueError) as e:
+        APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key=bad)
+    assert "control or non-ASCII character at position" in str(e.value) and _no_fragment(str(e.value), bad)
+
+
+def test_malformed_env_key_is_refused_without_echo(monkeypatch):
+    monkeypatch.setenv("COMLRL_NB_TEST_KEY", KEY[:12] + "\x1b[2J" + KEY[12:])
+    with pytest.raises(ValueError) as e:
+        APIComparatorClient(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key_env="COMLRL_NB_TEST_KEY")
+    assert "$COMLRL_NB_TEST_KEY" in str(e.value) and _no_fragment(str(e.value))
+
+
+@pytest.mark.parametrize("echo", [KEY[2:-2], KEY[:14] + "..." + KEY[-14:], base64.b64encode(b"user:" + KEY.encode()).decode(),
+                                  base64.urlsafe_b64encode(KEY.encode()).decode(), KEY.upper().lower()[3:]])
+def test_server_echoing_parts_of_the_key_is_redacted(echo, caplog):
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    with MockAPIServer() as srv:
+        c = APIComparatorClient(comparator_api_url=srv.url(), comparator_api_key=KEY, **FAST)
+        srv.script(429, {"error": f"slow down {echo}"}, headers={"Retry-After": "0"})
+        srv.script(401, {"error": f"bad key {echo}"})
+        with pytest.raises(APIError) as e:
+            c.generate("hi", 1)
+    assert e.value.status == 401 and _no_fragment(str(e.value)) and _no_fragment(caplog.text), (str(e.value), caplog.text)
+
+
+def test_redact_fragments_but_keeps_other_text():
+    assert redact(f"error near {KEY[5:30]} at line 3", [KEY]) == "error near *** at line 3"
+    assert redact("nothing secret here", [KEY]) == "nothing secret here"
+
+
+def test_secret_extra_body_and_headers_hidden_everywhere():
+    from comlrl_nb.trainers.iterative import MADPOIterConfig, config_record
+    extra = {"api_key": KEY, "metadata": {"session_token": KEY[::-1]}, "max_tokens": 64, "seed": 1}
+    cfg = APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_extra_body=extra,
+                              comparator_api_headers={"X-Goog-Api-Key": KEY, "X-Trace": "t1"})
+    for text in (repr(cfg), json.dumps(scrub_secrets(cfg))):
+        assert _no_fragment(text) and _no_fragment(text, KEY[::-1]) and '"max_tokens": 64' in json.dumps(scrub_secrets(cfg))
+    assert scrub_secrets(cfg)["comparator_api_headers"] == {"X-Goog-Api-Key": "***", "X-Trace": "t1"}
+    it = MADPOIterConfig(comparator_policy="api", comparator_api_url="http://127.0.0.1:9/x", comparator_api_extra_body=extra)
+    assert _no_fragment(json.dumps(config_record(it))) and _no_fragment(repr(it))
+
+
+def test_server_echoing_an_extra_body_secret_is_redacted():
+    with MockAPIServer() as srv:
+        c = APIComparatorClient(comparator_api_url=srv.url(), comparator_api_extra_body={"auth": {"token": KEY}}, **FAST)
+        srv.script(400, {"error": f"unknown field auth.token={KEY}"})
+        with pytest.raises(APIError) as e:
+            c.generate("hi", 1)
+    assert "HTTP 400" in str(e.value) and _no_fragment(str(e.value))
+
+
+def _raw_server(handler):
+    "A one-thread TCP server on 127.0.0.1 that runs handler(conn) for each connection."
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(8)
+    stop = threading.Event()
+    def loop():
+        while not stop.is_set():
+            try: conn, _ = srv.accept()
+            except OSError: return
+            threading.Thread(target=lambda: _serve(conn, handler, stop), daemon=True).start()
+    threading.Thread(target=loop, daemon=True).start()
+    return srv, stop, f"http://127.0.0.1:{srv.getsockname()[1]}/generic"
+
+
+def _serve(conn, handler, stop):
+    try:
+        conn.recv(65536); handler(conn, stop)
+    except OSError: pass
+    finally: conn.close()
+
+
+def _trickle_body(conn, stop):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+    while not stop.is_set():
+        conn.sendall(b" "); time.sleep(0.05)
+
+
+def _trickle_headers(conn, stop):
+    for ch in b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 10000:
+        if stop.is_set(): return
+        conn.sendall(bytes([ch])); time.sleep(0.05)
+
+
+@pytest.mark.parametrize("handler", [_trickle_body, _trickle_headers])
+def test_trickling_response_hits_a_total_deadline(handler):
+    srv, stop, url = _raw_server(handler)
+    try:
+        c = APIComparatorClient(comparator_api_url=url, comparator_api_timeout=0.5, sleep=lambda s: None, **FAST)
+        t0 = time.time()
+        with pytest.raises(APIError) as e:
+            c.generate("hi", 1)
+        assert time.time() - t0 < 2.5 and "timed out" in str(e.value) and "total deadline" in str(e.value)
+    finally:
+        stop.set(); srv.close()
+
+
+@pytest.mark.parametrize("length", [True, False])
+def test_response_size_is_capped(length):
+    big = b'{"completions": ["' + b"x" * (3 << 20) + b'"]}'
+    def send(conn, stop):
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + (b"Content-Length: %d\r\n" % len(big) if length else b"Connection: close\r\n")
+        conn.sendall(head + b"\r\n" + big)
+    srv, stop, url = _raw_server(send)
+    try:
+        c = APIComparatorClient(comparator_api_url=url, comparator_api_max_response_bytes=1 << 20, **FAST)
+        with pytest.raises(APIError, match="comparator_api_max_response_bytes=1048576"):
+            c.generate("hi", 1)
+    finally:
+        stop.set(); srv.close()
+
+
+@pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b'{"completions": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                                  b'{"completions": [[[["a"]]]]}', b"\xff\xfe not utf-8"])
+def test_every_client_failure_is_an_api_error(body):
+    with MockAPIServer() as srv:
+        c = APIComparatorClient(comparator_api_url=srv.url(), **FAST)
+        srv.script(200, body, headers={"Content-Type": "application/json"})
+        with pytest.raises(APIError) as e:
+            c.generate("hi", 1)
+    assert "comparator API (generic" in str(e.value) and len(str(e.value)) < 1000
+
+
+def test_bad_header_name_or_prefix_is_refused():
+    with pytest.raises(ValueError, match="not an HTTP header name"):
+        APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key_header="X Key:")
+    with pytest.raises(ValueError, match="comparator_api_key_prefix is invalid"):
+        APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key_prefix="Bearer\n")
+
+
+# ------------------------------------------------------------------ bad data found early, with the row
+from comlrl_nb.core import check_number  # noqa: E402
+from comlrl_nb.dataset import as_rows, check_dataset  # noqa: E402
+from comlrl_nb.engine import MetricsLogger  # noqa: E402
+from comlrl_nb.rewards import FormatterError, RewardError, RewardFunction, default_formatter, format_prompt  # noqa: E402
+
+GOOD = [{"prompt": f"Write story {i}"} for i in range(50)]
+
+
+@pytest.mark.parametrize("bad, where, msg", [
+    ({"prompt": None}, 37, "item['prompt'] must be a string, got NoneType"),
+    ({"question": "hi"}, 49, "reads item['prompt'], but the item has ['question']"),
+    ("just text", 3, "a str, but items must be dicts"),
+    ({"prompt": ""}, 10, "returned an empty prompt"),
+    ({"prompt": 7}, 0, "item['prompt'] must be a string, got int"),
+])
+def test_every_row_is_checked_and_named(bad, where, msg):
+    rows = GOOD[:where] + [bad] + GOOD[where + 1:]
+    with pytest.raises((ValueError, TypeError)) as e:
+        check_dataset(rows, [default_formatter, default_formatter])
+    assert f"train_dataset[{where}] (row {where + 1} of 50)" in str(e.value) and msg in str(e.value), str(e.value)
+
+
+def test_dataframe_and_dict_of_columns_are_rows():
+    import pandas as pd
+    df = pd.DataFrame({"prompt": ["a", "b", None], "answer": [1, 2, 3]})
+    with pytest.raises(ValueError, match=r"train_dataset\[2\] \(row 3 of 3\).*must be a string, got float"):
+        check_dataset(df, [default_formatter])
+    assert check_dataset(df.iloc[:2], [default_formatter]) == [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]
+    assert check_dataset({"prompt": ["x", "y"]}, [default_formatter], "eval_dataset") == [{"prompt": "x"}, {"prompt": "y"}]
+    with pytest.raises(ValueError, match="columns have different lengths"):
+        as_rows({"prompt": ["x", "y"], "id": [1]})
+    with pytest.raises(TypeError, match="a pandas DataFrame or a dict of columns is converted"):
+        as_rows(iter(GOOD))
+
+
+def test_formatter_exception_is_wrapped_with_agent_and_row():
+    fmt = lambda it: it["text"].upper()
+    with pytest.raises(FormatterError) as e:
+        check_dataset([{"text": "ok", "prompt": "p"}, {"text": None, "prompt": "p"}], [fmt, default_formatter], "eval_dataset")
+    msg = str(e.value)
+    assert "eval_dataset[1] (row 2 of 2)" in msg and "<lambda>) raised AttributeError: 'NoneType'" in msg
+    with pytest.raises(FormatterError, match=r"formatter of agent 2 \(.*<lambda>\) raised KeyError: missing key 'text'"):
+        format_prompt(fmt, {}, 1)
+
+
+def test_reward_processor_exception_is_wrapped():
+    rf = RewardFunction(lambda a, b: [1.0] * len(a), 2, processor=lambda v: {}["scale"] * v)
+    with pytest.raises(RewardError, match=r"reward_processor '.*<lambda>' raised KeyError on the reward 1.0"):
+        rf([["x"], ["y"]])
+    bad = RewardFunction(lambda a, b: [1.0] * len(a), 2, processor=lambda v: "high")
+    with pytest.raises(RewardError, match="returned 'high'"):
+        bad([["x"], ["y"]])
+
+
+@pytest.mark.parametrize("text, value", [("5e-6", 5e-6), (" 1e-3 ", 1e-3), ("2", 2.0), ("-0.5", -0.5)])
+def test_numeric_strings_accepted_for_float_fields(text, value):
+    assert check_number(text, "agent_learning_rate", "MAGRPOConfig") == value
+    with pytest.raises(ValueError, match="expected an integer"):
+        check_number(text, "num_agents", "MAGRPOConfig", integer=True)
+
+
+def test_yaml_5e_minus_6_reaches_the_config_as_a_float(tmp_path):
+    from comlrl_nb.cli import build_config, load_config_file
+    p = tmp_path / "c.yaml"
+    p.write_text("agent_learning_rate: 5e-6\nnum_train_epochs: 2\n")
+    data = load_config_file(p)
+    assert data["agent_learning_rate"] == "5e-6"                             # YAML 1.1 gives a string...
+    cfg = build_config(MAGRPOConfig, data)
+    assert cfg.agent_learning_rate == 5e-6 and isinstance(cfg.agent_learning_rate, float)   # ...the config a float
+    with pytest.raises(ValueError, match="agent_learning_rate='fast' is invalid: expected a number"):
+        build_config(MAGRPOConfig, {"agent_learning_rate": "fast"})
+
+
+def test_metrics_logger_takes_numpy_and_tensor_values(tmp_path):
+    import numpy as np
+    m = MetricsLogger(tmp_path)
+    m.log({"batch": np.int64(3), "stopped": np.bool_(True), "loss": np.float32(0.5), "t": torch.tensor(2.0),
+           "hist": np.array([1, 2]), "odd": {1, 2}, "big": torch.ones(2)}, step=1)
+    (row,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert row["batch"] == 3 and type(row["batch"]) is int and row["stopped"] is True and row["loss"] == 0.5
+    assert row["t"] == 2.0 and row["hist"] == [1, 2] and row["odd"] == "{1, 2}" and row["big"] == [1.0, 1.0]
+
+
+def test_prompt_longer_than_the_context(tiny, caplog):
+    from comlrl_nb.generation import context_length, generate_completions
+    m, tok = tiny
+    limit = context_length(m)
+    assert limit is not None
+    long = " ".join(["word"] * (limit + 50))
+    with pytest.raises(ValueError, match=rf"prompt 1 of the batch is \d+ tokens long but the model's context is {limit} positions"):
+        generate_completions(m, tok, ["short", long], k=1, max_new_tokens=4)
+    ntok = lambda w: len(tok(" ".join(["word"] * w), add_special_tokens=False).input_ids)
+    words = (limit - 5) * 10 // ntok(10)
+    while ntok(words) > limit - 5: words -= 1
+    near = " ".join(["word"] * words)
+    c = generate_completions(m, tok, [near], k=1, max_new_tokens=16, temperature=0.0)
+    room = limit - len(tok(near, add_special_tokens=False).input_ids)
+    assert c.completion_ids.shape[1] <= room and "generating at most" in caplog.text
+
+
+# ------------------------------------------------------------------ never lose work, never mix runs
+from comlrl_nb.replay import ReplayBuffer, iteration_path  # noqa: E402
+from comlrl_nb.runs import (RunLock, Terminated, check_resume_config, config_changes, exit_status,  # noqa: E402
+                            prepare_output_dir, sigterm_as_interrupt)
+
+
+def _fake_run(d, batches=(1, 2)):
+    ck = CheckpointManager(Path(d) / "checkpoints", algo="magrpo", num_agents=2)
+    for b in batches: ck.save(b, {"w": torch.full((3,), float(b))})
+    (Path(d) / "metrics.jsonl").write_text("".join(json.dumps({"batch": b}) + "\n" for b in batches))
+    return ck
+
+
+@pytest.mark.parametrize("what", ["checkpoints", "metrics"])
+def test_fresh_run_into_a_used_dir_refuses_and_keeps_the_files(tmp_path, what):
+    ck = _fake_run(tmp_path)
+    if what == "metrics": shutil.rmtree(tmp_path / "checkpoints")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(FileExistsError) as e:
+        prepare_output_dir(tmp_path, "magrpo")
+    msg = str(e.value)
+    assert "--resume" in msg and "resume_from_checkpoint=True" in msg and "fresh directory" in msg
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert prepare_output_dir(tmp_path, "magrpo", resume=True) == tmp_path
+
+
+def test_default_output_dir_is_fresh_per_run_and_resume_finds_the_newest(tmp_path):
+    a = prepare_output_dir(None, "maac", root=tmp_path, now=1_700_000_000)
+    _fake_run(a)
+    b = prepare_output_dir(None, "maac", root=tmp_path, now=1_700_000_000)
+    assert a != b and b.parent == a.parent and (tmp_path / "maac" / "latest").resolve() == b.resolve()
+    assert prepare_output_dir(None, "maac", resume=True, root=tmp_path) == a.resolve()      # b holds no run yet
+    _fake_run(b)
+    assert prepare_output_dir(None, "maac", resume=True, root=tmp_path) == b.resolve()
+    with pytest.raises(FileNotFoundError, match="no run under"):
+        prepare_output_dir(None, "iac", resume=True, root=tmp_path)
+
+
+def test_unwritable_output_dir_is_found_before_any_work(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match=r"output_dir .*file/run is not writable"):
+        prepare_output_dir(tmp_path / "file" / "run", "magrpo")
+    with pytest.raises(OSError, match="is not writable"):
+        prepare_output_dir("/proc/comlrl_nb_run", "magrpo")
+
+
+_HOLD = "import sys, time\nfrom comlrl_nb.runs import RunLock\nRunLock(sys.argv[1]).acquire()\nprint('locked', flush=True)\ntime.sleep(120)\n"
+
+
+def test_second_live_process_is_refused_and_a_killed_ones_lock_taken_over(tmp_path, caplog):
+    p = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        with pytest.raises(RuntimeError, match=rf"in use by another run \(pid {p.pid} on "):
+            RunLock(tmp_path).acquire()
+    finally:
+        p.kill(); p.wait()
+    with RunLock(tmp_path) as lock:
+        assert lock.holder()["pid"] == os.getpid()
+    assert f"took over the lock left by pid {p.pid}" in caplog.text
+
+
+def test_config_change_that_breaks_exact_resume_is_named():
+    saved = {"agent_learning_rate": 1e-5, "num_generations": 4, "seed": 0, "logging_steps": 1, "eval_interval": 4,
+             "comparator_api_key": "***", "agent_devices": ["cpu", "cpu"]}
+    same = {**saved, "logging_steps": 5, "eval_interval": 0, "comparator_api_key": "sk-rotated", "agent_devices": ("cpu", "cpu")}
+    assert config_changes(saved, same) == {}
+    with pytest.raises(ValueError) as e:
+        check_resume_config(saved, {**same, "num_generations": 8, "seed": 3})
+    msg = str(e.value)
+    assert "num_generations: 4 -> 8" in msg and "seed: 0 -> 3" in msg and "allow_config_changes=['num_generations', 'seed']" in msg
+    assert check_resume_config(saved, {**same, "seed": 3}, allow=["seed"]) == ["seed"]
+
+
+_TERM = textwrap.dedent('''
+    import sys, time
+    from comlrl_nb.runs import sigterm_as_interrupt, exit_status
+    try:
+        with sigterm_as_interrupt():
+            print("ready", flush=True)
+            for step in range(10**6): time.sleep(0.01)
+    except KeyboardInterrupt as e:
+        open(sys.argv[1], "w").write("checkpoint at step %d" % step)
+        sys.exit(exit_status(e))
+''')
+
+
+def test_sigterm_takes_the_ctrl_c_path(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", _TERM, str(tmp_path / "saved")], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 143 and (tmp_path / "saved").read_text().startswith("checkpoint at step")
+    assert exit_status(Terminated()) == 143 and exit_status(KeyboardInterrupt()) == 130
+
+
+def test_resave_never_leaves_no_checkpoint(tmp_path, monkeypatch):
+    from comlrl_nb import engine
+    ck = CheckpointManager(tmp_path, total_limit=1)
+    ck.save(5, {"v": 1})
+    monkeypatch.setattr(engine, "_swap", lambda a, b: False)              # no atomic exchange: the two-rename path
+    real, calls = os.replace, []
+    def crash_after_first(a, b):
+        calls.append(a); real(a, b)
+        if len(calls) == 1: raise KeyboardInterrupt("killed between the renames")
+    monkeypatch.setattr(engine.os, "replace", crash_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save(5, {"v": 2})
+    monkeypatch.setattr(engine.os, "replace", real)
+    p, state = CheckpointManager(tmp_path).load(True)                     # the old one is recovered
+    assert p.name == "checkpoint-0000005" and state == {"v": 1}
+    monkeypatch.undo()
+    ck.save(5, {"v": 3})
+    assert [q.name for q in tmp_path.iterdir()] == ["checkpoint-0000005"] and ck.load(True)[1] == {"v": 3}
+
+
+_RESAVE = textwrap.dedent('''
+    import sys, torch
+    from comlrl_nb.engine import CheckpointManager
+    ck = CheckpointManager(sys.argv[1], total_limit=1)
+    i = 0
+    while True:
+        i += 1
+        ck.save(7, {"i": i, "w": torch.randn(200_000)})
+        print(i, flush=True)
+''')
+
+
+def test_resave_killed_at_random_moments_keeps_a_complete_checkpoint(tmp_path):
+    import random
+    rng = random.Random(1)
+    for _ in range(6):
+        p = subprocess.Popen([sys.executable, "-c", _RESAVE, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        p.stdout.readline()
+        time.sleep(rng.uniform(0.0, 0.4))
+        p.kill(); p.wait()
+        path, state = CheckpointManager(tmp_path).load(True)
+        assert path.name == "checkpoint-0000007" and state["w"].shape == (200_000,)
+
+
+def test_pruning_ignores_what_it_did_not_write(tmp_path):
+    (tmp_path / "checkpoint-best").mkdir(); (tmp_path / "checkpoint-best" / "trainer_state.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("mine")
+    other = CheckpointManager(tmp_path); other.save(90, {"other": True})       # a later batch number (another run)
+    ck = CheckpointManager(tmp_path, total_limit=2)
+    for b in range(1, 6): ck.save(b, {"b": b})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-0000004", "checkpoint-0000005", "checkpoint-0000090",
+                                                           "checkpoint-best", "notes.txt"]
+
+
+@pytest.mark.parametrize("damage", ["state.pt", "trainer_state.json"])
+def test_truncated_checkpoint_file_is_named_and_the_previous_used(tmp_path, damage, caplog):
+    ck = CheckpointManager(tmp_path)
+    for b in (1, 2, 3): ck.save(b, {"b": b, "w": torch.ones(1000)})
+    f = tmp_path / "checkpoint-0000003" / damage
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    p, state = ck.load(True)
+    assert p.name == "checkpoint-0000002" and state["b"] == 2
+    assert str(f) in caplog.text and "falling back to the previous checkpoint" in caplog.text
+    with pytest.raises(ValueError, match=rf"{f}.*resume from another checkpoint \(checkpoint-0000001, checkpoint-0000002\)"):
+        ck.load(tmp_path / "checkpoint-0000003")
+
+
+def test_replay_restore_leaves_another_runs_files_alone(tmp_path):
+    a = ReplayBuffer(tmp_path)
+    a.register(1, [{"x": 1}])
+    state = a.state_dict()
+    a.register(2, [{"x": 2}])                                              # after a's checkpoint: a's own, removed on restore
+    b = ReplayBuffer(tmp_path)
+    b.register(1, [{"b": 1}]); b.register(3, [{"b": 3}])                  # another run shares the directory
+    theirs = {n: iteration_path(tmp_path, n).read_bytes() for n in (1, 3)}
+    back = ReplayBuffer(tmp_path); back.load_state_dict(state)
+    assert {n: iteration_path(tmp_path, n).read_bytes() for n in (1, 3)} == theirs
+    assert not iteration_path(tmp_path, 2).exists() and back.select(1) == [{"x": 1}]
