@@ -30,6 +30,10 @@ from .trainers.marlhf import MARLHFConfig, MARLHFTrainer
 from .trainers.iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from .comparators import COMPARATOR_POLICIES, parse_agent_sections, centralized_prompt
 from .api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets
+from .porting import (RewardProcessors, read_checkpoint_metadata, wandb_init_kwargs, set_reward_range,
+                               install_library_modules, install_trainer_wrappers)
+install_library_modules()          # comlrl's module paths (comlrl_nb.utils.reward_processor, ...), see 90_porting
+install_trainer_wrappers()         # the library's wandb_config, reward layout and num_agents on every trainer
 
 # %% ../nbs/99_api.ipynb #100d7049
 _LAZY = {"code_task": "comlrl_nb.envs.code", "writing_task": "comlrl_nb.envs.writing",

@@ -10,6 +10,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 from .core import as_list, logger, resolve_device, resolve_dtype
+from .porting import apply_special_tokens, from_pretrained_kwargs
 
 # %% auto #0
 __all__ = ['TINY_CORPUS', 'EMBEDDED_NAMES', 'make_tiny_tokenizer', 'make_tiny_model', 'embedded_model_file', 'load_embedded',
@@ -82,9 +83,8 @@ def load_embedded(model_config: dict | None = None, device=None):
     return model.to(resolve_device(device)).eval(), _prepare_tokenizer(tok)
 
 # %% ../nbs/01_models.ipynb #714de853
-def _model_kwargs(model_config: dict | None) -> dict:
-    kw = dict(model_config or {})
-    if "torch_dtype" in kw: kw["dtype"] = kw.pop("torch_dtype")
+def _model_kwargs(model_config: dict | None, role: str = "agent") -> dict:
+    kw = from_pretrained_kwargs(model_config, role)          # the library's keys, checked (90_porting)
     dt = resolve_dtype(kw.get("dtype", "float32"))
     kw["dtype"] = dt or torch.float32
     return kw
@@ -140,8 +140,14 @@ def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: in
             raise ValueError(f"num_agents={num_agents} but the adapter spec has num_agents={agents.num_agents}; make them agree")
         devs = set(str(resolve_device(d)) for d in as_list(devices, agents.num_agents, "agent_devices", "device"))
         if len(devs) > 1: raise ValueError(f"adapter agents share one base model and must be on one device, got {sorted(devs)}")
-        return agents.build(model_config, devs.pop())
-    if agents is not None and agent_model is not None: raise ValueError("pass either agent_model or agents, not both")
+        built = agents.build(model_config, devs.pop())
+        return built[0], apply_special_tokens(built[1], model_config)
+    if agents is not None and agent_model is not None:              # allowed when they agree (as the library)
+        if isinstance(agents, (str, bytes)) or not isinstance(agents, Sequence) or \
+                any(not (a is agent_model or (isinstance(a, str) and a == agent_model)) for a in agents):
+            raise ValueError("agent_model and agents disagree; pass agents only (one model per agent), agent_model only, "
+                             "or a list of agents that all equal agent_model")
+        agent_model = None
     if agents is not None:
         if isinstance(agents, (str, torch.nn.Module)) or not isinstance(agents, Sequence) or len(agents) == 0:
             raise ValueError("agents must be a non-empty list (one model id/path/object per agent); for one model shared by all use agent_model")
@@ -164,4 +170,4 @@ def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: in
             m = copy.deepcopy(m)
         models.append(m.to(resolve_device(d)))
         out_toks.append(load_tokenizer(t if t is not None else s))
-    return models, out_toks
+    return models, apply_special_tokens(out_toks, model_config)
