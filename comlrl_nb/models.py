@@ -134,7 +134,7 @@ def load_tokenizer(spec):
 def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: int | None = None, tokenizer=None,
                 model_config: dict | None = None, devices=None):
     "Resolve the trainer's model arguments into (models, tokenizers), one of each per agent, on their devices."
-    if agents is None and agent_model is None: raise ValueError("pass agent_model (one model for all agents) or agents (one per agent)")
+    if agents is None and agent_model is None: raise ValueError("Either agent_model or agents is required: pass agent_model (one model for all agents) or agents (one per agent)")
     if hasattr(agents, "build"):                            # an adapter spec such as LoRAAgents
         if num_agents is not None and num_agents != agents.num_agents:
             raise ValueError(f"num_agents={num_agents} but the adapter spec has num_agents={agents.num_agents}; make them agree")
@@ -145,8 +145,8 @@ def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: in
     if agents is not None and agent_model is not None:              # allowed when they agree (as the library)
         if isinstance(agents, (str, bytes)) or not isinstance(agents, Sequence) or \
                 any(not (a is agent_model or (isinstance(a, str) and a == agent_model)) for a in agents):
-            raise ValueError("agent_model and agents disagree; pass agents only (one model per agent), agent_model only, "
-                             "or a list of agents that all equal agent_model")
+            raise ValueError("agent_model and agents conflict (they disagree); pass agents only (one model per agent), "
+                             "agent_model only, or a list of agents that all equal agent_model")
         agent_model = None
     if agents is not None:
         if isinstance(agents, (str, torch.nn.Module)) or not isinstance(agents, Sequence) or len(agents) == 0:
