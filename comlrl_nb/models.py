@@ -108,14 +108,14 @@ def _offline_error(spec: str, err: Exception) -> OSError:
                    "path (a directory written by save_pretrained), a preloaded model object, or 'embedded' for the "
                    "bundled SmolLM2-135M-Instruct.")
 
-def load_model(spec, model_config: dict | None = None, device=None):
-    "A causal LM from a hub id, a local directory, 'embedded', or an already loaded `torch.nn.Module` (moved to device)."
+def load_model(spec, model_config: dict | None = None, device=None, role: str = "agent"):
+    "A causal LM from a hub id, a local directory, 'embedded', or a loaded `torch.nn.Module`; role 'critic' reads critic_model_kwargs."
     if isinstance(spec, torch.nn.Module): return spec.to(resolve_device(device)) if device is not None else spec
     if _is_embedded(spec): return load_embedded(model_config, device)[0]
     if not isinstance(spec, (str, os.PathLike)):
         raise TypeError(f"a model must be an id, a path or a torch.nn.Module, got {type(spec).__name__}")
     from transformers import AutoModelForCausalLM
-    try: model = AutoModelForCausalLM.from_pretrained(str(spec), **_model_kwargs(model_config))
+    try: model = AutoModelForCausalLM.from_pretrained(str(spec), **_model_kwargs(model_config, role))
     except OSError as e: raise _offline_error(str(spec), e) from e
     return model.to(resolve_device(device)).eval()
 
