@@ -159,6 +159,9 @@ def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: in
     devs = as_list(devices, n, "agent_devices", "device")
     if tokenizer is None and any(isinstance(s, torch.nn.Module) for s in specs):
         raise ValueError("preloaded model objects need tokenizer= (one for all agents, or one per agent)")
+    if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != n:     # a list is one per agent (as the library)
+        raise ValueError(f"tokenizer: got {len(tokenizer)} tokenizers for {n} agents (tokenizers length must match the "
+                         "agents); pass one tokenizer object for all, or a list with one per agent")
     toks = as_list(tokenizer, n, "tokenizer", "tokenizer") if tokenizer is not None else [None] * n
     cache, models, out_toks = {}, [], []
     for i, (s, d, t) in enumerate(zip(specs, devs, toks)):
