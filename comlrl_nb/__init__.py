@@ -34,7 +34,10 @@ from .api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServ
 from .dataset import as_rows, check_dataset
 from .rewards import FormatterError
 from .runs import RunLock, Terminated, check_resume_config, config_changes, prepare_output_dir, sigterm_as_interrupt
-
+from .porting import (RewardProcessors, read_checkpoint_metadata, wandb_init_kwargs, set_reward_range,
+                               install_library_modules, install_trainer_wrappers)
+install_library_modules()          # comlrl's module paths (comlrl_nb.utils.reward_processor, ...), see 90_porting
+install_trainer_wrappers()         # the library's wandb_config, reward layout and num_agents on every trainer
 
 # %% ../nbs/99_api.ipynb #100d7049
 _LAZY = {"code_task": "comlrl_nb.envs.code", "writing_task": "comlrl_nb.envs.writing",

@@ -157,9 +157,9 @@ def centralized_parse_error(num_agents: int, total: int, examples: Sequence[str]
         "comparator_parser= (text, num_agents) -> list of strings or None, or use comparator_generation_mode='decentralized'")
 
 # %% ../nbs/51_comparators.ipynb #10667019
-def history_snapshot_index(iteration: int, k: int) -> int:
-    "The snapshot S_j that round `iteration` (1-based) is compared with: j = max(iteration - 1 - k, 0)."
-    return max(iteration - 1 - k, 0)
+def history_snapshot_index(iteration: int, k: int | None) -> int:
+    "The snapshot S_j that round `iteration` (1-based) is compared with: j = max(iteration - 1 - k, 0); k=None means 1."
+    return max(iteration - 1 - (1 if k is None else k), 0)
 
 # %% ../nbs/51_comparators.ipynb #be6b4600
 class PolicySnapshots:

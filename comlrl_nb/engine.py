@@ -88,7 +88,8 @@ class _WandbTracker:
     def __init__(self, cfg: dict):
         try: import wandb
         except ImportError: raise ImportError("wandb_config was given but wandb is not installed: pip install wandb (or pass wandb_config=None)") from None
-        self.run = wandb.init(**cfg)
+        from comlrl_nb.porting import wandb_init_kwargs             # the library's wandb_config keys (90_porting)
+        self.run = wandb.init(**wandb_init_kwargs(cfg))
     def log(self, rec, step): self.run.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step)
     def close(self): self.run.finish()
 

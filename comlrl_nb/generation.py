@@ -26,7 +26,7 @@ def filter_and_sample(logits: torch.Tensor, gens: Sequence[torch.Generator], tem
     "Sample one token per row from softmax(logits/T) restricted to the top-k and nucleus (top-p) sets."
     logits = logits.float()
     if temperature == 0: return logits.argmax(-1)
-    if top_k is not None and 0 < top_k < logits.shape[-1]:
+    if top_k is not None and 0 < top_k < logits.shape[-1]:          # None or 0: no top-k filtering (as HF generate)
         vals, idx = logits.topk(top_k, dim=-1)                      # sorted, descending
     else:
         vals, idx = logits.sort(dim=-1, descending=True)

@@ -10,6 +10,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 from .core import as_list, logger, resolve_device, resolve_dtype
+from .porting import apply_special_tokens, from_pretrained_kwargs
 
 # %% auto #0
 __all__ = ['TINY_CORPUS', 'EMBEDDED_NAMES', 'make_tiny_tokenizer', 'make_tiny_model', 'embedded_model_file', 'load_embedded',
@@ -82,9 +83,8 @@ def load_embedded(model_config: dict | None = None, device=None):
     return model.to(resolve_device(device)).eval(), _prepare_tokenizer(tok)
 
 # %% ../nbs/01_models.ipynb #714de853
-def _model_kwargs(model_config: dict | None) -> dict:
-    kw = dict(model_config or {})
-    if "torch_dtype" in kw: kw["dtype"] = kw.pop("torch_dtype")
+def _model_kwargs(model_config: dict | None, role: str = "agent") -> dict:
+    kw = from_pretrained_kwargs(model_config, role)          # the library's keys, checked (90_porting)
     dt = resolve_dtype(kw.get("dtype", "float32"))
     kw["dtype"] = dt or torch.float32
     return kw
@@ -108,14 +108,14 @@ def _offline_error(spec: str, err: Exception) -> OSError:
                    "path (a directory written by save_pretrained), a preloaded model object, or 'embedded' for the "
                    "bundled SmolLM2-135M-Instruct.")
 
-def load_model(spec, model_config: dict | None = None, device=None):
-    "A causal LM from a hub id, a local directory, 'embedded', or an already loaded `torch.nn.Module` (moved to device)."
+def load_model(spec, model_config: dict | None = None, device=None, role: str = "agent"):
+    "A causal LM from a hub id, a local directory, 'embedded', or a loaded `torch.nn.Module`; role 'critic' reads critic_model_kwargs."
     if isinstance(spec, torch.nn.Module): return spec.to(resolve_device(device)) if device is not None else spec
     if _is_embedded(spec): return load_embedded(model_config, device)[0]
     if not isinstance(spec, (str, os.PathLike)):
         raise TypeError(f"a model must be an id, a path or a torch.nn.Module, got {type(spec).__name__}")
     from transformers import AutoModelForCausalLM
-    try: model = AutoModelForCausalLM.from_pretrained(str(spec), **_model_kwargs(model_config))
+    try: model = AutoModelForCausalLM.from_pretrained(str(spec), **_model_kwargs(model_config, role))
     except OSError as e: raise _offline_error(str(spec), e) from e
     return model.to(resolve_device(device)).eval()
 
@@ -134,14 +134,20 @@ def load_tokenizer(spec):
 def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: int | None = None, tokenizer=None,
                 model_config: dict | None = None, devices=None):
     "Resolve the trainer's model arguments into (models, tokenizers), one of each per agent, on their devices."
-    if agents is None and agent_model is None: raise ValueError("pass agent_model (one model for all agents) or agents (one per agent)")
+    if agents is None and agent_model is None: raise ValueError("Either agent_model or agents is required: pass agent_model (one model for all agents) or agents (one per agent)")
     if hasattr(agents, "build"):                            # an adapter spec such as LoRAAgents
         if num_agents is not None and num_agents != agents.num_agents:
             raise ValueError(f"num_agents={num_agents} but the adapter spec has num_agents={agents.num_agents}; make them agree")
         devs = set(str(resolve_device(d)) for d in as_list(devices, agents.num_agents, "agent_devices", "device"))
         if len(devs) > 1: raise ValueError(f"adapter agents share one base model and must be on one device, got {sorted(devs)}")
-        return agents.build(model_config, devs.pop())
-    if agents is not None and agent_model is not None: raise ValueError("pass either agent_model or agents, not both")
+        built = agents.build(model_config, devs.pop())
+        return built[0], apply_special_tokens(built[1], model_config)
+    if agents is not None and agent_model is not None:              # allowed when they agree (as the library)
+        if isinstance(agents, (str, bytes)) or not isinstance(agents, Sequence) or \
+                any(not (a is agent_model or (isinstance(a, str) and a == agent_model)) for a in agents):
+            raise ValueError("agent_model and agents conflict (they disagree); pass agents only (one model per agent), "
+                             "agent_model only, or a list of agents that all equal agent_model")
+        agent_model = None
     if agents is not None:
         if isinstance(agents, (str, torch.nn.Module)) or not isinstance(agents, Sequence) or len(agents) == 0:
             raise ValueError("agents must be a non-empty list (one model id/path/object per agent); for one model shared by all use agent_model")
@@ -153,6 +159,9 @@ def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: in
     devs = as_list(devices, n, "agent_devices", "device")
     if tokenizer is None and any(isinstance(s, torch.nn.Module) for s in specs):
         raise ValueError("preloaded model objects need tokenizer= (one for all agents, or one per agent)")
+    if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != n:     # a list is one per agent (as the library)
+        raise ValueError(f"tokenizer: got {len(tokenizer)} tokenizers for {n} agents (tokenizers length must match the "
+                         "agents); pass one tokenizer object for all, or a list with one per agent")
     toks = as_list(tokenizer, n, "tokenizer", "tokenizer") if tokenizer is not None else [None] * n
     cache, models, out_toks = {}, [], []
     for i, (s, d, t) in enumerate(zip(specs, devs, toks)):
@@ -164,4 +173,4 @@ def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: in
             m = copy.deepcopy(m)
         models.append(m.to(resolve_device(d)))
         out_toks.append(load_tokenizer(t if t is not None else s))
-    return models, out_toks
+    return models, apply_special_tokens(out_toks, model_config)

@@ -26,9 +26,9 @@ PAIR_SELECTIONS = ("reward_gap", "all", "random")
 COLLECTION_ROWS = 64      # default rows (items x candidates) per sampling loop while collecting pairs
 
 def untied_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
-    "(winner, loser) candidate indices of every pair with different scores, in index order (j < k)."
+    "(winner, loser) candidate indices of every untied pair, enumerated as ordered pairs in index order (as the library)."
     s = [float(x) for x in scores]
-    return [(j, k) if s[j] > s[k] else (k, j) for j in range(len(s)) for k in range(j + 1, len(s)) if s[j] != s[k]]
+    return [(j, k) for j in range(len(s)) for k in range(len(s)) if s[j] > s[k]]
 
 def select_pairs(scores: Sequence[float], pair_selection: str = "reward_gap", pairs_per_sample: Optional[int] = 16,
                  key: tuple = (0,)) -> list[tuple[int, int]]:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from .core import as_list
+from .porting import library_groups, library_prompts, reward_call_form
 
 # %% auto #0
 __all__ = ['RewardError', 'RewardFunction', 'FormatterError', 'default_formatter', 'resolve_formatters', 'format_prompt',
@@ -43,42 +44,49 @@ def _to_floats(out, fn, expected: int, hint: str = "") -> list[float]:
 
 # %% ../nbs/04_rewards.ipynb #e85d0929
 class RewardFunction:
-    "Wraps a user reward function: inspects its signature once, calls it per batch (or per joint response), validates."
-    def __init__(self, fn: Callable, num_agents: int, processor: Optional[Callable] = None, batched: bool = True):
+    "Wraps a user reward function: decides its call form once, calls it per batch (or per joint response), validates."
+    def __init__(self, fn: Callable, num_agents: int, processor: Optional[Callable] = None, batched: bool = True,
+                 prompt_layout: str = "first"):
         if not callable(fn): raise TypeError(f"reward_func must be callable, got {type(fn).__name__}")
         if processor is not None and not callable(processor): raise TypeError(f"reward_processor must be callable, got {type(processor).__name__}")
         self.fn, self.n, self.processor, self.batched = fn, num_agents, processor, batched
-        try: params = inspect.signature(fn).parameters.values()
-        except (TypeError, ValueError): params = []
-        var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
-        names = {p.name for p in params}
-        self.pass_items, self.pass_prompts = var_kw or "batch_items" in names, var_kw or "prompts" in names
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                      and p.default is p.empty and p.name not in ("batch_items", "prompts")]
-        var_pos = any(p.kind == p.VAR_POSITIONAL for p in params)
-        self.list_of_lists = num_agents > 1 and len(positional) == 1 and not var_pos
-        if not var_pos and params and not self.list_of_lists and len(positional) > num_agents:
-            raise TypeError(f"reward function '{_fn_name(fn)}' takes {len(positional)} required positional arguments "
-                            f"but there are {num_agents} agents; it must take one list of completions per agent")
+        self.form, takes = reward_call_form(fn, num_agents)       # agents | prompts_first | lists | varargs | unknown
+        self.pass_items, self.pass_prompts = "batch_items" in takes, "prompts" in takes
+        self.list_of_lists, self.prompt_layout = self.form == "lists", prompt_layout
         self.__name__ = _fn_name(fn)
 
 # %% ../nbs/04_rewards.ipynb #8f44bdca
 def _rf_call(self: RewardFunction, completions: Sequence[Sequence[str]], batch_items=None, prompts=None) -> list[float]:
     "Scores of the J joint responses given per-agent lists of completions (each of length J)."
     if len(completions) != self.n: raise ValueError(f"expected completions for {self.n} agents, got {len(completions)}")
+    if self.form == "prompts_first": vals = self._call_library(completions, batch_items, prompts)
+    else: vals = self._call_ours(completions, batch_items, prompts)
+    if self.processor is not None:
+        vals = [_to_floats([self._process(v)], self.processor, 1)[0] for v in vals]
+    return vals
+
+def _rf_call_ours(self: RewardFunction, completions, batch_items, prompts) -> list[float]:
+    "This package's form: one call for all J joint responses (or one per joint response when not batched)."
     J = len(completions[0])
     kw = {}
     if self.pass_items and batch_items is not None: kw["batch_items"] = list(batch_items)
     if self.pass_prompts and prompts is not None: kw["prompts"] = [list(p) for p in prompts]
-    if self.batched: vals = _to_floats(self._invoke([list(c) for c in completions], kw), self.fn, J,
+    if self.batched: return _to_floats(self._invoke([list(c) for c in completions], kw), self.fn, J,
                                        hint="; if it scores one joint response per call, set reward_batched=False")
-    else:
-        vals = []
-        for j in range(J):
-            kj = {k: ([v[j]] if k == "batch_items" else [[p[j]] for p in v]) for k, v in kw.items()}
-            vals += _to_floats(self._invoke([[c[j]] for c in completions], kj), self.fn, 1)
-    if self.processor is not None:
-        vals = [_to_floats([self._process(v)], self.processor, 1)[0] for v in vals]
+    vals = []
+    for j in range(J):
+        kj = {k: ([v[j]] if k == "batch_items" else [[p[j]] for p in v]) for k, v in kw.items()}
+        vals += _to_floats(self._invoke([[c[j]] for c in completions], kj), self.fn, 1)
+    return vals
+
+def _rf_call_library(self: RewardFunction, completions, batch_items, prompts) -> list[float]:
+    "The library's form f(prompts, c1, ..., cn): one call per item group, prompts in the trainer's library layout."
+    vals = []
+    for g in library_groups(batch_items, prompts, self.batched):
+        kw = {"batch_items": [batch_items[g[0]]]} if self.pass_items else {}
+        lists = [library_prompts(prompts, g[0], self.prompt_layout)] + [[c[j] for j in g] for c in completions]
+        vals += _to_floats(self._invoke(lists, kw), self.fn, len(g),
+                           hint=" of one task item; if it scores one joint response per call, set reward_batched=False")
     return vals
 
 def _rf_invoke(self: RewardFunction, lists, kw):
@@ -93,6 +101,7 @@ def _rf_process(self: RewardFunction, v: float):
         raise RewardError(f"reward_processor '{_fn_name(self.processor)}' raised {type(e).__name__} on the reward {v!r}: {e}") from e
 
 RewardFunction.__call__, RewardFunction._invoke, RewardFunction._process = _rf_call, _rf_invoke, _rf_process
+RewardFunction._call_ours, RewardFunction._call_library = _rf_call_ours, _rf_call_library
 
 # %% ../nbs/04_rewards.ipynb #2aa2a4f9
 def _key_message(e: KeyError) -> str:

@@ -1,0 +1,241 @@
+"""Two ports shaped like real projects written for the existing library: only the import changes (`comlrl.` -> `comlrl_nb.`).
+
+Each reads a YAML file whose sections become configs via `Config(**section)`, passes the library's `model_config`
+and `wandb_config` dictionaries (a stand-in `wandb` module with the real `wandb.init` signature records the run),
+and uses a reward in the library's form (prompts first) that looks its task item up by prompt, as the authors'
+projects do. Tiny models are built in-process and saved to a directory, so the scripts load them by path.
+"""
+import importlib.machinery
+import json
+import sys
+import types
+
+import pytest
+import torch
+import yaml
+
+from comlrl_nb.models import make_tiny_model
+# --- what a ported script imports (the library's paths with comlrl_nb in front) ---
+from comlrl_nb.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+from comlrl_nb.trainers.actor_critic import MAACConfig, MAACTrainer
+from comlrl_nb.utils.reward_processor import RewardProcessors
+
+ITEMS = [{"task_id": "t0", "question": "add two and three"}, {"task_id": "t1", "question": "name a color"}]
+
+
+def formatter(role):
+    return lambda item: f"[{role}] {item['question']}"
+
+
+FORMATTERS = [formatter("writer"), formatter("critic")]
+PROMPT_TO_ITEM = {f(it): it for it in ITEMS for f in FORMATTERS}
+
+
+class StandInWandb(types.ModuleType):
+    "A `wandb` module whose init has the real signature; it records what a run receives."
+    def __init__(self):
+        super().__init__("wandb")
+        self.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+        self.inits, self.logged = [], []
+
+    def init(self, entity=None, project=None, dir=None, id=None, name=None, notes=None, tags=None, config=None,
+             config_exclude_keys=None, config_include_keys=None, allow_val_change=None, group=None, job_type=None,
+             mode=None, force=None, anonymous=None, reinit=None, resume=None, resume_from=None, fork_from=None,
+             save_code=None, tensorboard=None, sync_tensorboard=None, monitor_gym=None, settings=None):
+        self.inits.append(dict(entity=entity, project=project, dir=dir, name=name, tags=tags, config=config, mode=mode))
+        logged = self.logged
+        return types.SimpleNamespace(log=lambda data, step=None, commit=None: logged.append(dict(data)),
+                                     finish=lambda exit_code=None, quiet=None: None)
+
+
+@pytest.fixture
+def wandb(monkeypatch):
+    mod = StandInWandb()
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-agent")
+    model, tok = make_tiny_model(seed=0)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+def load_project_yaml(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return yaml.safe_load(path.read_text())
+
+
+MAGRPO_YAML = """
+model:
+  dtype: float32
+  special_tokens:
+    additional_special_tokens: ["<feedback>"]
+dataset:
+  name: toy-questions
+  type: qa
+external:
+  mode: feedback
+magrpo:
+  num_agents: 2
+  num_turns: 2
+  num_train_epochs: 1
+  num_generations: 2
+  max_new_tokens: 4
+  agent_learning_rate: 1.0e-4
+  temperature: 0.8
+  top_p: 0.9
+  discount: 0.9
+  logging_steps: 1
+  rollout_buffer_size: 2
+  eval_interval: 1
+  eval_num_samples: 2
+  early_termination_threshold: null
+wandb:
+  project: port-test
+  name: two-turn-magrpo
+  tags: [magrpo, two-turn]
+  mode: offline
+"""
+
+
+@pytest.fixture(scope="module")
+def magrpo_run(tmp_path_factory, model_dir):
+    "Run the two-turn MAGRPO project once; the tests below read what it did."
+    torch.set_num_threads(1)
+    tmp_path = tmp_path_factory.mktemp("magrpo-project")
+    cfg = load_project_yaml(tmp_path, MAGRPO_YAML)
+    args = MAGRPOConfig(**cfg["magrpo"], output_dir=str(tmp_path / "run"))
+    seen = {"looked_up": [], "transitions": [], "eval_turns": []}
+
+    def reward(prompts, writer, critic):                    # the library's form: prompts first
+        assert isinstance(prompts, list) and all(isinstance(p, str) for p in prompts), prompts
+        item = PROMPT_TO_ITEM.get(prompts[0], {})
+        seen["looked_up"].append(item.get("task_id"))
+        return [float(len(a) < len(b)) + 0.1 * (item.get("task_id") == "t0") for a, b in zip(writer, critic)]
+
+    def transition(prompt, agent_completions, num_agents, prompt_history_per_agent=None,
+                   response_history_per_agent=None, **_):
+        seen["transitions"].append(prompt)
+        return [f"<feedback> revise: {prompt_history_per_agent[i][-1]}" for i in range(num_agents)]
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        seen["eval_turns"].extend(len(agent_completions_turns[0][j]) for j in range(len(batch_items)))
+        return [{"turns": len(agent_completions_turns[0][j])} for j in range(len(batch_items))]
+
+    def eval_aggregator(metrics, num_turns=1):
+        return {"turn_2/items_reached": sum(m["turns"] >= 2 for m in metrics) / max(len(metrics), 1)}
+
+    wandb, saved = StandInWandb(), sys.modules.get("wandb")
+    sys.modules["wandb"] = wandb
+    try:
+        trainer = MAGRPOTrainer(
+            agent_model=model_dir, reward_func=reward, reward_processor=RewardProcessors.scale(2.0),
+            formatters=FORMATTERS, args=args, train_dataset=ITEMS, eval_dataset=ITEMS, external_transition=transition,
+            eval_logger=eval_logger, eval_aggregator=eval_aggregator,
+            model_config={"dtype": cfg["model"]["dtype"], "special_tokens": cfg["model"]["special_tokens"]},
+            wandb_config={**cfg["wandb"],
+                          "config_sections": {k: cfg[k] for k in ("dataset", "model", "external", "magrpo")}})
+        trainer.train()
+    finally:
+        if saved is None: sys.modules.pop("wandb", None)
+        else: sys.modules["wandb"] = saved
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return dict(seen, cfg=cfg, trainer=trainer, wandb=wandb, evals=[r for r in rows if any(k.startswith("eval/") for k in r)])
+
+
+def test_two_turn_magrpo_project(magrpo_run):
+    r, cfg = magrpo_run, magrpo_run["cfg"]
+    assert r["trainer"].num_agents == 2
+    assert all("<feedback>" in t.all_special_tokens for t in r["trainer"].tokenizers)
+    # the reward always found its item: the library form got [agent 1's prompt] as plain strings
+    assert r["looked_up"] and None not in r["looked_up"]
+    assert r["transitions"], "the external transition never ran"
+    run = r["wandb"].inits[0]
+    assert (run["project"], run["name"], run["tags"], run["mode"]) == ("port-test", "two-turn-magrpo",
+                                                                      ["magrpo", "two-turn"], "offline")
+    assert run["config"]["dataset"] == cfg["dataset"] and run["config"]["magrpo"] == cfg["magrpo"]
+    assert run["config"]["dataset_name"] == "toy-questions" and run["config"]["num_turns"] == 2
+    assert r["evals"], "no evaluation was logged"
+
+
+@pytest.mark.xfail(strict=True, reason="MAGRPO evaluates turn 1 only (issue 14, item 7): the transition does not run "
+                                       "at evaluation, the eval_logger sees one turn, no eval/turn_2/*; lands with the "
+                                       "MAGRPO restructure (h-r)")
+def test_two_turn_magrpo_evaluates_every_turn(magrpo_run):
+    assert set(magrpo_run["eval_turns"]) == {2}
+    assert all(r.get("eval/turn_2/items_reached") == 1.0 for r in magrpo_run["evals"])
+    assert all("eval/turn_2/reward_mean" in r and "eval/turn_2/expected_return" in r for r in magrpo_run["evals"])
+
+
+MAAC_YAML = """
+model:
+  torch_dtype: float32
+critic:
+  torch_dtype: float32
+maac:
+  num_agents: 2
+  num_turns: 1
+  num_train_epochs: 2
+  num_generations: 1
+  max_new_tokens: 4
+  agent_learning_rate: 1.0e-4
+  critic_learning_rate: 1.0e-4
+  rollout_buffer_size: 2
+  logging_steps: 1
+  eval_interval: 0
+wandb:
+  project: port-test
+  run_name: maac-lookup
+"""
+
+
+def test_actor_critic_reward_looks_its_item_up_by_prompt(tmp_path, wandb, model_dir):
+    torch.set_num_threads(1)
+    cfg = load_project_yaml(tmp_path, MAAC_YAML)
+    args = MAACConfig(**cfg["maac"], output_dir=str(tmp_path / "run"))
+    calls = []
+
+    def lookup(prompts):
+        for p in prompts:
+            if p in PROMPT_TO_ITEM:
+                return PROMPT_TO_ITEM[p]
+        return {}
+
+    def reward(prompts, writer, critic):                    # the shape of the class-completion project's reward
+        item = lookup(prompts)
+        calls.append((list(prompts), item.get("task_id"), len(writer)))
+        return [1.0 if item.get("task_id") == "t0" else 0.0 for _ in writer]
+
+    trainer = MAACTrainer(
+        agent_model=model_dir, critics=[model_dir], reward_func=reward, formatters=FORMATTERS, args=args,
+        train_dataset=ITEMS,
+        model_config={"model_kwargs": {"torch_dtype": cfg["model"]["torch_dtype"]},
+                      "critic_model_kwargs": {"torch_dtype": cfg["critic"]["torch_dtype"]}},
+        wandb_config=cfg["wandb"])
+    trainer.train()
+
+    assert calls, "the reward was never called"
+    for prompts, task_id, n in calls:
+        # the library's actor-critic layout: a flat list with every agent's prompt, one call per task item
+        assert len(prompts) == 2 and all(isinstance(p, str) for p in prompts), prompts
+        assert task_id is not None, f"the reward could not find its item from {prompts}"
+        assert PROMPT_TO_ITEM[prompts[0]] is PROMPT_TO_ITEM[prompts[1]]
+        assert n == 1
+    assert {t for _, t, _ in calls} == {"t0", "t1"}
+    assert wandb.inits[0]["name"] == "maac-lookup" and wandb.inits[0]["config"]["num_agents"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r[k] for r in rows for k in r if k.endswith("reward_mean") and not k.startswith("eval/")]
+    assert rewards and all(0.0 <= x <= 1.0 for x in rewards)
+    assert any(x > 0 for x in rewards)                     # the items were found, so t0 scores 1
+
+
+def test_library_form_reward_without_prompts_is_an_error_not_a_silent_value():
+    from comlrl_nb.rewards import RewardFunction
+    rf = RewardFunction(lambda prompts, a, b: [1.0] * len(a), 2)
+    with pytest.raises(ValueError, match="needs the trainer to pass batch_items and prompts"):
+        rf([["x"], ["y"]])
