@@ -59,11 +59,10 @@ class JointRewardModel(torch.nn.Module):
     def __init__(self, backbone, tokenizer=None, max_length: Optional[int] = None, freeze_backbone: bool = False,
                  device=None, model_config: Optional[dict] = None, seed: int = 0):
         super().__init__()
-        if isinstance(backbone, torch.nn.Module):
-            if tokenizer is None: raise ValueError("a preloaded reward-model backbone needs tokenizer=")
-            model = copy.deepcopy(backbone)
+        if isinstance(backbone, torch.nn.Module): model = copy.deepcopy(backbone)   # no tokenizer: token ids only
         else: model = load_model(backbone, model_config)
-        self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else backbone)
+        preloaded = isinstance(backbone, torch.nn.Module) and tokenizer is None
+        self.tokenizer = None if preloaded else load_tokenizer(tokenizer if tokenizer is not None else backbone)
         self.body = getattr(model, "base_model", model)          # the transformer without the LM head
         H = self.body.config.hidden_size
         self.head = torch.nn.Linear(H, 1)
@@ -80,6 +79,8 @@ class JointRewardModel(torch.nn.Module):
 # %% ../nbs/41_reward_model.ipynb #787818f9
 def _rm_encode(self: JointRewardModel, texts: Sequence[str], padding_side: Optional[str] = None):
     "Token ids and attention mask of `texts`, padded on `padding_side` (default: the tokenizer's); long texts keep their end."
+    if self.tokenizer is None: raise ValueError("this reward model was built from a preloaded backbone without tokenizer=, so "
+                                                "it scores token ids only (rm(input_ids, attention_mask)); pass tokenizer= to score text")
     side = padding_side or getattr(self.tokenizer, "padding_side", "right")
     ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     if self.max_length: ids = [x[-self.max_length:] for x in ids]
