@@ -814,17 +814,20 @@ _TERM = textwrap.dedent('''
     import sys, time
     from comlrl_nb.runs import sigterm_as_interrupt, exit_status
     try:
-        with sigterm_as_interrupt():
-            print("ready", flush=True)
-            for step in range(10**6): time.sleep(0.01)
+        with sigterm_as_interrupt(defer=sys.argv[2] == "defer") as stop:
+            for step in range(10**6):
+                if step == 0: print("ready", flush=True)
+                time.sleep(0.01)
+                stop.check()                       # the batch boundary
     except KeyboardInterrupt as e:
         open(sys.argv[1], "w").write("checkpoint at step %d" % step)
         sys.exit(exit_status(e))
 ''')
 
 
-def test_sigterm_takes_the_ctrl_c_path(tmp_path):
-    p = subprocess.Popen([sys.executable, "-c", _TERM, str(tmp_path / "saved")], stdout=subprocess.PIPE, text=True,
+@pytest.mark.parametrize("mode", ["now", "defer"])
+def test_sigterm_takes_the_ctrl_c_path(tmp_path, mode):
+    p = subprocess.Popen([sys.executable, "-c", _TERM, str(tmp_path / "saved"), mode], stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
