@@ -570,8 +570,15 @@ def _raw_server(handler):
 
 
 def _serve(conn, handler, stop):
+    "Read the whole request (so closing never resets the connection), then answer."
     try:
-        conn.recv(65536); handler(conn, stop)
+        data = b""
+        while b"\r\n\r\n" not in data: data += conn.recv(65536) or b"\r\n\r\n"
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")), 0)
+        while len(body) < length: body += conn.recv(65536) or b" " * length
+        handler(conn, stop)
+        conn.shutdown(socket.SHUT_WR)
     except OSError: pass
     finally: conn.close()
 
@@ -609,8 +616,9 @@ def test_response_size_is_capped(length):
         conn.sendall(head + b"\r\n" + big)
     srv, stop, url = _raw_server(send)
     try:
-        c = APIComparatorClient(comparator_api_url=url, comparator_api_max_response_bytes=1 << 20, **FAST)
-        with pytest.raises(APIError, match="comparator_api_max_response_bytes=1048576"):
+        c = APIComparatorClient(comparator_api_url=url, **FAST)
+        c.max_response_bytes = 1 << 20
+        with pytest.raises(APIError, match="max_response_bytes=1048576"):
             c.generate("hi", 1)
     finally:
         stop.set(); srv.close()
@@ -722,17 +730,16 @@ def test_prompt_longer_than_the_context(tiny, caplog):
     from comlrl_nb.generation import context_length, generate_completions
     m, tok = tiny
     limit = context_length(m)
-    assert limit is not None
+    assert limit == 512
     long = " ".join(["word"] * (limit + 50))
-    with pytest.raises(ValueError, match=rf"prompt 1 of the batch is \d+ tokens long but the model's context is {limit} positions"):
-        generate_completions(m, tok, ["short", long], k=1, max_new_tokens=4)
-    ntok = lambda w: len(tok(" ".join(["word"] * w), add_special_tokens=False).input_ids)
-    words = (limit - 5) * 10 // ntok(10)
-    while ntok(words) > limit - 5: words -= 1
-    near = " ".join(["word"] * words)
-    c = generate_completions(m, tok, [near], k=1, max_new_tokens=16, temperature=0.0)
-    room = limit - len(tok(near, add_special_tokens=False).input_ids)
-    assert c.completion_ids.shape[1] <= room and "generating at most" in caplog.text
+    c = generate_completions(m, tok, ["short", long], k=2, max_new_tokens=16, temperature=0.0)
+    assert c.prompt_ids.shape[1] + c.completion_ids.shape[1] <= limit                 # never past the positions
+    kept = tok.decode(c.prompt_ids[2][c.prompt_mask[2] == 1])                          # row 2: prompt 1, sample 0
+    assert long.endswith(kept.strip()) and len(kept) < len(long)                        # cut from the left: the end stays
+    assert "prompt(s) longer than the 496 positions" in caplog.text and "were cut from the left" in caplog.text
+    caplog.clear()
+    c = generate_completions(m, tok, ["short"], k=1, max_new_tokens=limit, temperature=0.0)
+    assert c.completion_ids.shape[1] <= limit // 2 and f"generating at most {limit // 2} new tokens" in caplog.text
 
 
 # ------------------------------------------------------------------ never lose work, never mix runs
