@@ -361,6 +361,7 @@ def test_code_exploit_earns_no_test_points(name):
     assert r <= 1.5, (name, r)                                  # aux + main defined + runs at most: no test, no collaboration points
     rep = run_tests(_PROBLEM["reference_aux"] + EXPLOITS[name], _PROBLEM["tests"])
     assert rep.passed == [False] * len(_PROBLEM["tests"]), (name, rep.errors)
+    assert "OPENED" not in rep.result.stdout                      # the harness's memory and descriptors are out of reach
 
 
 def test_hostile_objects_are_reported_not_compared():
@@ -921,3 +922,18 @@ def test_replay_restore_leaves_another_runs_files_alone(tmp_path):
     back = ReplayBuffer(tmp_path); back.load_state_dict(state)
     assert {n: iteration_path(tmp_path, n).read_bytes() for n in (1, 3)} == theirs
     assert not iteration_path(tmp_path, 2).exists() and back.select(1) == [{"x": 1}]
+
+
+def test_missing_isolation_refuses_instead_of_degrading(monkeypatch):
+    from comlrl_nb import sandbox
+    from comlrl_nb.sandbox import SandboxError
+    monkeypatch.setattr(sandbox, "_FULL_ISOLATION", sandbox._FULL_ISOLATION + ("timens",))   # a namespace this runner never makes
+    sandbox._runner_source.cache_clear()
+    try:
+        with pytest.raises(SandboxError) as e:
+            run_sandboxed("open('/tmp/ran', 'w').write('x')")
+        assert "missing: timens" in str(e.value) and "namespaces=False" in str(e.value)
+        assert "weak" in run_sandboxed("pass", namespaces=False).isolation                   # asked for: runs, and says so
+    finally:
+        monkeypatch.undo(); sandbox._runner_source.cache_clear()
+
