@@ -14,10 +14,10 @@ from .core import check_choice, check_number, logger
 
 # %% auto #0
 __all__ = ['FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS', 'DEFAULT_KEY_ENVS', 'ANTHROPIC_VERSION', 'ONE_PER_REQUEST',
-           'FRAGMENT_CHARS', 'EXCERPT_CHARS', 'RETRY_STATUSES', 'resolve_format', 'redact', 'safe_url', 'secret_values',
-           'scrub_secrets', 'APIError', 'excerpt', 'APIComparatorConfig', 'check_key', 'get_path', 'jsonable',
-           'build_body', 'parse_completions', 'is_transient_status', 'backoff_delay', 'parse_retry_after',
-           'backoff_schedule', 'APIComparatorClient', 'MockAPIServer']
+           'FRAGMENT_CHARS', 'EXCERPT_CHARS', 'RETRY_STATUSES', 'MAX_RESPONSE_BYTES', 'resolve_format', 'redact',
+           'safe_url', 'secret_values', 'scrub_secrets', 'APIError', 'excerpt', 'APIComparatorConfig', 'check_key',
+           'get_path', 'jsonable', 'build_body', 'parse_completions', 'is_transient_status', 'backoff_delay',
+           'parse_retry_after', 'backoff_schedule', 'APIComparatorClient', 'MockAPIServer']
 
 # %% ../nbs/52_api.ipynb #e51b5ef6
 FORMATS = ("generic", "openai", "anthropic", "openai_responses")
@@ -185,7 +185,6 @@ def _validate_numbers(self: APIComparatorConfig):
     check_number(self.comparator_api_max_retries, "comparator_api_max_retries", _OWNER, integer=True, min=0)
     check_number(self.comparator_api_backoff, "comparator_api_backoff", _OWNER, min=0)
     check_number(self.comparator_api_backoff_cap, "comparator_api_backoff_cap", _OWNER, min=self.comparator_api_backoff)
-    check_number(self.comparator_api_max_response_bytes, "comparator_api_max_response_bytes", _OWNER, integer=True, min=1)
     check_number(self.comparator_api_max_n_per_request, "comparator_api_max_n_per_request", _OWNER, integer=True, min=1, allow_none=True)
 
 def _validate_dicts(self: APIComparatorConfig):
@@ -379,8 +378,11 @@ _OPENERS = {True: urllib.request.build_opener(urllib.request.ProxyHandler({}), _
 
 
 # %% ../nbs/52_api.ipynb #4f1b6043
+MAX_RESPONSE_BYTES = 16 << 20
+
 class APIComparatorClient:
     "Candidates from a remote model: `generate(prompt, n, ...)` -> exactly n strings (see the notebook for formats and retries)."
+    max_response_bytes = MAX_RESPONSE_BYTES       # a larger response is an APIError (set it per client to change)
     def __init__(self, config=None, *, sleep: Callable[[float], Any] = time.sleep, **fields_):
         self.config = cfg = config if isinstance(config, APIComparatorConfig) and not fields_ else APIComparatorConfig.from_any(config, **fields_)
         self.format = cfg.comparator_api_format
@@ -434,19 +436,19 @@ def _read_capped(resp, cap: int, where: str) -> bytes:
     "The body, read as it arrives; APIError as soon as it is larger than `cap` bytes."
     n = resp.headers.get("Content-Length") if getattr(resp, "headers", None) else None
     if n and n.strip().isdigit() and int(n) > cap:
-        raise APIError(f"{where}: the response announces {int(n)} bytes, over comparator_api_max_response_bytes={cap}")
+        raise APIError(f"{where}: the response announces {int(n)} bytes, over the client's max_response_bytes={cap}")
     chunks, size = [], 0
     while True:
         chunk = resp.read1(1 << 16) if hasattr(resp, "read1") else resp.read(1 << 16)
         if not chunk: return b"".join(chunks)
         size += len(chunk); chunks.append(chunk)
-        if size > cap: raise APIError(f"{where}: the response is over comparator_api_max_response_bytes={cap} bytes; raise it "
-                                      "or ask for fewer/shorter completions")
+        if size > cap: raise APIError(f"{where}: the response is over the client's max_response_bytes={cap} bytes; raise it "
+                                      "(client.max_response_bytes = ...) or ask for fewer/shorter completions")
 
 def _send(self: APIComparatorClient, data: bytes):
     "One POST under a total deadline: a watchdog shuts the sockets down when comparator_api_timeout seconds are over."
     req = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
-    timeout, cap, fired = self.config.comparator_api_timeout, self.config.comparator_api_max_response_bytes, []
+    timeout, cap, fired = self.config.comparator_api_timeout, self.max_response_bytes, []
     _SOCKETS.open = socks = []
     def expire():
         fired.append(True)

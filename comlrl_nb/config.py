@@ -717,8 +717,6 @@ class ComparatorAPIFields:
         "response field (a dotted path) holding the completions."})
     comparator_api_extra_body: Optional[dict] = field(default=None, metadata={"help": "Extra JSON fields merged into "
         "every request body (secret-looking keys such as api_key or token are hidden like the key)."})
-    comparator_api_max_response_bytes: int = field(default=16 << 20, metadata={"help": "Largest response body "
-        "read, in bytes; a longer one is an APIError."})
 
 # %% ../nbs/26_config.ipynb #7403296a
 @validates(ComparatorAPIFields)

@@ -98,19 +98,21 @@ def context_length(model) -> Optional[int]:
     vals = [getattr(cfg, k, None) for k in _CONTEXT_KEYS]
     return next((int(v) for v in vals if isinstance(v, int) and v > 0), None)
 
-def fit_context(model, mask: torch.Tensor, max_new_tokens: int) -> int:
-    "Prompts (attention `mask`) must fit the context: too long -> ValueError naming the prompt; no room for all new tokens -> fewer, with a warning."
-    limit, lens = context_length(model), mask.sum(-1)
-    if limit is None: return max_new_tokens
-    b = int(lens.argmax())
-    if int(lens[b]) >= limit:
-        raise ValueError(f"prompt {b} of the batch is {int(lens[b])} tokens long but the model's context is {limit} positions; "
-                         "shorten the prompts (the formatter or the dataset) or use a model with a longer context")
-    room = limit - mask.shape[1]
-    if room < max_new_tokens:
-        logger.warning(f"the longest prompt ({mask.shape[1]} tokens) leaves {room} of the model's {limit} positions: "
-                       f"generating at most {room} new tokens instead of max_new_tokens={max_new_tokens}")
-    return min(max_new_tokens, room)
+def fit_context(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int):
+    "Left-padded prompts and a token budget that fit the model's context: a prompt longer than its share is cut from the left (its end, the instruction, stays), with a warning; (ids, mask, max_new_tokens)."
+    limit = context_length(model)
+    if limit is None or ids.shape[1] + max_new_tokens <= limit: return ids, mask, max_new_tokens
+    keep = max(limit - max_new_tokens, limit // 2)              # at least half the context for the prompt
+    new = min(max_new_tokens, limit - keep)
+    lens = mask.sum(-1)
+    if int(lens.max()) > keep:
+        logger.warning(f"{int((lens > keep).sum())} prompt(s) longer than the {keep} positions left for prompts in the model's "
+                       f"{limit}-position context were cut from the left (the longest lost {int(lens.max()) - keep} tokens); "
+                       "shorten the prompts (formatter or dataset) or use a model with a longer context")
+        ids, mask = ids[:, -keep:], mask[:, -keep:]
+    if new < max_new_tokens:
+        logger.warning(f"generating at most {new} new tokens instead of max_new_tokens={max_new_tokens}: the model's context is {limit} positions")
+    return ids, mask, new
 
 
 # %% ../nbs/02_generation.ipynb #3de2d1cf
@@ -121,7 +123,7 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, m
     "Sample `k` completions per prompt with one cached decoding loop over all B*k rows."
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, device)
-    max_new_tokens = fit_context(model, mask, max_new_tokens)
+    ids, mask, max_new_tokens = fit_context(model, ids, mask, max_new_tokens)
     B = ids.shape[0]; keys = list(keys) if keys is not None else [(seed, b) for b in range(B)]
     if len(keys) != B: raise ValueError(f"got {len(keys)} sampling keys for {B} prompts")
     gens = [torch.Generator().manual_seed(derive_seed(*keys[r // k], r % k)) for r in range(B * k)]

@@ -142,33 +142,38 @@ def _rb_select(self: ReplayBuffer, iteration: int) -> list[dict]:
     keep = [j for j in range(len(ds)) if w[j] > 0]
     return draw_sample([ds[j][1] for j in keep], w[keep], size, rng)
 
+import contextlib, os
+
+_OWNER_ATTR = "user.comlrl_nb.run"
+
 def _rb_write(self: ReplayBuffer, iteration: int, record: dict) -> Path:
-    "Write one round file atomically and note (in .run-<id>.json) that this run wrote exactly these bytes."
+    "Write one round file atomically and mark it as this run's: an extended attribute (invisible in listings and content), and its hash."
     import hashlib
     from comlrl_nb.core import atomic_write_bytes
     data = (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     p = atomic_write_bytes(iteration_path(self.dir, iteration), data)
     self.written[p.name] = hashlib.sha256(data).hexdigest()
-    atomic_write_json(self.dir / f".run-{self.run_id}.json", self.written)
+    with contextlib.suppress(OSError, AttributeError): os.setxattr(p, _OWNER_ATTR, self.run_id.encode())
     return p
 
 def _rb_ours(self: ReplayBuffer, path: Path) -> bool:
-    "The file holds exactly what this run last wrote there (nobody else has written it since)."
+    "This run wrote the file and nobody has replaced it since (its mark, or exactly the bytes this run recorded)."
     import hashlib
+    try:
+        if os.getxattr(path, _OWNER_ATTR) == self.run_id.encode(): return True
+    except (OSError, AttributeError): pass
     try: return self.written.get(path.name) == hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError: return False
 
 def _rb_state_dict(self: ReplayBuffer) -> dict:
     "The index and the data (so a checkpoint restores exactly what this run would train on), and which run wrote them."
-    return {"index": [dict(e) for e in self.index], "data": {i: list(p) for i, p in self._data.items()}, "run_id": self.run_id}
+    return {"index": [dict(e) for e in self.index], "data": {i: list(p) for i, p in self._data.items()}, "run_id": self.run_id,
+            "written": dict(self.written)}
 
 def _rb_load_state_dict(self: ReplayBuffer, state: dict, rewrite_files: bool = True):
     "Restore the index and data and this run's round files; files another run wrote are never changed or deleted."
     self.index = [dict(e) for e in state["index"]]; self._data = {int(i): list(p) for i, p in state["data"].items()}
-    if "run_id" in state:
-        self.run_id = state["run_id"]
-        try: self.written = json.loads((self.dir / f".run-{self.run_id}.json").read_text())
-        except (OSError, ValueError): self.written = {}
+    if "run_id" in state: self.run_id, self.written = state["run_id"], dict(state.get("written", {}))
     if rewrite_files:
         for e in self.index:
             path = iteration_path(self.dir, e["iteration"])

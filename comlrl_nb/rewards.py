@@ -109,8 +109,8 @@ def _key_message(e: KeyError) -> str:
     k = e.args[0] if e.args else None
     return k if isinstance(k, str) and " " in k else f"missing key {k!r}"
 
-class FormatterError(ValueError):
-    "A prompt formatter raised (a missing field, a None value, a bug in the formatter)."
+class FormatterError(ValueError, TypeError):
+    "A prompt formatter raised (a missing field, a None value, a bug in the formatter). Also a TypeError: callers that catch the old bare TypeError keep working."
 
 def default_formatter(item) -> str:
     "item['prompt'], with a clear error when the field is missing or not a string."

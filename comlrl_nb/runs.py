@@ -12,7 +12,7 @@ from .core import logger
 
 # %% auto #0
 __all__ = ['SAFE_TO_CHANGE', 'run_files', 'check_writable', 'newest_run', 'prepare_output_dir', 'RunLock', 'config_changes',
-           'check_resume_config', 'Terminated', 'sigterm_as_interrupt', 'exit_status']
+           'check_resume_config', 'Terminated', 'StopRequest', 'sigterm_as_interrupt', 'exit_status']
 
 # %% ../nbs/26_runs.ipynb #bb235da6
 def run_files(d) -> list[str]:
@@ -153,20 +153,29 @@ def check_resume_config(saved: dict, current: dict, allow: Sequence[str] = ()) -
 class Terminated(KeyboardInterrupt):
     "SIGTERM arrived: stop at the last consistent point, save a checkpoint, exit."
 
+class StopRequest:
+    "What `sigterm_as_interrupt` yields: `.requested` (the signal arrived) and `.check()` (raise Terminated if it did)."
+    def __init__(self): self.requested = None
+    def check(self):
+        if self.requested: raise Terminated(self.requested)
+
 @contextlib.contextmanager
-def sigterm_as_interrupt():
-    "Inside: SIGTERM raises Terminated (a KeyboardInterrupt) in the main thread; a no-op in other threads."
-    if threading.current_thread() is not threading.main_thread(): yield; return
-    got = []
-    def on_term(signum, frame):
-        if got: logger.warning("SIGTERM again: already stopping (saving a checkpoint); SIGKILL ends the process at once"); return
-        got.append(time.time())
-        logger.warning("SIGTERM received: stopping at the last consistent point and saving a checkpoint")
-        raise Terminated("SIGTERM")
-    prev = signal.signal(signal.SIGTERM, on_term)
-    try: yield
-    finally: signal.signal(signal.SIGTERM, prev)
+def sigterm_as_interrupt(defer: bool = False, signals=(signal.SIGTERM,)):
+    "Inside: SIGTERM raises Terminated (a KeyboardInterrupt) in the main thread, or with defer=True only marks the request for `.check()` at the next batch boundary. No-op off the main thread."
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread(): yield stop; return
+    def on_signal(signum, frame):
+        name = signal.Signals(signum).name
+        if stop.requested: logger.warning(f"{name} again: already stopping (saving a checkpoint); SIGKILL ends the process at once"); return
+        stop.requested = name
+        logger.warning(f"{name} received: stopping at the last consistent point and saving a checkpoint")
+        if not defer: raise Terminated(name)
+    prev = {s: signal.signal(s, on_signal) for s in signals}
+    try: yield stop
+    finally:
+        for s, h in prev.items(): signal.signal(s, h)
 
 def exit_status(e: BaseException) -> int:
     "The process exit status for an interruption: 143 for SIGTERM, 130 for Ctrl-C, 1 otherwise."
     return 143 if isinstance(e, Terminated) else 130 if isinstance(e, KeyboardInterrupt) else 1
+

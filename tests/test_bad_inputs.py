@@ -361,6 +361,7 @@ def test_code_exploit_earns_no_test_points(name):
     assert r <= 1.5, (name, r)                                  # aux + main defined + runs at most: no test, no collaboration points
     rep = run_tests(_PROBLEM["reference_aux"] + EXPLOITS[name], _PROBLEM["tests"])
     assert rep.passed == [False] * len(_PROBLEM["tests"]), (name, rep.errors)
+    assert "OPENED" not in rep.result.stdout                      # the harness's memory and descriptors are out of reach
 
 
 def test_hostile_objects_are_reported_not_compared():
@@ -570,8 +571,15 @@ def _raw_server(handler):
 
 
 def _serve(conn, handler, stop):
+    "Read the whole request (so closing never resets the connection), then answer."
     try:
-        conn.recv(65536); handler(conn, stop)
+        data = b""
+        while b"\r\n\r\n" not in data: data += conn.recv(65536) or b"\r\n\r\n"
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")), 0)
+        while len(body) < length: body += conn.recv(65536) or b" " * length
+        handler(conn, stop)
+        conn.shutdown(socket.SHUT_WR)
     except OSError: pass
     finally: conn.close()
 
@@ -609,8 +617,9 @@ def test_response_size_is_capped(length):
         conn.sendall(head + b"\r\n" + big)
     srv, stop, url = _raw_server(send)
     try:
-        c = APIComparatorClient(comparator_api_url=url, comparator_api_max_response_bytes=1 << 20, **FAST)
-        with pytest.raises(APIError, match="comparator_api_max_response_bytes=1048576"):
+        c = APIComparatorClient(comparator_api_url=url, **FAST)
+        c.max_response_bytes = 1 << 20
+        with pytest.raises(APIError, match="max_response_bytes=1048576"):
             c.generate("hi", 1)
     finally:
         stop.set(); srv.close()
@@ -722,17 +731,16 @@ def test_prompt_longer_than_the_context(tiny, caplog):
     from comlrl_nb.generation import context_length, generate_completions
     m, tok = tiny
     limit = context_length(m)
-    assert limit is not None
+    assert limit == 512
     long = " ".join(["word"] * (limit + 50))
-    with pytest.raises(ValueError, match=rf"prompt 1 of the batch is \d+ tokens long but the model's context is {limit} positions"):
-        generate_completions(m, tok, ["short", long], k=1, max_new_tokens=4)
-    ntok = lambda w: len(tok(" ".join(["word"] * w), add_special_tokens=False).input_ids)
-    words = (limit - 5) * 10 // ntok(10)
-    while ntok(words) > limit - 5: words -= 1
-    near = " ".join(["word"] * words)
-    c = generate_completions(m, tok, [near], k=1, max_new_tokens=16, temperature=0.0)
-    room = limit - len(tok(near, add_special_tokens=False).input_ids)
-    assert c.completion_ids.shape[1] <= room and "generating at most" in caplog.text
+    c = generate_completions(m, tok, ["short", long], k=2, max_new_tokens=16, temperature=0.0)
+    assert c.prompt_ids.shape[1] + c.completion_ids.shape[1] <= limit                 # never past the positions
+    kept = tok.decode(c.prompt_ids[2][c.prompt_mask[2] == 1])                          # row 2: prompt 1, sample 0
+    assert long.endswith(kept.strip()) and len(kept) < len(long)                        # cut from the left: the end stays
+    assert "prompt(s) longer than the 496 positions" in caplog.text and "were cut from the left" in caplog.text
+    caplog.clear()
+    c = generate_completions(m, tok, ["short"], k=1, max_new_tokens=limit, temperature=0.0)
+    assert c.completion_ids.shape[1] <= limit // 2 and f"generating at most {limit // 2} new tokens" in caplog.text
 
 
 # ------------------------------------------------------------------ never lose work, never mix runs
@@ -814,17 +822,20 @@ _TERM = textwrap.dedent('''
     import sys, time
     from comlrl_nb.runs import sigterm_as_interrupt, exit_status
     try:
-        with sigterm_as_interrupt():
-            print("ready", flush=True)
-            for step in range(10**6): time.sleep(0.01)
+        with sigterm_as_interrupt(defer=sys.argv[2] == "defer") as stop:
+            for step in range(10**6):
+                if step == 0: print("ready", flush=True)
+                time.sleep(0.01)
+                stop.check()                       # the batch boundary
     except KeyboardInterrupt as e:
         open(sys.argv[1], "w").write("checkpoint at step %d" % step)
         sys.exit(exit_status(e))
 ''')
 
 
-def test_sigterm_takes_the_ctrl_c_path(tmp_path):
-    p = subprocess.Popen([sys.executable, "-c", _TERM, str(tmp_path / "saved")], stdout=subprocess.PIPE, text=True,
+@pytest.mark.parametrize("mode", ["now", "defer"])
+def test_sigterm_takes_the_ctrl_c_path(tmp_path, mode):
+    p = subprocess.Popen([sys.executable, "-c", _TERM, str(tmp_path / "saved"), mode], stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
@@ -911,3 +922,18 @@ def test_replay_restore_leaves_another_runs_files_alone(tmp_path):
     back = ReplayBuffer(tmp_path); back.load_state_dict(state)
     assert {n: iteration_path(tmp_path, n).read_bytes() for n in (1, 3)} == theirs
     assert not iteration_path(tmp_path, 2).exists() and back.select(1) == [{"x": 1}]
+
+
+def test_missing_isolation_refuses_instead_of_degrading(monkeypatch):
+    from comlrl_nb import sandbox
+    from comlrl_nb.sandbox import SandboxError
+    monkeypatch.setattr(sandbox, "_FULL_ISOLATION", sandbox._FULL_ISOLATION + ("timens",))   # a namespace this runner never makes
+    sandbox._runner_source.cache_clear()
+    try:
+        with pytest.raises(SandboxError) as e:
+            run_sandboxed("open('/tmp/ran', 'w').write('x')")
+        assert "missing: timens" in str(e.value) and "namespaces=False" in str(e.value)
+        assert "weak" in run_sandboxed("pass", namespaces=False).isolation                   # asked for: runs, and says so
+    finally:
+        monkeypatch.undo(); sandbox._runner_source.cache_clear()
+

@@ -51,8 +51,7 @@ def test_the_configs_keep_their_public_shape():
                         (MARLHFIterConfig(), MARLHFConfig)):
         assert isinstance(cfg, parent)                                       # the trainers' isinstance checks still hold
     api = {f.name for f in dataclasses.fields(APIComparatorConfig)}
-    # 15 fields of comlrl 1.4.3 plus comparator_api_max_response_bytes (the response size cap, issue S)
-    assert len(api) == 16 and api <= {f.name for f in dataclasses.fields(MADPOIterConfig)}
+    assert len(api) == 15 and api <= {f.name for f in dataclasses.fields(MADPOIterConfig)}
     assert all(GROUP_OF[n].group_name == "comparator_api" for n in api)        # declared once, in one group
 
 
