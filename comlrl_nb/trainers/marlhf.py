@@ -16,7 +16,6 @@ from ..core import (atomic_write_bytes, check_bool, check_choice, check_number, 
 from ..preference import build_pair_dataset, check_preference_config, load_pairs, resolve_oracle
 from ..reward_model import JointRewardModel, _pair_texts
 from ..rewards import RewardFunction
-from ..team import SAMPLING_FIELDS, Team
 from ..engine import CheckpointManager, MetricsLogger
 from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer,
                                           MAReMaxTrainer, _validate_reinforce)
@@ -24,7 +23,7 @@ from .madpo import FromTeam, check_task, default_args
 
 # %% auto #0
 __all__ = ['RL_ALGORITHMS', 'MARLHFConfig', 'rl_backend', 'MARLHFTrainer', 'backend_config', 'make_policy_trainer',
-           'backend_team', 'make_reward_model']
+           'make_reward_model']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 RL_ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac")
@@ -109,7 +108,7 @@ class MARLHFTrainer:
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
                                                   backend_kwargs)
-        self.team = backend_team(self.policy_trainer)
+        self.team = self.policy_trainer.team               # the backend's agents collect the pairs
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
@@ -131,16 +130,6 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
                  eval_aggregator=owner.eval_aggregator, wandb_config=owner.wandb_config, **(backend_kwargs or {}))
     pt.evaluate = owner.evaluate             # evaluation always uses the task reward (the owner's reward_fn)
     return pt
-
-def backend_team(trainer) -> Team:
-    "The team a backend trains: its own, or one over its agents, tokenizers and optimizers (a backend without one)."
-    if hasattr(trainer, "team"): return trainer.team
-    a = trainer.args
-    team = Team(agents=trainer.agents, tokenizer=trainer.tokenizers, num_roles=trainer.n, formatters=trainer.formatters,
-                devices=trainer.devices, parallel_training=a.parallel_training, use_chat_template=a.use_chat_template,
-                sampling={f: getattr(a, f) for f in SAMPLING_FIELDS})
-    team.optimizers = trainer.optimizers
-    return team
 
 @patch
 def learned_reward(self: MARLHFTrainer, *completions, prompts=None, **_) -> list[float]:
