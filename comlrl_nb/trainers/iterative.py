@@ -30,8 +30,8 @@ from .madpo import (MADPOConfig, FromTeam, check_task, default_args, dpo_metrics
 from .marlhf import MARLHFConfig, make_policy_trainer, make_reward_model
 
 # %% auto #0
-__all__ = ['IterativeFields', 'config_record', 'MADPOIterConfig', 'MARLHFIterConfig', 'PreferenceRounds', 'RunEntries',
-           'plot_rounds', 'MADPOIterTrainer', 'MARLHFIterTrainer']
+__all__ = ['IterativeFields', 'config_record', 'MADPOIterConfig', 'MARLHFIterConfig', 'PreferenceRounds', 'MADPOIterTrainer',
+           'RunEntries', 'plot_rounds', 'MARLHFIterTrainer']
 
 # %% ../../nbs/53_iterative.ipynb #3288bfe8
 @dataclass(repr=False)
@@ -211,6 +211,27 @@ def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenize
     self.comparator_prompt_builder, self.comparator_parser = comparator_prompt_builder, comparator_parser
     self.state, self.rounds = {"iteration": 0, "global_batch": 0, "optimizer_steps": [0] * n}, []
 
+# %% ../../nbs/53_iterative.ipynb #b8782afb
+class MADPOIterTrainer(PreferenceRounds):
+    "Iterative MADPO: rounds of comparator pairs -> replay -> MADPO updates (see the notebook for the loop)."
+    config_class, algo = MADPOIterConfig, "madpo_iter"
+
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
+                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
+                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None,
+                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
+                 comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None):
+        self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
+                                      centralized_parser)
+        check_task(reward_func, eval_logger, eval_aggregator)
+        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
+                         eval_aggregator, wandb_config)
+        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
+        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
+                           comparator_prompt_builder, comparator_parser)
+        self._tokens = None
+
 # %% ../../nbs/53_iterative.ipynb #c638ff0f
 @patch
 def _process(self: PreferenceRounds, raw: list) -> list:
@@ -305,6 +326,19 @@ def _collect_batch(self: PreferenceRounds, nu: int, chunk: list, ids: list, gen,
               target=proc[:J], comparator=proc[J:], target_raw=raw[:J], comparator_raw=raw[J:])
     return records, st
 
+# %% ../../nbs/53_iterative.ipynb #ef09ff2d
+def _round_stats(acc: dict, items: int, pairs: int) -> dict:
+    "A round's summary from its batches' accumulated counts and scores."
+    mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")
+    untied = acc["comparisons"] - acc["ties"]
+    return {"items": items, "pairs": pairs, "comparisons": acc["comparisons"], "ties": acc["ties"],
+            "comparator_wins": acc["comparator_wins"],
+            "comparator_win_rate": acc["comparator_wins"] / untied if untied else float("nan"),
+            "items_without_pairs": acc["items_without_pairs"], "unparsed_candidates": acc["unparsed"],
+            "target_reward_mean": mean(acc["target"]), "comparator_reward_mean": mean(acc["comparator"]),
+            "target_raw_reward_mean": mean(acc["target_raw"]),
+            "comparator_raw_reward_mean": mean(acc["comparator_raw"])}
+
 # %% ../../nbs/53_iterative.ipynb #31d691d6
 @patch
 @torch.no_grad()
@@ -323,19 +357,6 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
     if a.comparator_generation_mode == "centralized" and acc["unparsed"] == acc["comparator_responses"] > 0:
         raise centralized_parse_error(self.n, acc["comparator_responses"], acc["examples"])
     return records, _round_stats(acc, len(ds), len(records))
-
-# %% ../../nbs/53_iterative.ipynb #ef09ff2d
-def _round_stats(acc: dict, items: int, pairs: int) -> dict:
-    "A round's summary from its batches' accumulated counts and scores."
-    mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")
-    untied = acc["comparisons"] - acc["ties"]
-    return {"items": items, "pairs": pairs, "comparisons": acc["comparisons"], "ties": acc["ties"],
-            "comparator_wins": acc["comparator_wins"],
-            "comparator_win_rate": acc["comparator_wins"] / untied if untied else float("nan"),
-            "items_without_pairs": acc["items_without_pairs"], "unparsed_candidates": acc["unparsed"],
-            "target_reward_mean": mean(acc["target"]), "comparator_reward_mean": mean(acc["comparator"]),
-            "target_raw_reward_mean": mean(acc["target_raw"]),
-            "comparator_raw_reward_mean": mean(acc["comparator_raw"])}
 
 # %% ../../nbs/53_iterative.ipynb #7e896bd1
 @patch
@@ -376,6 +397,34 @@ def _log_round(self: PreferenceRounds, run: Run, nu: int, st: dict, chosen: list
                 f"won {st['comparator_win_rate']:.0%} of the rest), trained on {len(chosen)}")
     return row
 
+# %% ../../nbs/53_iterative.ipynb #acb06bfc
+class RunEntries:
+    "A run component made of two functions: the checkpoint entries it writes, and how it reads them back."
+    def __init__(self, save: Callable[[], dict], load: Callable[[dict], None]): self.save, self.load = save, load
+    def state_dict(self) -> dict: return self.save()
+    def load_state_dict(self, state: dict): self.load(state)
+
+@patch
+def _extra_state(self: PreferenceRounds) -> dict:
+    "A trainer's own checkpoint entries (none by default: MADPOIter keeps nothing beyond the driver's)."
+    return {}
+
+@patch
+def _load_extra_state(self: PreferenceRounds, s: dict): pass
+
+@patch
+def _round_entries(self: PreferenceRounds) -> dict:
+    "The rounds' checkpoint entries: round rows, replay buffer, comparator, and the trainer's own (`_extra_state`)."
+    return {"rounds": copy.deepcopy(self.rounds), "replay": self.replay.state_dict(),
+            "comparator": self.comparator.state_dict(), **self._extra_state()}
+
+@patch
+def _load_round_entries(self: PreferenceRounds, s: dict):
+    self.rounds = s["rounds"]
+    self.replay.load_state_dict(s["replay"])
+    self.comparator.load_state_dict(s["comparator"])
+    self._load_extra_state(s)
+
 # %% ../../nbs/53_iterative.ipynb #8148ceae
 @patch
 def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int]) -> Run:
@@ -398,26 +447,6 @@ def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round:
         run.metrics.log(row, 0, console=True)
         self.rounds.append(row)
     return run
-
-# %% ../../nbs/53_iterative.ipynb #acb06bfc
-class RunEntries:
-    "A run component made of two functions: the checkpoint entries it writes, and how it reads them back."
-    def __init__(self, save: Callable[[], dict], load: Callable[[dict], None]): self.save, self.load = save, load
-    def state_dict(self) -> dict: return self.save()
-    def load_state_dict(self, state: dict): self.load(state)
-
-@patch
-def _round_entries(self: PreferenceRounds) -> dict:
-    "The rounds' checkpoint entries: round rows, replay buffer, comparator, and the trainer's own (`_extra_state`)."
-    return {"rounds": copy.deepcopy(self.rounds), "replay": self.replay.state_dict(),
-            "comparator": self.comparator.state_dict(), **self._extra_state()}
-
-@patch
-def _load_round_entries(self: PreferenceRounds, s: dict):
-    self.rounds = s["rounds"]
-    self.replay.load_state_dict(s["replay"])
-    self.comparator.load_state_dict(s["comparator"])
-    self._load_extra_state(s)
 
 # %% ../../nbs/53_iterative.ipynb #42199090
 def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
@@ -444,27 +473,6 @@ def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
     fig.tight_layout()
     if out_png is not None: fig.savefig(out_png, dpi=100)
     return fig
-
-# %% ../../nbs/53_iterative.ipynb #b8782afb
-class MADPOIterTrainer(PreferenceRounds):
-    "Iterative MADPO: rounds of comparator pairs -> replay -> MADPO updates (see the notebook for the loop)."
-    config_class, algo = MADPOIterConfig, "madpo_iter"
-
-    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
-                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
-                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
-                 eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None,
-                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
-                 comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None):
-        self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
-                                      centralized_parser)
-        check_task(reward_func, eval_logger, eval_aggregator)
-        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
-                         eval_aggregator, wandb_config)
-        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
-        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
-                           comparator_prompt_builder, comparator_parser)
-        self._tokens = None
 
 # %% ../../nbs/53_iterative.ipynb #4dc074db
 @patch
@@ -495,15 +503,6 @@ def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLo
             rows.append(rec)
     return {"train/batches": len(rows), "train/dpo_loss": float(np.mean([r["dpo/loss"] for r in rows])),
             "train/dpo_accuracy": float(np.mean([r["dpo/accuracy"] for r in rows]))}
-
-# %% ../../nbs/53_iterative.ipynb #28d3d0c7
-@patch
-def _extra_state(self: MADPOIterTrainer) -> dict:
-    "MADPO keeps nothing beyond the driver's checkpoint."
-    return {}
-
-@patch
-def _load_extra_state(self: MADPOIterTrainer, s: dict): pass
 
 # %% ../../nbs/53_iterative.ipynb #924d147d
 class MARLHFIterTrainer(PreferenceRounds):
