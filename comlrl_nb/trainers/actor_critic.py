@@ -18,6 +18,7 @@ from ..models import load_model, load_tokenizer
 from ..scoring import collate, completion_logprobs
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
+from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
 from ..rollout import TransitionError, call_transition
 from .reinforce import _check_devices, _check_hooks
@@ -298,7 +299,7 @@ class ValueSample:
     target: float
     old_value: float
 
-# %% ../../nbs/31_actor_critic.ipynb #e16750cd
+# %% ../../nbs/31_actor_critic.ipynb #d76ac75f
 @dataclass
 class Episodes:
     "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
@@ -345,6 +346,7 @@ def _init_loop_state(self: ActorCriticTrainer):
     self.buffers = SampleBuffers(self.n, a.rollout_buffer_size)
     self.value_buffers = SampleBuffers(len(self.critics), a.rollout_buffer_size, key="value_buffers")
     self.sampler = Sampler(self.team, a.seed)                # first turns sampled ahead (see the MAGRPO notebook)
+    self.dist = DistContext()                  # data parallel under `accelerate launch` (a no-op in one process)
     if a.num_turns > 1 and a.early_termination_threshold is not None:
         logger.info(f"episodes end after any turn whose reward is > early_termination_threshold="
                     f"{a.early_termination_threshold}; with non-negative rewards and the default -0.2 every episode "
@@ -511,7 +513,7 @@ def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
 def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item and buffer)."
     a = self.args
-    if a.num_turns != 1: return []
+    if a.num_turns != 1 or self.dist.enabled: return []
     filled = min(len(buf.items) for buf in self.buffers + self.value_buffers) + n_now * a.num_generations
     return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations,
                          self.train_dataset)
@@ -542,7 +544,7 @@ def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[
     if with_values: self._score_episodes(eps)
     return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
 
-# %% ../../nbs/31_actor_critic.ipynb #109dfcb4
+# %% ../../nbs/31_actor_critic.ipynb #5b6b49b2
 @patch
 def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
     "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
@@ -629,12 +631,26 @@ def _critic_loss(self: ActorCriticTrainer, c: int, mb: list, clip: Optional[floa
 
 # %% ../../nbs/31_actor_critic.ipynb #23eae352
 @patch
-def _step(self: ActorCriticTrainer, loss, opt, params, where: str):
-    loss = check_finite_loss(loss, where)
+def _local(self: ActorCriticTrainer, loss_fn: Callable[[list], torch.Tensor], n: int) -> torch.Tensor:
+    "This process' share of a mini-batch loss of n rows: loss_fn(its rows), weighted by its share (all rows alone)."
+    rows = list(range(self.dist.rank, n, self.dist.world))
+    if not rows: return torch.zeros(())
+    loss = loss_fn(rows)
+    return loss if len(rows) == n else loss * (len(rows) / n)
+
+@patch
+def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> list[float]:
+    "One step on the sum of the local `parts`: backward; their values summed over processes and checked; grads summed."
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    loss = parts[0]
+    for p in parts[1:]: loss = loss + p
+    if loss.requires_grad and math.isfinite(float(loss.detach())): loss.backward()
+    values = [self.dist.sum(float(p.detach())) for p in parts]
+    check_finite_loss(torch.tensor(sum(values)), where)
+    self.dist.sum_grads(params)                                       # summed over processes = the full mini-batch's
     if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
     opt.step()
+    return values
 
 @patch
 def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples: Optional[list] = None) -> tuple:
@@ -648,13 +664,14 @@ def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples
     model.train()
     if head is not None: head.train()
     for s in range(0, len(samples), tbs):
-        loss = self._actor_loss(i, samples[s:s + tbs], adv[s:s + tbs])
-        pol.append(float(loss.detach()))
+        mb, A = samples[s:s + tbs], adv[s:s + tbs]
+        parts = [self._local(lambda rows: self._actor_loss(i, [mb[r] for r in rows], A[rows]), len(mb))]
         if value_samples is not None:
-            vl = self._critic_loss(c, value_samples[s:s + tbs], clip)
-            val.append(float(vl.detach()))
-            loss = loss + vl
-        self._step(loss, opt, params, f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
+            vmb = value_samples[s:s + tbs]
+            parts.append(self._local(lambda rows: self._critic_loss(c, [vmb[r] for r in rows], clip), len(mb)))
+        values = self._step(parts, opt, params, f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
+        pol.append(values[0])
+        if value_samples is not None: val.append(values[1])
         self.state["optimizer_steps"][i] += 1
     model.eval()
     if head is not None: head.eval()
@@ -672,10 +689,9 @@ def _update_critic(self: ActorCriticTrainer, c: int, samples: list) -> list:
     crit, opt, losses = self.critics[c], self.critic_optimizers[c], []
     crit.train()
     for mb in minibatches(samples, self.args.train_batch_size):
-        loss = self._critic_loss(c, mb, None)
-        losses.append(float(loss.detach()))
+        part = self._local(lambda rows: self._critic_loss(c, [mb[r] for r in rows], None), len(mb))
         where = f"{self._critic_name(c)} optimizer step {self.state['critic_steps'][c] + 1}"
-        self._step(loss, opt, crit.parameters(), where)
+        losses += self._step([part], opt, crit.parameters(), where)
         self.state["critic_steps"][c] += 1
     crit.train(False)
     return losses
@@ -789,9 +805,9 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
     with run:                                                               # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
+            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
             with self.sampler.planned(key, self._batches_ahead(order, b, per_epoch, len(ids))):
-                ro = self.rollout([self.train_dataset[int(j)] for j in ids], ids, key)
+                ro = self._rollout_batch(ids, key)                           # all processes' episodes, in order
             self._store(ro.episodes)
             t1, upd = time.perf_counter(), self._update_full_buffers()
             rec = self._batch_metrics(ro, upd, time.perf_counter() - t0)
@@ -804,8 +820,19 @@ def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batc
     "The run: checkpoints hold the team, the critics, both kinds of buffers and the sampler's cache."
     parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
              "sampler": self.sampler}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state)
+    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
     return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)")
+
+@patch
+def _rollout_batch(self: ActorCriticTrainer, ids, round_key) -> Episodes:
+    "This process' share of the batch's episodes; under data parallel, every process' episodes in one-process order."
+    local = self.dist.shard(ids)                                # this process' items (all of them in one process)
+    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
+    if not self.dist.enabled: return ro
+    parts = [p for p in self.dist.gather(ro) if p is not None]
+    pos = {int(j): k for k, j in enumerate(ids)}
+    eps = sorted((e for p in parts for e in p.episodes), key=lambda e: (pos[e.item_id], e.candidate))
+    return Episodes(eps, {k: max(p.times[k] for p in parts) for k in parts[0].times})
 
 @patch
 def _epoch_order(self: ActorCriticTrainer, epoch: int) -> np.ndarray:
