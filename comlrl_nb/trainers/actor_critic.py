@@ -27,7 +27,7 @@ from ..team import Team, map_jobs, team_attr, validate_dataset
 # %% auto #0
 __all__ = ['td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'value_loss', 'ValueHead',
            'last_token_hidden', 'Critic', 'history_text', 'ActorCriticConfig', 'MAACConfig', 'IACConfig', 'Episode',
-           'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'MAACTrainer', 'IACTrainer', 'Critics']
+           'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'Critics', 'MAACTrainer', 'IACTrainer']
 
 # %% ../../nbs/31_actor_critic.ipynb #0b2494ec
 def _as_float(x, name: str) -> torch.Tensor:
@@ -299,7 +299,7 @@ class ValueSample:
     target: float
     old_value: float
 
-# %% ../../nbs/31_actor_critic.ipynb #d76ac75f
+# %% ../../nbs/31_actor_critic.ipynb #9def08f0
 @dataclass
 class Episodes:
     "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
@@ -410,6 +410,31 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
     cache.setdefault("_built", []).append(crit)
     return crit
 
+# %% ../../nbs/31_actor_critic.ipynb #57baf7c2
+class Critics(list):
+    "The critics and their own optimizers (None for a value head stepped with its actor): a run component."
+    def __init__(self, critics: Sequence[Critic], optimizers: Sequence):
+        super().__init__(critics)
+        self.optimizers = list(optimizers)
+    def state_dict(self) -> dict:
+        return {"critics": [c.state_dict() for c in self],
+                "critic_optimizers": [o.state_dict() if o is not None else None for o in self.optimizers]}
+    def load_state_dict(self, state: dict):
+        for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
+        for o, sd in zip(self.optimizers, state["critic_optimizers"]):
+            if o is not None and sd is not None: o.load_state_dict(sd)
+
+@patch
+def _make_optimizers(self: ActorCriticTrainer):
+    "A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW."
+    a = self.args
+    for i in range(self.n):
+        heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
+        self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
+    opts = [None if c.shared else adamw(c.parameters(), a.critic_learning_rate, a.weight_decay) for c in self.critics]
+    self.critics = Critics(self.critics, opts)
+    self.critic_optimizers = self.critics.optimizers
+
 # %% ../../nbs/31_actor_critic.ipynb #de2008ab
 class MAACTrainer(ActorCriticTrainer):
     "Multi-agent actor-critic: one centralized critic over all agents' histories (V or Q); every agent uses it."
@@ -467,31 +492,6 @@ class IACTrainer(ActorCriticTrainer):
             out.append(self._make_critic(s, t, d, a.critic_value_head_hidden_dim, [i], ("iac", i), cache))
         return out, list(range(n))
 
-# %% ../../nbs/31_actor_critic.ipynb #57baf7c2
-class Critics(list):
-    "The critics and their own optimizers (None for a value head stepped with its actor): a run component."
-    def __init__(self, critics: Sequence[Critic], optimizers: Sequence):
-        super().__init__(critics)
-        self.optimizers = list(optimizers)
-    def state_dict(self) -> dict:
-        return {"critics": [c.state_dict() for c in self],
-                "critic_optimizers": [o.state_dict() if o is not None else None for o in self.optimizers]}
-    def load_state_dict(self, state: dict):
-        for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
-        for o, sd in zip(self.optimizers, state["critic_optimizers"]):
-            if o is not None and sd is not None: o.load_state_dict(sd)
-
-@patch
-def _make_optimizers(self: ActorCriticTrainer):
-    "A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW."
-    a = self.args
-    for i in range(self.n):
-        heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
-        self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
-    opts = [None if c.shared else adamw(c.parameters(), a.critic_learning_rate, a.weight_decay) for c in self.critics]
-    self.critics = Critics(self.critics, opts)
-    self.critic_optimizers = self.critics.optimizers
-
 # %% ../../nbs/31_actor_critic.ipynb #6ec6c394
 @patch
 def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
@@ -518,33 +518,7 @@ def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_no
     return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations,
                          self.train_dataset)
 
-# %% ../../nbs/31_actor_critic.ipynb #8073dbff
-@patch
-def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
-            k: Optional[int] = None, with_values: bool = True) -> Episodes:
-    "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
-    a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
-    if K > 1 and a.num_turns > 1:
-        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent "
-                         "per turn")
-    eps = self._new_episodes(items, item_ids, K)
-    for t in range(a.num_turns):
-        live = [e for e in eps if not e.done]
-        if not live: break
-        t0 = time.perf_counter()
-        self._record_turn(live, self._sample_turn(live, t, round_key, K))
-        t1 = time.perf_counter()
-        self._score_turn(live, t)
-        t2 = time.perf_counter()
-        for e in live:
-            if not e.done: self._transition(e, t)
-        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - t1
-        tm["transition"] += time.perf_counter() - t2
-    t3 = time.perf_counter()
-    if with_values: self._score_episodes(eps)
-    return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
-
-# %% ../../nbs/31_actor_critic.ipynb #5b6b49b2
+# %% ../../nbs/31_actor_critic.ipynb #4d91402b
 @patch
 def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
     "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
@@ -614,6 +588,32 @@ def _score_episodes(self: ActorCriticTrainer, eps: list):
             e.advantages[c] = td_advantages(e.targets[c], v)
             pos += e.num_turns
     self._map_critics(score)
+
+# %% ../../nbs/31_actor_critic.ipynb #8073dbff
+@patch
+def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
+            k: Optional[int] = None, with_values: bool = True) -> Episodes:
+    "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
+    a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
+    if K > 1 and a.num_turns > 1:
+        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent "
+                         "per turn")
+    eps = self._new_episodes(items, item_ids, K)
+    for t in range(a.num_turns):
+        live = [e for e in eps if not e.done]
+        if not live: break
+        t0 = time.perf_counter()
+        self._record_turn(live, self._sample_turn(live, t, round_key, K))
+        t1 = time.perf_counter()
+        self._score_turn(live, t)
+        t2 = time.perf_counter()
+        for e in live:
+            if not e.done: self._transition(e, t)
+        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - t1
+        tm["transition"] += time.perf_counter() - t2
+    t3 = time.perf_counter()
+    if with_values: self._score_episodes(eps)
+    return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
 
 # %% ../../nbs/31_actor_critic.ipynb #486dae23
 @patch
