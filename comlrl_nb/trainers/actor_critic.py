@@ -18,6 +18,7 @@ from ..models import load_model, load_tokenizer
 from ..scoring import collate, completion_logprobs
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
+from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
 from ..rollout import TransitionError, call_transition
 from .reinforce import _check_devices, _check_hooks
@@ -26,7 +27,7 @@ from ..team import Team, map_jobs, team_attr, validate_dataset
 # %% auto #0
 __all__ = ['td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'value_loss', 'ValueHead',
            'last_token_hidden', 'Critic', 'history_text', 'ActorCriticConfig', 'MAACConfig', 'IACConfig', 'Episode',
-           'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'MAACTrainer', 'IACTrainer', 'Critics']
+           'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'Critics', 'MAACTrainer', 'IACTrainer']
 
 # %% ../../nbs/31_actor_critic.ipynb #0b2494ec
 def _as_float(x, name: str) -> torch.Tensor:
@@ -298,7 +299,7 @@ class ValueSample:
     target: float
     old_value: float
 
-# %% ../../nbs/31_actor_critic.ipynb #590c4d41
+# %% ../../nbs/31_actor_critic.ipynb #9def08f0
 @dataclass
 class Episodes:
     "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
@@ -345,6 +346,7 @@ def _init_loop_state(self: ActorCriticTrainer):
     self.buffers = SampleBuffers(self.n, a.rollout_buffer_size)
     self.value_buffers = SampleBuffers(len(self.critics), a.rollout_buffer_size, key="value_buffers")
     self.sampler = Sampler(self.team, a.seed)                # first turns sampled ahead (see the MAGRPO notebook)
+    self.dist = DistContext()                  # data parallel under `accelerate launch` (a no-op in one process)
     if a.num_turns > 1 and a.early_termination_threshold is not None:
         logger.info(f"episodes end after any turn whose reward is > early_termination_threshold="
                     f"{a.early_termination_threshold}; with non-negative rewards and the default -0.2 every episode "
@@ -376,14 +378,15 @@ def _map_critics(self: ActorCriticTrainer, fn: Callable[[int], Any]) -> list:
     return map_jobs(fn, len(self.critics), self.args.parallel_training == "mp")
 
 # %% ../../nbs/31_actor_critic.ipynb #fd10cfcb
-_CRITIC_OPTIONS = ("critics=[model or id/path] or critic_model=<model or id/path> (model objects use critic_tokenizer=, "
-                   "else the agents' tokenizer), or {cfg}.critic_model_name='<id or path>'; critic_devices places the critic(s) "
-                   "and critic_value_head_hidden_dim sizes their value head")
+_CRITIC_OPTIONS = ("critics=[model or id/path] or critic_model=<model or id/path> (model objects use "
+                   "critic_tokenizer=, else the agents' tokenizer), or {cfg}.critic_model_name='<id or path>'; "
+                   "critic_devices places the critic(s) and critic_value_head_hidden_dim sizes their value head")
 
 def _hidden_size(model) -> int:
     h = getattr(getattr(model, "config", None), "hidden_size", None)
     if not isinstance(h, int):
-        raise ValueError(f"cannot tell the hidden size of the critic backbone {type(model).__name__} (config.hidden_size)")
+        raise ValueError(f"cannot tell the hidden size of the critic backbone {type(model).__name__} "
+                         "(config.hidden_size)")
     return h
 
 @patch
@@ -391,7 +394,8 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
     "A separate critic from a model object or an id/path (loaded once per id, copied for repeats)."
     if isinstance(source, torch.nn.Module):
         if tokenizer is None:
-            raise ValueError("a critic given as a model object needs a tokenizer: pass critic_tokenizer= (or tokenizer=)")
+            raise ValueError("a critic given as a model object needs a tokenizer: "
+                             "pass critic_tokenizer= (or tokenizer=)")
         taken = [m for m in self.team.agents] + [c.backbone for c in cache.get("_built", [])]
         backbone = copy.deepcopy(source) if any(source is m for m in taken) else source
     elif isinstance(source, (str, os.PathLike)):
@@ -405,55 +409,6 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
     crit = Critic(backbone, head, load_tokenizer(tokenizer), agents, False, self.args.critic_max_length)
     cache.setdefault("_built", []).append(crit)
     return crit
-
-# %% ../../nbs/31_actor_critic.ipynb #de2008ab
-class MAACTrainer(ActorCriticTrainer):
-    "Multi-agent actor-critic: one centralized critic over all agents' histories (V or Q); every agent uses its advantage."
-    config_class, algo = MAACConfig, "maac"
-
-    def _build_critics(self, critic_model, critics, critic_tokenizer):
-        a = self.args
-        if critic_model is not None and critics is not None: raise ValueError("pass critic_model or critics, not both")
-        if critics is not None:
-            if not isinstance(critics, (list, tuple)) or len(critics) != 1:
-                got = len(critics) if isinstance(critics, (list, tuple)) else type(critics).__name__
-                raise ValueError(f"MAAC has one centralized critic: critics must be a list of exactly 1 model, got {got}")
-            critic_model = critics[0]
-        source = critic_model if critic_model is not None else a.critic_model_name
-        if source is None: raise ValueError("MAACTrainer needs a critic: pass " + _CRITIC_OPTIONS.format(cfg="MAACConfig"))
-        dev = resolve_device(as_list(a.critic_devices, 1, "critic_devices", "device")[0]) if a.critic_devices is not None else self.devices[0]
-        tok = critic_tokenizer[0] if isinstance(critic_tokenizer, (list, tuple)) else critic_tokenizer
-        if tok is None and isinstance(source, torch.nn.Module): tok = self.tokenizers[0]
-        crit = self._make_critic(source, tok, dev, a.critic_value_head_hidden_dim, list(range(self.n)), "maac", {})
-        return [crit], [0] * self.n
-
-# %% ../../nbs/31_actor_critic.ipynb #1b276f62
-class IACTrainer(ActorCriticTrainer):
-    "Independent actor-critic: agent i's own critic over its own history (a separate model, or a value head on the actor)."
-    config_class, algo = IACConfig, "iac"
-
-    def _build_critics(self, critic_model, critics, critic_tokenizer):
-        a, n = self.args, self.n
-        if not a.use_separate_critic:
-            if critic_model is not None or critics is not None or a.critic_model_name is not None:
-                raise ValueError("IACConfig.use_separate_critic=False puts a value head on each actor (sized by value_head_hidden_dim), "
-                                 "so critic_model/critics/critic_model_name are not used: drop them or set use_separate_critic=True")
-            heads = [ValueHead(_hidden_size(m), a.value_head_hidden_dim, seed=derive_seed(a.seed, "value_head", ("iac", i))).to(d)
-                     for i, (m, d) in enumerate(zip(self.agents, self.devices))]
-            return [Critic(m, h, t, [i], True, a.critic_max_length) for i, (m, h, t) in enumerate(zip(self.agents, heads, self.tokenizers))], list(range(n))
-        if critic_model is not None and critics is not None: raise ValueError("pass critic_model or critics, not both")
-        sources = as_list(critics, n, "critics", "critic") if critics is not None else \
-                  [critic_model if critic_model is not None else a.critic_model_name] * n
-        if sources[0] is None:
-            raise ValueError("IACTrainer with use_separate_critic=True needs critics: pass " + _CRITIC_OPTIONS.format(cfg="IACConfig")
-                             + "; or set use_separate_critic=False for value heads on the actors (value_head_hidden_dim)")
-        devs = [resolve_device(d) for d in as_list(a.critic_devices, n, "critic_devices", "device")] if a.critic_devices is not None else self.devices
-        toks = as_list(critic_tokenizer, n, "critic_tokenizer", "tokenizer") if critic_tokenizer is not None else [None] * n
-        cache, out = {}, []
-        for i, (s, d, t) in enumerate(zip(sources, devs, toks)):
-            t = t if t is not None or not isinstance(s, torch.nn.Module) else self.tokenizers[i]
-            out.append(self._make_critic(s, t, d, a.critic_value_head_hidden_dim, [i], ("iac", i), cache))
-        return out, list(range(n))
 
 # %% ../../nbs/31_actor_critic.ipynb #57baf7c2
 class Critics(list):
@@ -480,6 +435,63 @@ def _make_optimizers(self: ActorCriticTrainer):
     self.critics = Critics(self.critics, opts)
     self.critic_optimizers = self.critics.optimizers
 
+# %% ../../nbs/31_actor_critic.ipynb #de2008ab
+class MAACTrainer(ActorCriticTrainer):
+    "Multi-agent actor-critic: one centralized critic over all agents' histories (V or Q); every agent uses it."
+    config_class, algo = MAACConfig, "maac"
+
+    def _build_critics(self, critic_model, critics, critic_tokenizer):
+        a = self.args
+        if critic_model is not None and critics is not None: raise ValueError("pass critic_model or critics, not both")
+        if critics is not None:
+            if not isinstance(critics, (list, tuple)) or len(critics) != 1:
+                got = len(critics) if isinstance(critics, (list, tuple)) else type(critics).__name__
+                raise ValueError(f"MAAC has one centralized critic: critics must be a list of exactly 1 model, "
+                                 f"got {got}")
+            critic_model = critics[0]
+        source = critic_model if critic_model is not None else a.critic_model_name
+        if source is None:
+            raise ValueError("MAACTrainer needs a critic: pass " + _CRITIC_OPTIONS.format(cfg="MAACConfig"))
+        dev = self.devices[0] if a.critic_devices is None else \
+            resolve_device(as_list(a.critic_devices, 1, "critic_devices", "device")[0])
+        tok = critic_tokenizer[0] if isinstance(critic_tokenizer, (list, tuple)) else critic_tokenizer
+        if tok is None and isinstance(source, torch.nn.Module): tok = self.tokenizers[0]
+        crit = self._make_critic(source, tok, dev, a.critic_value_head_hidden_dim, list(range(self.n)), "maac", {})
+        return [crit], [0] * self.n
+
+# %% ../../nbs/31_actor_critic.ipynb #1b276f62
+class IACTrainer(ActorCriticTrainer):
+    "Independent actor-critic: agent i's own critic over its own history (a separate model, or a head on the actor)."
+    config_class, algo = IACConfig, "iac"
+
+    def _build_critics(self, critic_model, critics, critic_tokenizer):
+        a, n = self.args, self.n
+        if not a.use_separate_critic:
+            if critic_model is not None or critics is not None or a.critic_model_name is not None:
+                raise ValueError("IACConfig.use_separate_critic=False puts a value head on each actor (sized by "
+                                 "value_head_hidden_dim), so critic_model/critics/critic_model_name are not used: "
+                                 "drop them or set use_separate_critic=True")
+            seeds = [derive_seed(a.seed, "value_head", ("iac", i)) for i in range(n)]
+            heads = [ValueHead(_hidden_size(m), a.value_head_hidden_dim, seed=sd).to(d)
+                     for m, d, sd in zip(self.agents, self.devices, seeds)]
+            return [Critic(m, h, t, [i], True, a.critic_max_length)
+                    for i, (m, h, t) in enumerate(zip(self.agents, heads, self.tokenizers))], list(range(n))
+        if critic_model is not None and critics is not None: raise ValueError("pass critic_model or critics, not both")
+        sources = as_list(critics, n, "critics", "critic") if critics is not None else \
+                  [critic_model if critic_model is not None else a.critic_model_name] * n
+        if sources[0] is None:
+            raise ValueError("IACTrainer with use_separate_critic=True needs critics: pass "
+                             + _CRITIC_OPTIONS.format(cfg="IACConfig")
+                             + "; or set use_separate_critic=False for value heads on the actors (value_head_hidden_dim)")
+        devs = self.devices if a.critic_devices is None else \
+            [resolve_device(d) for d in as_list(a.critic_devices, n, "critic_devices", "device")]
+        toks = [None] * n if critic_tokenizer is None else as_list(critic_tokenizer, n, "critic_tokenizer", "tokenizer")
+        cache, out = {}, []
+        for i, (s, d, t) in enumerate(zip(sources, devs, toks)):
+            t = t if t is not None or not isinstance(s, torch.nn.Module) else self.tokenizers[i]
+            out.append(self._make_critic(s, t, d, a.critic_value_head_hidden_dim, [i], ("iac", i), cache))
+        return out, list(range(n))
+
 # %% ../../nbs/31_actor_critic.ipynb #6ec6c394
 @patch
 def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
@@ -499,39 +511,14 @@ def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
 
 @patch
 def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
-    "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item in every buffer)."
+    "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item and buffer)."
     a = self.args
-    if a.num_turns != 1: return []
+    if a.num_turns != 1 or self.dist.enabled: return []
     filled = min(len(buf.items) for buf in self.buffers + self.value_buffers) + n_now * a.num_generations
     return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations,
                          self.train_dataset)
 
-# %% ../../nbs/31_actor_critic.ipynb #8073dbff
-@patch
-def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
-            k: Optional[int] = None, with_values: bool = True) -> Episodes:
-    "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
-    a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
-    if K > 1 and a.num_turns > 1:
-        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent per turn")
-    eps = self._new_episodes(items, item_ids, K)
-    for t in range(a.num_turns):
-        live = [e for e in eps if not e.done]
-        if not live: break
-        t0 = time.perf_counter()
-        self._record_turn(live, self._sample_turn(live, t, round_key, K))
-        t1 = time.perf_counter()
-        self._score_turn(live, t)
-        t2 = time.perf_counter()
-        for e in live:
-            if not e.done: self._transition(e, t)
-        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - t1
-        tm["transition"] += time.perf_counter() - t2
-    t3 = time.perf_counter()
-    if with_values: self._score_episodes(eps)
-    return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
-
-# %% ../../nbs/31_actor_critic.ipynb #4823c69c
+# %% ../../nbs/31_actor_critic.ipynb #4d91402b
 @patch
 def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
     "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
@@ -602,6 +589,32 @@ def _score_episodes(self: ActorCriticTrainer, eps: list):
             pos += e.num_turns
     self._map_critics(score)
 
+# %% ../../nbs/31_actor_critic.ipynb #8073dbff
+@patch
+def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
+            k: Optional[int] = None, with_values: bool = True) -> Episodes:
+    "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
+    a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
+    if K > 1 and a.num_turns > 1:
+        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent "
+                         "per turn")
+    eps = self._new_episodes(items, item_ids, K)
+    for t in range(a.num_turns):
+        live = [e for e in eps if not e.done]
+        if not live: break
+        t0 = time.perf_counter()
+        self._record_turn(live, self._sample_turn(live, t, round_key, K))
+        t1 = time.perf_counter()
+        self._score_turn(live, t)
+        t2 = time.perf_counter()
+        for e in live:
+            if not e.done: self._transition(e, t)
+        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - t1
+        tm["transition"] += time.perf_counter() - t2
+    t3 = time.perf_counter()
+    if with_values: self._score_episodes(eps)
+    return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
+
 # %% ../../nbs/31_actor_critic.ipynb #486dae23
 @patch
 def _actor_loss(self: ActorCriticTrainer, i: int, mb: list, adv: torch.Tensor) -> torch.Tensor:
@@ -618,12 +631,26 @@ def _critic_loss(self: ActorCriticTrainer, c: int, mb: list, clip: Optional[floa
 
 # %% ../../nbs/31_actor_critic.ipynb #23eae352
 @patch
-def _step(self: ActorCriticTrainer, loss, opt, params, where: str):
-    loss = check_finite_loss(loss, where)
+def _local(self: ActorCriticTrainer, loss_fn: Callable[[list], torch.Tensor], n: int) -> torch.Tensor:
+    "This process' share of a mini-batch loss of n rows: loss_fn(its rows), weighted by its share (all rows alone)."
+    rows = list(range(self.dist.rank, n, self.dist.world))
+    if not rows: return torch.zeros(())
+    loss = loss_fn(rows)
+    return loss if len(rows) == n else loss * (len(rows) / n)
+
+@patch
+def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> list[float]:
+    "One step on the sum of the local `parts`: backward; their values summed over processes and checked; grads summed."
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    loss = parts[0]
+    for p in parts[1:]: loss = loss + p
+    if loss.requires_grad and math.isfinite(float(loss.detach())): loss.backward()
+    values = [self.dist.sum(float(p.detach())) for p in parts]
+    check_finite_loss(torch.tensor(sum(values)), where)
+    self.dist.sum_grads(params)                                       # summed over processes = the full mini-batch's
     if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
     opt.step()
+    return values
 
 @patch
 def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples: Optional[list] = None) -> tuple:
@@ -637,13 +664,14 @@ def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples
     model.train()
     if head is not None: head.train()
     for s in range(0, len(samples), tbs):
-        loss = self._actor_loss(i, samples[s:s + tbs], adv[s:s + tbs])
-        pol.append(float(loss.detach()))
+        mb, A = samples[s:s + tbs], adv[s:s + tbs]
+        parts = [self._local(lambda rows: self._actor_loss(i, [mb[r] for r in rows], A[rows]), len(mb))]
         if value_samples is not None:
-            vl = self._critic_loss(c, value_samples[s:s + tbs], clip)
-            val.append(float(vl.detach()))
-            loss = loss + vl
-        self._step(loss, opt, params, f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
+            vmb = value_samples[s:s + tbs]
+            parts.append(self._local(lambda rows: self._critic_loss(c, [vmb[r] for r in rows], clip), len(mb)))
+        values = self._step(parts, opt, params, f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
+        pol.append(values[0])
+        if value_samples is not None: val.append(values[1])
         self.state["optimizer_steps"][i] += 1
     model.eval()
     if head is not None: head.eval()
@@ -661,10 +689,9 @@ def _update_critic(self: ActorCriticTrainer, c: int, samples: list) -> list:
     crit, opt, losses = self.critics[c], self.critic_optimizers[c], []
     crit.train()
     for mb in minibatches(samples, self.args.train_batch_size):
-        loss = self._critic_loss(c, mb, None)
-        losses.append(float(loss.detach()))
+        part = self._local(lambda rows: self._critic_loss(c, [mb[r] for r in rows], None), len(mb))
         where = f"{self._critic_name(c)} optimizer step {self.state['critic_steps'][c] + 1}"
-        self._step(loss, opt, crit.parameters(), where)
+        losses += self._step([part], opt, crit.parameters(), where)
         self.state["critic_steps"][c] += 1
     crit.train(False)
     return losses
@@ -679,15 +706,17 @@ def _store(self: ActorCriticTrainer, eps: list):
                 adv = float(e.advantages[self.critic_of[i]][t])
                 self.buffers[i].add(ActorSample(e.prompt_ids[i][t], e.completion_ids[i][t], adv))
             for c in range(len(self.critics)):
-                self.value_buffers[c].add(ValueSample(e.critic_ids[c][t], float(e.targets[c][t]), float(e.values[c][t])))
+                y, v = float(e.targets[c][t]), float(e.values[c][t])
+                self.value_buffers[c].add(ValueSample(e.critic_ids[c][t], y, v))
 
 @patch
 def _update_full_buffers(self: ActorCriticTrainer, flush: bool = False) -> dict:
-    "Update every agent/critic whose buffer is full (or non-empty when flushing): {'policy': {i: ...}, 'value': {c: ...}}."
+    "Update every agent/critic whose buffer is full (or non-empty when flushing): {'policy': {i:..}, 'value': {c:..}}."
     ready = lambda b: b.full or (flush and b.items)
     todo = [i for i in range(self.n) if ready(self.buffers[i])]
     drained = {i: self.buffers[i].drain() for i in todo}
-    vdrained = {i: self.value_buffers[self.critic_of[i]].drain() for i in todo if self.critics[self.critic_of[i]].shared}
+    heads = [i for i in todo if self.critics[self.critic_of[i]].shared]          # value heads step with their actor
+    vdrained = {i: self.value_buffers[self.critic_of[i]].drain() for i in heads}
     res = self.team.map(lambda i: self._update_agent(i, drained[i], vdrained.get(i)) if i in drained else None)
     ctodo = {c: self.value_buffers[c].drain() for c, cr in enumerate(self.critics)
              if not cr.shared and ready(self.value_buffers[c])}
@@ -717,7 +746,8 @@ def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dic
                                             prompts=[[e.inputs[i][0] for e in eps] for i in range(self.n)]))
     out = {}
     for t, r in sorted(per_turn.items()):
-        out[f"eval/turn_{t + 1}/reward_mean"], out[f"eval/turn_{t + 1}/reward_std"] = float(np.mean(r)), float(np.std(r))
+        out[f"eval/turn_{t + 1}/reward_mean"] = float(np.mean(r))
+        out[f"eval/turn_{t + 1}/reward_std"] = float(np.std(r))
     out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
     if self.eval_aggregator is not None:
         out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=self.args.num_turns).items()})
@@ -748,7 +778,8 @@ def _batch_metrics(self: ActorCriticTrainer, ro: Episodes, upd: dict, wall: floa
     eps = ro.episodes
     m = self._turn_metrics(eps)
     ntok = sum(len(c) for e in eps for i in range(self.n) for c in e.completion_ids[i])
-    m.update({"tokens_per_s": ntok / max(wall, 1e-9), "time/batch": wall, **{f"time/{k}": v for k, v in ro.times.items()}})
+    m.update({"tokens_per_s": ntok / max(wall, 1e-9), "time/batch": wall,
+              **{f"time/{k}": v for k, v in ro.times.items()}})
     for i in range(self.n):
         A = torch.cat([e.advantages[self.critic_of[i]] for e in eps])
         m[f"agent_{i}/adv_mean"], m[f"agent_{i}/adv_std"] = float(A.mean()), float(A.std(unbiased=False))
@@ -774,9 +805,9 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
     with run:                                                               # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
+            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
             with self.sampler.planned(key, self._batches_ahead(order, b, per_epoch, len(ids))):
-                ro = self.rollout([self.train_dataset[int(j)] for j in ids], ids, key)
+                ro = self._rollout_batch(ids, key)                           # all processes' episodes, in order
             self._store(ro.episodes)
             t1, upd = time.perf_counter(), self._update_full_buffers()
             rec = self._batch_metrics(ro, upd, time.perf_counter() - t0)
@@ -789,8 +820,19 @@ def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batc
     "The run: checkpoints hold the team, the critics, both kinds of buffers and the sampler's cache."
     parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
              "sampler": self.sampler}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state)
+    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
     return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)")
+
+@patch
+def _rollout_batch(self: ActorCriticTrainer, ids, round_key) -> Episodes:
+    "This process' share of the batch's episodes; under data parallel, every process' episodes in one-process order."
+    local = self.dist.shard(ids)                                # this process' items (all of them in one process)
+    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
+    if not self.dist.enabled: return ro
+    parts = [p for p in self.dist.gather(ro) if p is not None]
+    pos = {int(j): k for k, j in enumerate(ids)}
+    eps = sorted((e for p in parts for e in p.episodes), key=lambda e: (pos[e.item_id], e.candidate))
+    return Episodes(eps, {k: max(p.times[k] for p in parts) for k in parts[0].times})
 
 @patch
 def _epoch_order(self: ActorCriticTrainer, epoch: int) -> np.ndarray:
@@ -802,7 +844,8 @@ def save_model(self: ActorCriticTrainer, output_dir) -> Path:
     "Each agent to output_dir/agent_<i>/; the critics to critic/ (MAAC), critic_<i>/ (IAC) or agent_<i>/value_head.pt."
     out = self.team.save_pretrained(output_dir)
     for c in self.critics:
-        d = out / f"agent_{c.agents[0]}" if c.shared else out / ("critic" if self.algo == "maac" else f"critic_{c.agents[0]}")
+        name = f"agent_{c.agents[0]}" if c.shared else "critic" if self.algo == "maac" else f"critic_{c.agents[0]}"
+        d = out / name
         if not c.shared:
             c.backbone.save_pretrained(d)
             c.tokenizer.save_pretrained(d)
