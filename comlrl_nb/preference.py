@@ -68,7 +68,8 @@ def make_pair_record(prompts, winner_completions, loser_completions, winner_rewa
            "target_raw_reward": target_raw_reward, "comparator_raw_reward": comparator_raw_reward,
            "winner_eos": [bool(x) for x in (winner_eos if winner_eos is not None else [True] * n)],
            "loser_eos": [bool(x) for x in (loser_eos if loser_eos is not None else [True] * n)], **extra}
-    validate_pair_record(rec); return rec
+    validate_pair_record(rec)
+    return rec
 
 # %% ../nbs/40_preference.ipynb #21983f57
 def _num(v) -> bool: return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
