@@ -514,7 +514,8 @@ class MARLHFIterTrainer(PreferenceRounds):
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, reward_model=None,
                  reward_tokenizer=None, backend_kwargs: Optional[dict] = None, comparator_tokenizer=None,
-                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None, comparator_parser=None):
+                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
+                 comparator_parser=None):
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
         self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,

@@ -261,7 +261,8 @@ class PairsEntry:
 def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
     "Collect preference pairs, then run MADPO over them for num_train_epochs (or resume); returns the final state."
     a, B = self.args, self.args.train_batch_size
-    if self.train_dataset is None: raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
+    if self.train_dataset is None:
+        raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
     run = self._start_run(resume_from_checkpoint, stop_after_batch)
     if not resume_from_checkpoint: self._collect(run.metrics)            # resumed runs bring their pairs back
     if not self.pairs: return self._no_pairs(run)

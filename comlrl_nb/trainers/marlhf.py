@@ -197,8 +197,8 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
         self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
                                                self.oracle)
         if not self.pairs:
-            logger.warning("no item produced an untied pair (every comparison was a tie): training ends without fitting "
-                           "a reward model or updating the policies")
+            logger.warning("no item produced an untied pair (every comparison was a tie): training ends without "
+                           "fitting a reward model or updating the policies")
             return {"num_pairs": 0, "stopped": False, "global_batch": 0, "collection": stats}
         self.fit_reward_model()
     out = self.policy_trainer.train(resume_from_checkpoint=resume_from_checkpoint, stop_after_batch=stop_after_batch)
