@@ -45,7 +45,9 @@ def td_targets(rewards, values=None, next_values=None, dones=None, discount: flo
         if v.shape != r.shape: raise ValueError(f"values shape {tuple(v.shape)} does not match rewards shape {tuple(r.shape)}")
         next_values = torch.cat([v[..., 1:], torch.zeros_like(v[..., :1])], -1)
     nv = _as_float(next_values, "next_values")
-    if dones is None: d = torch.zeros_like(r); d[..., -1] = 1.0
+    if dones is None:
+        d = torch.zeros_like(r)
+        d[..., -1] = 1.0                                          # the episode ends after its last turn
     else: d = _as_float(dones, "dones")
     for t, nm in ((nv, "next_values"), (d, "dones")):
         if t.shape != r.shape: raise ValueError(f"{nm} shape {tuple(t.shape)} does not match rewards shape {tuple(r.shape)}")
@@ -66,9 +68,11 @@ def normalize_advantages(advantages, eps: float = 1e-6) -> torch.Tensor:
 
 def discounted_returns(rewards, discount: float = 1.0) -> torch.Tensor:
     "Monte-Carlo returns-to-go `G_t = r_t + discount * G_{t+1}` along the last axis (nothing after the last turn)."
-    r = _as_float(rewards, "rewards"); g = torch.zeros_like(r[..., 0]); out = torch.zeros_like(r)
+    r = _as_float(rewards, "rewards")
+    g, out = torch.zeros_like(r[..., 0]), torch.zeros_like(r)
     for t in range(r.shape[-1] - 1, -1, -1):
-        g = r[..., t] + discount * g; out[..., t] = g
+        g = r[..., t] + discount * g
+        out[..., t] = g
     return out
 
 # %% ../../nbs/31_actor_critic.ipynb #fd8ae98d
@@ -95,7 +99,8 @@ class ValueHead(torch.nn.Module):
             self.net = torch.nn.Linear(hidden_size, 1) if not hidden_dim else torch.nn.Sequential(
                 torch.nn.Linear(hidden_size, hidden_dim), torch.nn.Tanh(), torch.nn.Linear(hidden_dim, 1))
             last = self.net if isinstance(self.net, torch.nn.Linear) else self.net[-1]
-            torch.nn.init.normal_(last.weight, std=0.02); torch.nn.init.zeros_(last.bias)
+            torch.nn.init.normal_(last.weight, std=0.02)
+            torch.nn.init.zeros_(last.bias)
     def forward(self, hidden: torch.Tensor) -> torch.Tensor: return self.net(hidden.float()).squeeze(-1)
 
 # %% ../../nbs/31_actor_critic.ipynb #de725353
@@ -132,7 +137,8 @@ class Critic:
         pi, pm, _, _ = collate(list(ids), [torch.zeros(0, dtype=torch.long)] * len(ids), pad)
         return self.head(last_token_hidden(self.backbone, pi, pm, autocast_dtype))
     def train(self, on: bool = True):
-        self.head.train(on); self.backbone.train(on)
+        self.head.train(on)
+        self.backbone.train(on)
     def state_dict(self) -> dict:
         return {"head": self.head.state_dict(), "backbone": None if self.shared else self.backbone.state_dict()}
     def load_state_dict(self, sd: dict):
@@ -299,7 +305,7 @@ class ValueSample:
     target: float
     old_value: float
 
-# %% ../../nbs/31_actor_critic.ipynb #9def08f0
+# %% ../../nbs/31_actor_critic.ipynb #891d89d0
 @dataclass
 class Episodes:
     "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
@@ -518,7 +524,7 @@ def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_no
     return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations,
                          self.train_dataset)
 
-# %% ../../nbs/31_actor_critic.ipynb #4d91402b
+# %% ../../nbs/31_actor_critic.ipynb #e0b6b516
 @patch
 def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
     "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
