@@ -429,12 +429,11 @@ def _load_round_entries(self: PreferenceRounds, s: dict):
 @patch
 def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int]) -> Run:
     "The run, counting rounds; a fresh one warns about another run's replay files, snapshots S_0, evaluates round 0."
-    env = os.environ.get("COMLRL_NB_STOP_AFTER_ROUND")
     parts = {"team": self.team, "rounds": RunEntries(self._round_entries, self._load_round_entries)}
     record = SimpleNamespace(**config_record(self.args))        # what a checkpoint stores: secrets hidden
     run = Run(record, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state, "iteration")
-    run.start(resume_from_checkpoint, None, self.args.num_iterations, f"{self.algo} rounds")
-    run.stop_at = stop_after_round or (int(env) if env else None)     # rounds: their own variable, not the batches'
+    run.start(resume_from_checkpoint, stop_after_round, self.args.num_iterations, f"{self.algo} rounds",
+              stop_env="COMLRL_NB_STOP_AFTER_ROUND")                  # rounds: their own variable, not the batches'
     if resume_from_checkpoint: return run
     old = sorted(self.replay_dir.glob("iteration_*.json")) if self.replay_dir.exists() else []
     if old:
