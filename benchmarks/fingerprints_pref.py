@@ -28,7 +28,7 @@ from comlrl_nb.trainers.marlhf import MARLHFConfig, MARLHFTrainer  # noqa: E402
 
 ITEMS = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]]
 BASE = dict(preference_num_candidates=4, preference_pairs_per_sample=2, max_new_tokens=8, temperature=1.0, top_p=1.0,
-            top_k=None, agent_learning_rate=3e-3, rollout_batch_size=2, eval_interval=2, eval_num_samples=2,
+            top_k=None, agent_learning_rate=3e-3, eval_interval=2, eval_num_samples=2,
             logging_steps=1000, progress_bar=False, save_steps=0, save_plot=False)
 
 
@@ -79,7 +79,7 @@ def run_central(d):
 
 def run_marlhf(d, **kw):
     m, tok = make_tiny_model(seed=0)
-    cfg = MARLHFConfig(**{**BASE, "num_train_epochs": 2, "num_generations": 4, "reward_learning_rate": 1e-3,
+    cfg = MARLHFConfig(**{**BASE, "rollout_batch_size": 2, "num_train_epochs": 2, "num_generations": 4, "reward_learning_rate": 1e-3,
                           "reward_num_train_epochs": 2, "reward_train_batch_size": 2, "agent_learning_rate": 1e-2,
                           "output_dir": str(d), **kw})
     tr = MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS, eval_dataset=ITEMS,
@@ -105,7 +105,7 @@ def run_madpo_iter(d):
 
 def run_marlhf_iter(d):
     m, tok = make_tiny_model(seed=0)
-    cfg = MARLHFIterConfig(**{**BASE, **ITER, "num_generations": 4, "num_train_epochs": 1, "reward_learning_rate": 1e-3,
+    cfg = MARLHFIterConfig(**{**BASE, **ITER, "rollout_batch_size": 2, "num_generations": 4, "num_train_epochs": 1, "reward_learning_rate": 1e-3,
                               "reward_train_batch_size": 4, "reward_num_train_epochs": 1, "output_dir": str(d),
                               "preference_scoring_reward": "reward_model"})
     tr = MARLHFIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS, eval_dataset=ITEMS,

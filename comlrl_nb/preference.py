@@ -62,13 +62,15 @@ def make_pair_record(prompts, winner_completions, loser_completions, winner_rewa
                      target_raw_reward=None, comparator_raw_reward=None, **extra) -> dict:
     "One preference record in the documented layout (seed fields first, then winner_eos/loser_eos, then extras)."
     n = len(prompts)
-    rec = {"prompts": list(prompts), "winner_completions": list(winner_completions), "loser_completions": list(loser_completions),
+    rec = {"prompts": list(prompts), "winner_completions": list(winner_completions),
+           "loser_completions": list(loser_completions),
            "winner_reward": float(winner_reward), "loser_reward": float(loser_reward),
            "candidate_reward_mean": float(candidate_reward_mean), "raw_rewards": [float(x) for x in raw_rewards],
            "target_raw_reward": target_raw_reward, "comparator_raw_reward": comparator_raw_reward,
            "winner_eos": [bool(x) for x in (winner_eos if winner_eos is not None else [True] * n)],
            "loser_eos": [bool(x) for x in (loser_eos if loser_eos is not None else [True] * n)], **extra}
-    validate_pair_record(rec); return rec
+    validate_pair_record(rec)
+    return rec
 
 # %% ../nbs/40_preference.ipynb #21983f57
 def _num(v) -> bool: return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
@@ -88,13 +90,15 @@ def validate_pair_record(rec, num_agents: Optional[int] = None, where: str = "re
     for f in ("winner_reward", "loser_reward", "candidate_reward_mean"):
         if not _num(rec[f]): raise bad(f, f"expected a finite number, got {rec[f]!r}")
     if not rec["winner_reward"] > rec["loser_reward"]:
-        raise bad("winner_reward", f"{rec['winner_reward']} is not above loser_reward {rec['loser_reward']} (ties are not pairs)")
+        raise bad("winner_reward", f"{rec['winner_reward']} is not above loser_reward {rec['loser_reward']} "
+                                   "(ties are not pairs)")
     if not isinstance(rec["raw_rewards"], list) or not all(_num(x) for x in rec["raw_rewards"]):
         raise bad("raw_rewards", f"expected a list of finite numbers (may be empty), got {rec['raw_rewards']!r}")
     for f in ("target_raw_reward", "comparator_raw_reward"):
         if rec[f] is not None and not _num(rec[f]): raise bad(f, f"expected a finite number or null, got {rec[f]!r}")
     for f in ("winner_eos", "loser_eos"):
-        if f in rec and (not isinstance(rec[f], list) or len(rec[f]) != n or not all(isinstance(x, bool) for x in rec[f])):
+        flags = rec.get(f)
+        if f in rec and (not isinstance(flags, list) or len(flags) != n or not all(isinstance(x, bool) for x in flags)):
             raise bad(f, f"expected {n} booleans (one per agent), got {rec[f]!r}")
     return rec
 
@@ -103,16 +107,19 @@ def save_pairs(path, records: Sequence[dict], header: Optional[dict] = None) -> 
     "Validate and write records atomically: a JSON list, or `{**header, 'num_pairs', 'pairs'}` when a header is given."
     n = len(records[0]["prompts"]) if records else None
     for j, r in enumerate(records): validate_pair_record(r, n, f"record {j}")
-    return atomic_write_json(path, list(records) if header is None else {**header, "num_pairs": len(records), "pairs": list(records)})
+    data = list(records) if header is None else {**header, "num_pairs": len(records), "pairs": list(records)}
+    return atomic_write_json(path, data)
 
 def load_pairs(path, num_agents: Optional[int] = None) -> list[dict]:
-    "Read and validate a pairs file (list, or object with 'pairs'); errors name the file, the record index and the field."
+    "Read and validate a pairs file (list, or object with 'pairs'); errors name the file, the record and the field."
     path = Path(path)
     try: data = json.loads(path.read_text())
     except FileNotFoundError: raise FileNotFoundError(f"{path}: no such pairs file") from None
-    except json.JSONDecodeError as e: raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
     if isinstance(data, dict) and isinstance(data.get("pairs"), list): data = data["pairs"]
-    if not isinstance(data, list): raise ValueError(f"{path}: expected a JSON list of pair records or an object with a 'pairs' list")
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of pair records or an object with a 'pairs' list")
     n = num_agents if num_agents is not None else (len(data[0]["prompts"]) if data and isinstance(data[0], dict)
                                                    and isinstance(data[0].get("prompts"), list) else None)
     out = []
@@ -122,20 +129,22 @@ def load_pairs(path, num_agents: Optional[int] = None) -> list[dict]:
     return out
 
 # %% ../nbs/40_preference.ipynb #a42684bb
-def resolve_oracle(oracle, num_agents: int, default: Optional[RewardFunction] = None, batched: bool = True) -> RewardFunction:
+def resolve_oracle(oracle, num_agents: int, default: Optional[RewardFunction] = None,
+                   batched: bool = True) -> RewardFunction:
     "None -> `default` (the task reward); a reward model -> its scorer; a callable -> wrapped and validated."
     if oracle is None:
         if default is None: raise ValueError("no oracle: pass reward_func (the task reward) or oracle=")
         return default
     if isinstance(oracle, RewardFunction): return oracle
     if hasattr(oracle, "as_reward_func"): return RewardFunction(oracle.as_reward_func(), num_agents, None, True)
-    if not callable(oracle): raise TypeError(f"oracle must be callable (reward contract) or a reward model, got {type(oracle).__name__}")
+    if not callable(oracle):
+        raise TypeError(f"oracle must be callable (reward contract) or a reward model, got {type(oracle).__name__}")
     return RewardFunction(oracle, num_agents, None, batched)
 
 # %% ../nbs/40_preference.ipynb #4c8becf3
 def team_candidates(team, chunk: list, ids: list, K: int, round_key, sampling: Optional[dict] = None,
                     seed: int = 0) -> dict:
-    "Every agent's prompts and K candidates per item: texts[i][b*K + k] is agent i's part of joint response k of item b."
+    "Every agent's prompts and K candidates per item: texts[i][b*K + k] is agent i's part of joint response k of item b"
     prompts = team.prompts(chunk)
     keys = lambda i: [(seed, "preference", round_key, j, i) for j in ids]
     comps = team.map(lambda i: team.generate(i, prompts[i], K, keys(i), **(sampling or {})))
@@ -181,7 +190,8 @@ def collect_preference_pairs(team, items: Sequence[dict], item_ids: Sequence[int
         bar.update(len(chunk))
         bar.set_postfix(pairs=len(records))
     bar.close()
-    return records, {**st, "pairs": len(records), "candidate_reward_mean": float(np.mean(cand)) if cand else float("nan")}
+    mean = float(np.mean(cand)) if cand else float("nan")
+    return records, {**st, "pairs": len(records), "candidate_reward_mean": mean}
 
 def _count_item(st: dict, K: int, untied: int, kept: bool):
     "Add one item's comparisons, ties and (no) pairs to the collection statistics."
@@ -197,7 +207,8 @@ def encode_side(tokenizer, prompt: str, completion: str, eos: bool, eos_id: Opti
     c = tokenizer(completion, add_special_tokens=False).input_ids if completion else []
     if eos:
         e = eos_id if eos_id is not None else tokenizer.eos_token_id
-        if e is None: raise ValueError("the record says a completion ended with EOS, but the tokenizer has no eos_token_id")
+        if e is None:
+            raise ValueError("the record says a completion ended with EOS, but the tokenizer has no eos_token_id")
         c = list(c) + [e]
     return torch.tensor(p, dtype=torch.long), torch.tensor(c, dtype=torch.long)
 
@@ -205,7 +216,8 @@ def tokenize_pairs(records: Sequence[dict], agent: int, tokenizer, eos_id: Optio
     "Per record, agent `agent`'s (prompt ids, winner ids, loser ids) from the stored text."
     out = []
     for r in records:
-        p, w = encode_side(tokenizer, r["prompts"][agent], r["winner_completions"][agent], r["winner_eos"][agent], eos_id)
+        prompt = r["prompts"][agent]
+        p, w = encode_side(tokenizer, prompt, r["winner_completions"][agent], r["winner_eos"][agent], eos_id)
         _, l = encode_side(tokenizer, r["prompts"][agent], r["loser_completions"][agent], r["loser_eos"][agent], eos_id)
         out.append((p, w, l))
     return out
@@ -233,6 +245,6 @@ def build_pair_dataset(team, dataset, args, path, oracle, round_key: Any = "coll
         args.pair_selection, args.preference_pairs_per_sample, oracle, round_key, seed=args.seed,
         batch_size=args.collection_batch_size, sampler=sampler, progress=args.progress_bar)
     save_pairs(path, records)
-    logger.info(f"collected {stats['pairs']} preference pairs from {stats['items']} items ({stats['ties']} tied comparisons "
-                f"dropped, {stats['items_without_pairs']} items without a pair) -> {path}")
+    logger.info(f"collected {stats['pairs']} preference pairs from {stats['items']} items ({stats['ties']} tied "
+                f"comparisons dropped, {stats['items_without_pairs']} items without a pair) -> {path}")
     return load_pairs(path, team.n), stats

@@ -5,6 +5,7 @@
 # %% ../../nbs/53_iterative.ipynb #7afd5f9e
 from __future__ import annotations
 import copy, json, math, os, time
+from types import SimpleNamespace
 from dataclasses import dataclass, fields, replace
 from numbers import Real
 from pathlib import Path
@@ -22,16 +23,15 @@ from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, Com
                                    centralized_parse_error, sample_comparator, select_comparisons)
 from ..reward_model import _pair_texts
 from ..team import Team
-from ..engine import (CheckpointManager, MetricsLogger, new_figure, progress_bar, read_metrics, rng_state,
-                              set_rng_state)
+from ..engine import MetricsLogger, Run, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, FromTeam, check_task, default_args, dpo_metrics, madpo_args,
                                       madpo_update)
-from .marlhf import MARLHFConfig, backend_team, make_policy_trainer, make_reward_model
+from .marlhf import MARLHFConfig, make_policy_trainer, make_reward_model
 
 # %% auto #0
 __all__ = ['ITERATIVE_GROUPS', 'IterativeFields', 'config_record', 'MADPOIterConfig', 'MARLHFIterConfig', 'PreferenceRounds',
-           'plot_rounds', 'MADPOIterTrainer', 'MARLHFIterTrainer']
+           'MADPOIterTrainer', 'RunEntries', 'plot_rounds', 'MARLHFIterTrainer']
 
 # %% ../../nbs/53_iterative.ipynb #3288bfe8
 from ..config import (ComparatorAPIFields, ComparatorFields, IterationFields, ReplayFields, TrainerConfig,
@@ -140,6 +140,27 @@ def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenize
     self.comparator_prompt_builder, self.comparator_parser = comparator_prompt_builder, comparator_parser
     self.state, self.rounds = {"iteration": 0, "global_batch": 0, "optimizer_steps": [0] * n}, []
 
+# %% ../../nbs/53_iterative.ipynb #b8782afb
+class MADPOIterTrainer(PreferenceRounds):
+    "Iterative MADPO: rounds of comparator pairs -> replay -> MADPO updates (see the notebook for the loop)."
+    config_class, algo = MADPOIterConfig, "madpo_iter"
+
+    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
+                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
+                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None,
+                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
+                 comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None):
+        self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
+                                      centralized_parser)
+        check_task(reward_func, eval_logger, eval_aggregator)
+        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
+                         eval_aggregator, wandb_config)
+        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
+        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
+                           comparator_prompt_builder, comparator_parser)
+        self._tokens = None
+
 # %% ../../nbs/53_iterative.ipynb #c638ff0f
 @patch
 def _process(self: PreferenceRounds, raw: list) -> list:
@@ -234,6 +255,19 @@ def _collect_batch(self: PreferenceRounds, nu: int, chunk: list, ids: list, gen,
               target=proc[:J], comparator=proc[J:], target_raw=raw[:J], comparator_raw=raw[J:])
     return records, st
 
+# %% ../../nbs/53_iterative.ipynb #ef09ff2d
+def _round_stats(acc: dict, items: int, pairs: int) -> dict:
+    "A round's summary from its batches' accumulated counts and scores."
+    mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")
+    untied = acc["comparisons"] - acc["ties"]
+    return {"items": items, "pairs": pairs, "comparisons": acc["comparisons"], "ties": acc["ties"],
+            "comparator_wins": acc["comparator_wins"],
+            "comparator_win_rate": acc["comparator_wins"] / untied if untied else float("nan"),
+            "items_without_pairs": acc["items_without_pairs"], "unparsed_candidates": acc["unparsed"],
+            "target_reward_mean": mean(acc["target"]), "comparator_reward_mean": mean(acc["comparator"]),
+            "target_raw_reward_mean": mean(acc["target_raw"]),
+            "comparator_raw_reward_mean": mean(acc["comparator_raw"])}
+
 # %% ../../nbs/53_iterative.ipynb #31d691d6
 @patch
 @torch.no_grad()
@@ -253,83 +287,83 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
         raise centralized_parse_error(self.n, acc["comparator_responses"], acc["examples"])
     return records, _round_stats(acc, len(ds), len(records))
 
-# %% ../../nbs/53_iterative.ipynb #ef09ff2d
-def _round_stats(acc: dict, items: int, pairs: int) -> dict:
-    "A round's summary from its batches' accumulated counts and scores."
-    mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")
-    untied = acc["comparisons"] - acc["ties"]
-    return {"items": items, "pairs": pairs, "comparisons": acc["comparisons"], "ties": acc["ties"],
-            "comparator_wins": acc["comparator_wins"],
-            "comparator_win_rate": acc["comparator_wins"] / untied if untied else float("nan"),
-            "items_without_pairs": acc["items_without_pairs"], "unparsed_candidates": acc["unparsed"],
-            "target_reward_mean": mean(acc["target"]), "comparator_reward_mean": mean(acc["comparator"]),
-            "target_raw_reward_mean": mean(acc["target_raw"]),
-            "comparator_raw_reward_mean": mean(acc["comparator_raw"])}
-
 # %% ../../nbs/53_iterative.ipynb #7e896bd1
-@patch
-def _run_round(self: PreferenceRounds, nu: int, metrics: MetricsLogger) -> dict:
-    "One round: collect, store, select, train on the selection, evaluate; its metrics line."
-    t0 = time.perf_counter()
-    records, st = self._collect_round(nu)
-    self.replay.register(nu, records)
-    selected = self.replay.select(nu)
-    t1 = time.perf_counter()
-    tr = self._train_on(nu, selected, metrics)
-    t2 = time.perf_counter()
-    ev = self.evaluate() if self.args.eval_interval > 0 else {}
-    its = [r.get("iteration") for r in selected]
-    src = {str(i): its.count(i) for i in sorted(set(its), key=str)}
-    row = {"batch": self.state["global_batch"], "iteration": nu, "phase": "round",
-           **{f"round/{k}": v for k, v in st.items()}, "round/train_pairs": len(selected),
-           "round/train_pairs_from": src, **tr,
-           "round/time_collect": t1 - t0, "round/time_train": t2 - t1, **ev}
-    metrics.log(row, self.state["global_batch"], console=True)
-    self.rounds.append(row)
-    logger.info(f"round {nu}: {st['pairs']} new pairs ({st['comparisons']} comparisons, {st['ties']} ties, comparator "
-                f"won {st['comparator_win_rate']:.0%} of the rest), trained on {len(selected)}")
-    return row
-
-# %% ../../nbs/53_iterative.ipynb #4e862a0b
 @patch
 def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round: Optional[int] = None) -> dict:
     "Run the rounds (or continue from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
-    if self.train_dataset is None: raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
-    ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.n)
-    metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config, a.tensorboard)
-    if resume_from_checkpoint:
-        self._restore(ckpt, resume_from_checkpoint)
-        _keep_rounds(metrics.path, self.state["iteration"])
-    else: self._fresh_start(metrics)
-    env = os.environ.get("COMLRL_NB_STOP_AFTER_ROUND")
-    stop = stop_after_round or (int(env) if env else None)
-    bar = progress_bar(a.num_iterations, f"{self.algo} rounds", a.progress_bar, self.state["iteration"])
-    try:
-        while self.state["iteration"] < a.num_iterations:
-            nu = self.state["iteration"] + 1
-            self._run_round(nu, metrics)
-            self.state["iteration"] = nu
-            self.comparator.save_snapshot(nu)
-            if a.save_steps >= 0 or (stop is not None and nu >= stop): self._save_checkpoint(ckpt)
-            bar.update(1)
-            if stop is not None and nu >= stop and nu < a.num_iterations:
-                logger.info(f"stopping after round {nu} as asked; resume with train(resume_from_checkpoint=True)")
-                return self._iter_finish(metrics, bar, stopped=True)
-    except KeyboardInterrupt:
-        logger.warning(f"interrupted in round {self.state['iteration'] + 1}: resuming restarts that round from the "
-                       f"checkpoint of round {self.state['iteration']}" + ("" if a.save_steps >= 0 else " (none: save_steps=-1)"))
-        bar.close()
-        metrics.close()
-        raise
-    return self._iter_finish(metrics, bar)
+    if self.train_dataset is None:
+        raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
+    run = self._start_run(resume_from_checkpoint, stop_after_round)
+    with run:                                                   # Ctrl-C: which round a resume restarts, then exit
+        for nu in run.rounds(a.num_iterations):
+            t0 = time.perf_counter()
+            records, stats = self._collect_round(nu)            # the agents vs the comparator, scored by the oracle
+            self.replay.register(nu, records)                   # preference_replay/iteration_<nu>.json
+            chosen = self.replay.select(nu)                     # this round's pairs, or a mix of earlier rounds'
+            t1 = time.perf_counter()
+            trained = self._train_on(nu, chosen, run.metrics)   # MADPO steps, or reward model + policy phase
+            self._log_round(run, nu, stats, chosen, {**trained, "round/time_collect": t1 - t0,
+                                                     "round/time_train": time.perf_counter() - t1})
+            self.comparator.save_snapshot(nu)                   # S_nu, for the history comparator
+    out = run.finish(plot=plot_rounds, png="rounds.png", title=f"{self.algo}: per round")
+    return {**out, "rounds": list(self.rounds)}
+
+# %% ../../nbs/53_iterative.ipynb #4e862a0b
+@patch
+def _log_round(self: PreferenceRounds, run: Run, nu: int, st: dict, chosen: list, trained: dict) -> dict:
+    "Evaluate (when asked) and write the round's metrics line: collection, training pairs by round, training, eval."
+    ev = self.evaluate() if self.args.eval_interval > 0 else {}
+    its = [r.get("iteration") for r in chosen]
+    src = {str(i): its.count(i) for i in sorted(set(its), key=str)}
+    times = {k: trained.pop(k) for k in ("round/time_collect", "round/time_train")}
+    row = {"batch": self.state["global_batch"], "iteration": nu, "phase": "round",
+           **{f"round/{k}": v for k, v in st.items()}, "round/train_pairs": len(chosen),
+           "round/train_pairs_from": src, **trained, **times, **ev}
+    run.metrics.log(row, self.state["global_batch"], console=True)
+    self.rounds.append(row)
+    logger.info(f"round {nu}: {st['pairs']} new pairs ({st['comparisons']} comparisons, {st['ties']} ties, comparator "
+                f"won {st['comparator_win_rate']:.0%} of the rest), trained on {len(chosen)}")
+    return row
+
+# %% ../../nbs/53_iterative.ipynb #acb06bfc
+class RunEntries:
+    "A run component made of two functions: the checkpoint entries it writes, and how it reads them back."
+    def __init__(self, save: Callable[[], dict], load: Callable[[dict], None]): self.save, self.load = save, load
+    def state_dict(self) -> dict: return self.save()
+    def load_state_dict(self, state: dict): self.load(state)
+
+@patch
+def _extra_state(self: PreferenceRounds) -> dict:
+    "A trainer's own checkpoint entries (none by default: MADPOIter keeps nothing beyond the driver's)."
+    return {}
+
+@patch
+def _load_extra_state(self: PreferenceRounds, s: dict): pass
+
+@patch
+def _round_entries(self: PreferenceRounds) -> dict:
+    "The rounds' checkpoint entries: round rows, replay buffer, comparator, and the trainer's own (`_extra_state`)."
+    return {"rounds": copy.deepcopy(self.rounds), "replay": self.replay.state_dict(),
+            "comparator": self.comparator.state_dict(), **self._extra_state()}
+
+@patch
+def _load_round_entries(self: PreferenceRounds, s: dict):
+    self.rounds = s["rounds"]
+    self.replay.load_state_dict(s["replay"])
+    self.comparator.load_state_dict(s["comparator"])
+    self._load_extra_state(s)
 
 # %% ../../nbs/53_iterative.ipynb #8148ceae
 @patch
-def _fresh_start(self: PreferenceRounds, metrics: MetricsLogger):
-    "Seed, start a new metrics file, warn about another run's replay files, snapshot S_0, evaluate round 0."
-    seed_everything(self.args.seed)
-    if metrics.path.exists(): metrics.path.unlink()
+def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int]) -> Run:
+    "The run, counting rounds; a fresh one warns about another run's replay files, snapshots S_0, evaluates round 0."
+    parts = {"team": self.team, "rounds": RunEntries(self._round_entries, self._load_round_entries)}
+    record = SimpleNamespace(**config_record(self.args))        # what a checkpoint stores: secrets hidden
+    run = Run(record, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state, "iteration")
+    run.start(resume_from_checkpoint, stop_after_round, self.args.num_iterations, f"{self.algo} rounds",
+              stop_env="COMLRL_NB_STOP_AFTER_ROUND")                  # rounds: their own variable, not the batches'
+    if resume_from_checkpoint: return run
     old = sorted(self.replay_dir.glob("iteration_*.json")) if self.replay_dir.exists() else []
     if old:
         logger.warning(f"{self.replay_dir} already holds {len(old)} replay files from an earlier run: they are not "
@@ -338,48 +372,9 @@ def _fresh_start(self: PreferenceRounds, metrics: MetricsLogger):
     ev = self.evaluate() if self.args.eval_interval > 0 else {}
     if ev:
         row = {"batch": 0, "iteration": 0, "phase": "round", **ev}
-        metrics.log(row, 0, console=True)
+        run.metrics.log(row, 0, console=True)
         self.rounds.append(row)
-
-def _keep_rounds(path: Path, done: int):
-    "Drop metrics lines of rounds after `done` (they are rerun after a resume)."
-    rows = [r for r in read_metrics(path) if r.get("iteration", 0) <= done]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-@patch
-def _iter_finish(self: PreferenceRounds, metrics, bar, stopped: bool = False) -> dict:
-    "Close the bar and the metrics, draw the rounds plot; the final state and the round rows."
-    bar.close()
-    metrics.close()
-    if self.args.save_plot:
-        try: plot_rounds(metrics.path, self.output_dir / "rounds.png", f"{self.algo}: per round")
-        except Exception as e: logger.warning(f"could not draw the rounds plot: {e}")
-    return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path), "rounds": list(self.rounds)}
-
-# %% ../../nbs/53_iterative.ipynb #acb06bfc
-@patch
-def _save_checkpoint(self: PreferenceRounds, ckpt: CheckpointManager):
-    "The team's weights and optimizers, counters, round rows, RNG, replay and comparator state, and the trainer's own."
-    state = {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
-             "state": copy.deepcopy(self.state), "rounds": copy.deepcopy(self.rounds), "rng": rng_state(),
-             "replay": self.replay.state_dict(), "comparator": self.comparator.state_dict(),
-             "config": config_record(self.args), **self._extra_state()}
-    info = {"iteration": self.state["iteration"], "global_batch": self.state["global_batch"]}
-    p = ckpt.save(self.state["iteration"], state, info)
-    logger.info(f"checkpoint saved: {p}")
-
-@patch
-def _restore(self: PreferenceRounds, ckpt: CheckpointManager, which):
-    "Load a checkpoint (a path, or True for the newest) back into the team, the replay, the comparator and the trainer."
-    p, s = ckpt.load(which)
-    for m, sd in zip(self.agents, s["agents"]): m.load_state_dict(sd)
-    for o, sd in zip(self.optimizers, s["optimizers"]): o.load_state_dict(sd)
-    self.state, self.rounds = s["state"], s["rounds"]
-    set_rng_state(s["rng"])
-    self.replay.load_state_dict(s["replay"])
-    self.comparator.load_state_dict(s["comparator"])
-    self._load_extra_state(s)
-    logger.info(f"resumed from {p} after round {self.state['iteration']}")
+    return run
 
 # %% ../../nbs/53_iterative.ipynb #42199090
 def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
@@ -406,27 +401,6 @@ def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
     fig.tight_layout()
     if out_png is not None: fig.savefig(out_png, dpi=100)
     return fig
-
-# %% ../../nbs/53_iterative.ipynb #b8782afb
-class MADPOIterTrainer(PreferenceRounds):
-    "Iterative MADPO: rounds of comparator pairs -> replay -> MADPO updates (see the notebook for the loop)."
-    config_class, algo = MADPOIterConfig, "madpo_iter"
-
-    def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
-                 reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
-                 eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
-                 eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None,
-                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
-                 comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None):
-        self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
-                                      centralized_parser)
-        check_task(reward_func, eval_logger, eval_aggregator)
-        self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
-                         eval_aggregator, wandb_config)
-        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
-        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
-                           comparator_prompt_builder, comparator_parser)
-        self._tokens = None
 
 # %% ../../nbs/53_iterative.ipynb #4dc074db
 @patch
@@ -458,15 +432,6 @@ def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLo
     return {"train/batches": len(rows), "train/dpo_loss": float(np.mean([r["dpo/loss"] for r in rows])),
             "train/dpo_accuracy": float(np.mean([r["dpo/accuracy"] for r in rows]))}
 
-# %% ../../nbs/53_iterative.ipynb #28d3d0c7
-@patch
-def _extra_state(self: MADPOIterTrainer) -> dict:
-    "MADPO keeps nothing beyond the driver's checkpoint."
-    return {}
-
-@patch
-def _load_extra_state(self: MADPOIterTrainer, s: dict): pass
-
 # %% ../../nbs/53_iterative.ipynb #924d147d
 class MARLHFIterTrainer(PreferenceRounds):
     "Iterative MARLHF: rounds of comparator pairs -> replay -> fresh reward model -> policy phase."
@@ -477,14 +442,15 @@ class MARLHFIterTrainer(PreferenceRounds):
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, reward_model=None,
                  reward_tokenizer=None, backend_kwargs: Optional[dict] = None, comparator_tokenizer=None,
-                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None, comparator_parser=None):
+                 comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
+                 comparator_parser=None):
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
         self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
                          eval_aggregator, wandb_config)
         self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
                                                   backend_kwargs)
-        self.team = backend_team(self.policy_trainer)
+        self.team = self.policy_trainer.team
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
         self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
                            comparator_prompt_builder, comparator_parser)
@@ -524,6 +490,7 @@ def _policy_round(self: MARLHFIterTrainer, nu: int) -> dict:
     seed = derive_seed(self.args.seed, "policy_round", nu) % 2**31
     pt.args = replace(self._policy_args, seed=seed, output_dir=str(d), save_steps=-1)
     pt.output_dir = d
+    if hasattr(pt, "sampler"): pt.sampler.seed = seed                  # its sampling keys follow the round's seed
     pt.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
     for b in list(getattr(pt, "buffers", [])) + list(getattr(pt, "value_buffers", [])): b.items = []
     out = pt.train()

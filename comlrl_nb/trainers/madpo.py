@@ -20,13 +20,13 @@ from ..preference import (build_pair_dataset, check_preference_config, encode_si
 from ..rewards import RewardFunction
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..team import Team
-from ..engine import (CheckpointManager, MetricsLogger, end_of_batch, eval_count, plot_run, progress_bar,
-                              rng_state, run_epochs, set_rng_state, start_run, stop_after)
+from ..engine import MetricsLogger, Run, eval_count, plot_run
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
 __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'pair_margins',
-           'madpo_agent_step', 'madpo_update', 'tokenize_centralized', 'dpo_metrics', 'central_candidates']
+           'madpo_agent_step', 'madpo_update', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry',
+           'central_candidates']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, MultiTurnFields,
@@ -257,71 +257,51 @@ def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:
     metrics.log(row, 0, console=False)
     return stats
 
+class PairsEntry:
+    "A trainer's pairs as a run component (checkpoint entry 'pairs'): a resumed run trains on the same stored text."
+    def __init__(self, trainer): self.trainer = trainer
+    def state_dict(self) -> dict: return {"pairs": self.trainer.pairs}
+    def load_state_dict(self, state: dict): self.trainer.pairs = list(state["pairs"])
+
 # %% ../../nbs/42_madpo.ipynb #40b3548a
 @patch
 def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
     "Collect preference pairs, then run MADPO over them for num_train_epochs (or resume); returns the final state."
-    a = self.args
-    if self.train_dataset is None: raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
-    ckpt, metrics = start_run(self, resume_from_checkpoint)
-    if not resume_from_checkpoint: self._collect(metrics)                 # resumed runs bring their pairs back
-    if not self.pairs:
-        logger.warning("no item produced an untied pair (every comparison was a tie): training ends without updating the policies")
-        metrics.close()
-        return {**self.state, "num_pairs": 0, "stopped": False, "metrics_path": str(metrics.path)}
-    self._tokens = self._tokenize(self.pairs)
-    stop, per_epoch = stop_after(stop_after_batch), math.ceil(len(self.pairs) / a.train_batch_size)
-    bar = progress_bar(a.num_train_epochs * per_epoch, f"{self.algo} ({self.n} agents)", a.progress_bar,
-                       self.state["global_batch"])
-    batch = lambda order: self._dpo_batch(order, metrics, bar, ckpt, stop)
-    stopped = run_epochs(self, per_epoch, self._pair_order, batch, ckpt, metrics, bar)
-    return {**self._finish(metrics, bar, stopped=stopped), "num_pairs": len(self.pairs)}
+    a, B = self.args, self.args.train_batch_size
+    if self.train_dataset is None:
+        raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
+    run = self._start_run(resume_from_checkpoint, stop_after_batch)
+    if not resume_from_checkpoint: self._collect(run.metrics)            # resumed runs bring their pairs back
+    if not self.pairs: return self._no_pairs(run)
+    self._tokens, per_epoch = self._tokenize(self.pairs), math.ceil(len(self.pairs) / B)
+    run.bar.reset(total=a.num_train_epochs * per_epoch)
+    run.bar.update(self.state["global_batch"])
+    with run:                                                              # Ctrl-C: a checkpoint, then exit
+        for order, b in run.batches(per_epoch, self._pair_order):
+            t0, idx = time.perf_counter(), [int(j) for j in order[b * B:(b + 1) * B]]
+            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
+            out = self._update(idx)
+            m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
+            run.end_of_batch({**m, **ev}, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
+    return {**run.finish(plot=plot_run), "num_pairs": len(self.pairs)}
 
 # %% ../../nbs/42_madpo.ipynb #2d86b1c4
 @patch
-def _dpo_batch(self: MADPOTrainer, order, metrics, bar, ckpt, stop_after_batch) -> bool:
-    "One batch of pairs: evaluate when due, one MADPO step, log; returns True when the run should stop here."
-    a, st, t0 = self.args, self.state, time.perf_counter()
-    b, bs = st["batch_in_epoch"], a.train_batch_size
-    idx = [int(j) for j in order[b * bs:(b + 1) * bs]]
-    ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
-    out = self._update(idx)
-    st["batch_in_epoch"] += 1
-    st["global_batch"] += 1
-    m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, st["optimizer_steps"])
-    rec = {"batch": st["global_batch"], "epoch": st["epoch"], **m, **ev}
-    return end_of_batch(rec, st["global_batch"], metrics, bar, a.save_steps, lambda: self._save_checkpoint(ckpt),
-                        stop_after_batch, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
+def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch) -> Run:
+    "The run of this trainer: its checkpoints hold the team and the pairs (plus the position and the random state)."
+    parts = {"team": self.team, "pairs": PairsEntry(self)}
+    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state)
+    return run.start(resume_from_checkpoint, stop_after_batch, 0, f"{self.algo} ({self.n} agents)")
 
 @patch
-def _finish(self: MADPOTrainer, metrics, bar, stopped: bool = False) -> dict:
-    "Close the bar and the metrics, draw the run plot; the final state."
-    bar.close()
-    metrics.close()
-    if self.args.save_plot:
-        try: plot_run(metrics.path, self.output_dir / "training_curves.png", f"{self.algo}: reward per batch")
-        except Exception as e: logger.warning(f"could not draw the run plot: {e}")
-    return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path)}
+def _no_pairs(self: MADPOTrainer, run: Run) -> dict:
+    "Every comparison tied: say so and end the run without an update."
+    logger.warning("no item produced an untied pair (every comparison was a tie): training ends without updating the policies")
+    run.bar.close()
+    run.metrics.close()
+    return {**self.state, "num_pairs": 0, "stopped": False, "metrics_path": str(run.metrics.path)}
 
 # %% ../../nbs/42_madpo.ipynb #89341f3f
-@patch
-def _save_checkpoint(self: MADPOTrainer, ckpt: CheckpointManager):
-    "The team (weights, optimizers), the pairs, the counters and the RNG states, as one checkpoint."
-    state = {**self.team.state_dict(), "pairs": self.pairs, "state": copy.deepcopy(self.state), "rng": rng_state(),
-             "config": asdict(self.args)}
-    p = ckpt.save(self.state["global_batch"], state, {"epoch": self.state["epoch"], "num_pairs": len(self.pairs)})
-    logger.info(f"checkpoint saved: {p}")
-
-@patch
-def _restore(self: MADPOTrainer, ckpt: CheckpointManager, which):
-    "Load a checkpoint (a path, or True for the newest) back into the team and the trainer."
-    p, s = ckpt.load(which)
-    self.team.load_state_dict(s)
-    self.pairs, self.state = list(s["pairs"]), s["state"]
-    set_rng_state(s["rng"])
-    st = self.state
-    logger.info(f"resumed from {p} (batch {st['global_batch']}, epoch {st['epoch']}, {len(self.pairs)} pairs)")
-
 @patch
 def save_model(self: MADPOTrainer, output_dir) -> Path:
     "Write each trained model and its tokenizer to output_dir/agent_<i>/."

@@ -16,7 +16,6 @@ from ..core import (atomic_write_bytes, check_bool, check_choice, check_number, 
 from ..preference import build_pair_dataset, check_preference_config, load_pairs, resolve_oracle
 from ..reward_model import JointRewardModel, _pair_texts
 from ..rewards import RewardFunction
-from ..team import SAMPLING_FIELDS, Team
 from ..engine import CheckpointManager, MetricsLogger
 from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer,
                                           MAReMaxTrainer, _validate_reinforce)
@@ -24,7 +23,7 @@ from .madpo import FromTeam, check_task, default_args
 
 # %% auto #0
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'MARLHFTrainer', 'backend_config', 'make_policy_trainer',
-           'backend_team', 'make_reward_model', 'RL_ALGORITHMS']
+           'make_reward_model', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -99,7 +98,7 @@ class MARLHFTrainer:
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
                                                   backend_kwargs)
-        self.team = backend_team(self.policy_trainer)
+        self.team = self.policy_trainer.team               # the backend's agents collect the pairs
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
@@ -107,9 +106,8 @@ class MARLHFTrainer:
 
 # %% ../../nbs/43_marlhf.ipynb #c4a1b001
 def backend_config(backend, args):
-    "The backend's config, from this config's fields of the same names (not `advantage_mode`: the backend sets it)."
-    names = {f.name for f in fields(backend.config_class)} - {"advantage_mode"}
-    return backend.config_class(**{k: getattr(args, k) for k in names if hasattr(args, k)})
+    "The backend's config from this config's field groups (`map_backend_config`; the backend sets the baseline)."
+    return map_backend_config(args, backend.config_class)
 
 def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model_config,
                         backend_kwargs: Optional[dict] = None):
@@ -121,16 +119,6 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
                  eval_aggregator=owner.eval_aggregator, wandb_config=owner.wandb_config, **(backend_kwargs or {}))
     pt.evaluate = owner.evaluate             # evaluation always uses the task reward (the owner's reward_fn)
     return pt
-
-def backend_team(trainer) -> Team:
-    "The team a backend trains: its own, or one over its agents, tokenizers and optimizers (a backend without one)."
-    if hasattr(trainer, "team"): return trainer.team
-    a = trainer.args
-    team = Team(agents=trainer.agents, tokenizer=trainer.tokenizers, num_roles=trainer.n, formatters=trainer.formatters,
-                devices=trainer.devices, parallel_training=a.parallel_training, use_chat_template=a.use_chat_template,
-                sampling={f: getattr(a, f) for f in SAMPLING_FIELDS})
-    team.optimizers = trainer.optimizers
-    return team
 
 @patch
 def learned_reward(self: MARLHFTrainer, *completions, prompts=None, **_) -> list[float]:
@@ -198,8 +186,8 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
         self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
                                                self.oracle)
         if not self.pairs:
-            logger.warning("no item produced an untied pair (every comparison was a tie): training ends without fitting "
-                           "a reward model or updating the policies")
+            logger.warning("no item produced an untied pair (every comparison was a tie): training ends without "
+                           "fitting a reward model or updating the policies")
             return {"num_pairs": 0, "stopped": False, "global_batch": 0, "collection": stats}
         self.fit_reward_model()
     out = self.policy_trainer.train(resume_from_checkpoint=resume_from_checkpoint, stop_after_batch=stop_after_batch)
