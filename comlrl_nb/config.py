@@ -25,7 +25,7 @@ __all__ = ['GROUPS', 'RL_ALGORITHMS', 'group', 'validates', 'check_devices', 'Tr
            'PreferenceFields', 'validate_preference', 'DPOFields', 'validate_dpo', 'CollaborationFields',
            'validate_collaboration', 'EnvStepFields', 'validate_env_steps', 'count_env_steps', 'RLBackendFields',
            'validate_rl_backend', 'RewardModelFields', 'validate_reward_model', 'IterationFields', 'validate_iterative',
-           'reward_range_to_log', 'reward_distribution', 'ComparatorFields', 'validate_comparator', 'ReplayFields',
+           'reward_range_to_log', 'reward_distributions', 'ComparatorFields', 'validate_comparator', 'ReplayFields',
            'validate_replay', 'ComparatorAPIFields', 'validate_comparator_api']
 
 # %% ../nbs/26_config.ipynb #27310ef2
@@ -648,14 +648,19 @@ def reward_range_to_log(c, reward_func) -> Optional[tuple]:
                          "with set_reward_range(reward_func, minimum, maximum), or set log_reward_distribution=False")
     return r
 
-def reward_distribution(values, reward_range, prefix: str, bins: int = 10) -> dict:
-    "Counts of the finite `values` in `bins` equal bins of `reward_range` (outside values go to the end bins), and quantiles."
+def reward_distributions(reward_range, bins: int = 10, **values) -> dict:
+    """For each keyword `name=rewards`: counts of the finite rewards in `bins` equal bins of `reward_range` (values
+    outside go to the end bins) and their 10/50/90% quantiles, as `name_hist`, `name_hist_edges`, `name_p50`, ...;
+    {} when `reward_range` is None (log_reward_distribution=False)."""
     import numpy as np
-    lo, hi = reward_range
-    x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
-    q = {f"{prefix}_p{p}": float(np.quantile(x, p / 100)) if len(x) else float("nan") for p in (10, 50, 90)}
-    return {f"{prefix}_hist": np.histogram(np.clip(x, lo, hi), bins, (lo, hi))[0].tolist(),
-            f"{prefix}_hist_edges": np.linspace(lo, hi, bins + 1).tolist(), **q}
+    if reward_range is None: return {}
+    (lo, hi), out = reward_range, {}
+    for name, vals in values.items():
+        x = np.asarray([v for v in vals if np.isfinite(v)], dtype=float)
+        out[f"{name}_hist"] = np.histogram(np.clip(x, lo, hi), bins, (lo, hi))[0].tolist()
+        out[f"{name}_hist_edges"] = np.linspace(lo, hi, bins + 1).tolist()
+        out.update({f"{name}_p{p}": float(np.quantile(x, p / 100)) if len(x) else float("nan") for p in (10, 50, 90)})
+    return out
 
 
 # %% ../nbs/26_config.ipynb #ba6b19e1
