@@ -217,6 +217,12 @@ def test_madpo_logs_environment_steps(tmp_path):
     sizes = [len(range(s, min(pairs, s + 2))) for s in range(0, pairs, 2)] * 2      # pairs per batch, 2 epochs
     assert [r["env_step"] for r in rows] == [3 * sum(sizes[:i + 1]) for i in range(len(sizes))]
     assert all("env_step" not in r for r in out[False])
+    d = str(tmp_path / "resumed")                                   # the count lives in the checkpointed state
+    make = lambda: MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=_vowels, train_dataset=ITEMS,
+                                args=MADPOConfig(**TINY, num_train_epochs=2, output_dir=d, environment_steps_per_pair=3))
+    assert make().train(stop_after_batch=2)["stopped"]
+    resumed = [r["env_step"] for r in read_metrics(make().train(resume_from_checkpoint=True)["metrics_path"]) if "dpo/loss" in r]
+    assert resumed == [r["env_step"] for r in rows]
 
 
 def test_iterative_reward_distribution_needs_a_range_and_logs_histograms(tmp_path):
