@@ -639,7 +639,7 @@ def validate_iterative(c, owner):
 
 # %% ../nbs/26_config.ipynb #0058179c
 def reward_range_to_log(c, reward_func) -> Optional[tuple]:
-    "log_reward_distribution=True: the (min, max) the reward declares with set_reward_range, else an error; False: None."
+    "log_reward_distribution=True: the (min, max) the reward declares (set_reward_range), else an error; False: None."
     if not getattr(c, "log_reward_distribution", False): return None
     from comlrl_nb.porting import resolve_reward_range
     r = resolve_reward_range(reward_func)

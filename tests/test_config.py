@@ -112,8 +112,10 @@ def test_options_prints_every_field_with_its_help(algo):
 from comlrl_nb.trainers.actor_critic import IACConfig, MAACConfig  # noqa: E402
 
 
-@pytest.mark.parametrize("cls", [MAGRPOConfig, MAACConfig, IACConfig, MADPOConfig, MARLHFConfig, MADPOIterConfig, MARLHFIterConfig],
-                         ids=lambda c: c.__name__)
+ALL = [MAGRPOConfig, MAACConfig, IACConfig, MADPOConfig, MARLHFConfig, MADPOIterConfig, MARLHFIterConfig]
+
+
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
 def test_library_spellings_of_top_k_and_parallel_training(cls):
     assert cls(top_k=0).top_k is None                           # 0 = no top-k, as in HF generate
     with pytest.raises(ValueError, match=r"top_k=-1 is invalid: must be >= 0"):
@@ -219,9 +221,11 @@ def test_madpo_logs_environment_steps(tmp_path):
     assert all("env_step" not in r for r in out[False])
     d = str(tmp_path / "resumed")                                   # the count lives in the checkpointed state
     make = lambda: MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=_vowels, train_dataset=ITEMS,
-                                args=MADPOConfig(**TINY, num_train_epochs=2, output_dir=d, environment_steps_per_pair=3))
+                                args=MADPOConfig(**TINY, num_train_epochs=2, output_dir=d,
+                                                 environment_steps_per_pair=3))
     assert make().train(stop_after_batch=2)["stopped"]
-    resumed = [r["env_step"] for r in read_metrics(make().train(resume_from_checkpoint=True)["metrics_path"]) if "dpo/loss" in r]
+    path = make().train(resume_from_checkpoint=True)["metrics_path"]
+    resumed = [r["env_step"] for r in read_metrics(path) if "dpo/loss" in r]
     assert resumed == [r["env_step"] for r in rows]
 
 
