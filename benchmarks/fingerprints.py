@@ -78,12 +78,12 @@ def build(name: str, out: str):
             tr = C.MAACTrainer(**base, critic_model=cm, args=C.MAACConfig(**cfg))
         return tr, [p for c in tr.critics for p in c.parameters()]
     pref = dict(COMMON, preference_num_candidates=4, preference_pairs_per_sample=2, agent_learning_rate=3e-3,
-                rollout_batch_size=2, output_dir=out)
+                output_dir=out)          # MADPO has no rollout_batch_size (it never read it); MARLHF's backend does
     if name == "madpo":
         return C.MADPOTrainer(**base, args=C.MADPOConfig(**pref, num_train_epochs=2, dpo_beta=0.5)), []
     if name == "marlhf":
         rm, _ = make_tiny_model(seed=5, tokenizer=tok)
-        cfg = dict(pref, num_train_epochs=1, num_generations=4, reward_learning_rate=1e-3, reward_num_train_epochs=2,
+        cfg = dict(pref, rollout_batch_size=2, num_train_epochs=1, num_generations=4, reward_learning_rate=1e-3, reward_num_train_epochs=2,
                    reward_train_batch_size=2, agent_learning_rate=1e-2)
         tr = C.MARLHFTrainer(**base, args=C.MARLHFConfig(**cfg), reward_model=rm)
         return tr, "reward_model"

@@ -23,9 +23,10 @@ __all__ = ['GROUPS', 'RL_ALGORITHMS', 'group', 'validates', 'check_devices', 'Tr
            'validate_run', 'TaskFields', 'validate_task', 'LoggingFields', 'validate_logging', 'CheckpointFields',
            'validate_checkpointing', 'CriticFields', 'validate_critic', 'ValueHeadFields', 'validate_value_heads',
            'PreferenceFields', 'validate_preference', 'DPOFields', 'validate_dpo', 'CollaborationFields',
-           'validate_collaboration', 'RLBackendFields', 'validate_rl_backend', 'RewardModelFields',
-           'validate_reward_model', 'IterationFields', 'validate_iterative', 'ComparatorFields', 'validate_comparator',
-           'ReplayFields', 'validate_replay', 'ComparatorAPIFields', 'validate_comparator_api']
+           'validate_collaboration', 'EnvStepFields', 'validate_env_steps', 'count_env_steps', 'RLBackendFields',
+           'validate_rl_backend', 'RewardModelFields', 'validate_reward_model', 'IterationFields', 'validate_iterative',
+           'reward_range_to_log', 'reward_distributions', 'ComparatorFields', 'validate_comparator', 'ReplayFields',
+           'validate_replay', 'ComparatorAPIFields', 'validate_comparator_api']
 
 # %% ../nbs/26_config.ipynb #27310ef2
 GROUPS: dict = {}           # name -> group class, in declaration order
@@ -209,8 +210,9 @@ def validate_team(c, owner): check_number(c.num_agents, "num_agents", owner, int
 @group("devices")
 class DeviceFields:
     "Where the agents run, concurrently or not, and in which precision."
-    parallel_training: str = field(default="none", metadata={"help": "'none': agents generate and update one after "
-        "another; 'mp': each agent on its own device, concurrently (needs agent_devices)."})
+    parallel_training: str = field(default="none", metadata={"help": "'none' (also None or 'null'): agents generate "
+        "and update one after another; 'mp': each agent on its own device, concurrently (needs agent_devices). Case "
+        "and surrounding spaces are ignored."})
     agent_devices: Any = field(default=None, metadata={"help": "Device of the agents: one string ('cpu', 'cuda:0') for "
         "all, a list with one per agent, or None for the default device."})
     autocast_dtype: Optional[str] = field(default=None, metadata={"help": "'bfloat16' or 'float16': mixed-precision "
@@ -218,7 +220,9 @@ class DeviceFields:
 
 @validates(DeviceFields)
 def validate_devices(c, owner):
-    c.parallel_training = check_choice(c.parallel_training, "parallel_training", ("none", "mp"), owner)
+    pt = c.parallel_training.strip().lower() if isinstance(c.parallel_training, str) else c.parallel_training
+    c.parallel_training = check_choice("none" if pt in (None, "") else pt, "parallel_training", ("none", "mp"), owner,
+                                       {"null": "none"})
     check_devices(c.agent_devices, "agent_devices", owner)
     if c.autocast_dtype is not None:
         try: resolve_dtype(c.autocast_dtype)
@@ -256,14 +260,16 @@ class SamplingFields:
     temperature: float = field(default=0.6, metadata={"help": "Sampling temperature (0: greedy)."})
     top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling: sample from the smallest set of tokens "
         "holding this much probability (1.0: off)."})
-    top_k: Optional[int] = field(default=50, metadata={"help": "Sample from the k most likely tokens (None: off)."})
+    top_k: Optional[int] = field(default=50, metadata={"help": "Sample from the k most likely tokens (None or 0: off, "
+        "as in HF generate; 0 is stored as None)."})
 
 @validates(SamplingFields)
 def validate_sampling(c, owner):
     check_number(c.max_new_tokens, "max_new_tokens", owner, integer=True, min=1)
     check_number(c.temperature, "temperature", owner, min=0)
     check_number(c.top_p, "top_p", owner, min=0, min_exclusive=True, max=1)
-    check_number(c.top_k, "top_k", owner, integer=True, min=1, allow_none=True)
+    check_number(c.top_k, "top_k", owner, integer=True, min=0, allow_none=True)
+    if c.top_k == 0: c.top_k = None                 # 0 means no top-k filtering (HF generate); one spelling of "off"
 
 # %% ../nbs/26_config.ipynb #ee349492
 @group("generations")
@@ -393,6 +399,10 @@ def validate_reference_kl(c, owner):
     check_bool(c.reference_kl_enabled, "reference_kl_enabled", owner)
     check_number(c.reference_kl_coef, "reference_kl_coef", owner, min=0)
     check_devices(c.reference_devices, "reference_devices", owner)
+    n, d = getattr(c, "num_agents", None), c.reference_devices
+    if n is not None and isinstance(d, (list, tuple)) and len(d) not in (1, n):
+        raise config_error(owner, f"reference_devices length {len(d)} does not fit {n} agents: give one device, or "
+                                  f"a list of 1 or {n}")
 
 # %% ../nbs/26_config.ipynb #5269319e
 @group("run")
@@ -535,6 +545,28 @@ def validate_collaboration(c, owner):
     modes = ("decentralized", "centralized")
     c.collaboration_mode = check_choice(c.collaboration_mode, "collaboration_mode", modes, owner)
 
+# %% ../nbs/26_config.ipynb #fa947d85
+@group("environment_steps")
+class EnvStepFields:
+    "MADPO's count of environment steps (the step axis comlrl 1.4.3 logs MADPO on)."
+    use_environment_step: bool = field(default=True, metadata={"help": "Count environment steps: every MADPO batch's "
+        "metrics line carries env_step, the running total of environment_steps_per_pair per pair trained on (False: "
+        "no env_step)."})
+    environment_steps_per_pair: int = field(default=2, metadata={"help": "Environment steps one preference pair "
+        "counts as (2: its two joint responses)."})
+
+@validates(EnvStepFields)
+def validate_env_steps(c, owner):
+    check_bool(c.use_environment_step, "use_environment_step", owner)
+    check_number(c.environment_steps_per_pair, "environment_steps_per_pair", owner, integer=True, min=1)
+
+def count_env_steps(c, state: dict, pairs: int) -> dict:
+    "Add one batch of `pairs` to `state['env_step']` (when `c.use_environment_step`); the metrics entry to log."
+    if not c.use_environment_step: return {}
+    state["env_step"] = state.get("env_step", 0) + c.environment_steps_per_pair * pairs
+    return {"env_step": state["env_step"]}
+
+
 # %% ../nbs/26_config.ipynb #41278518
 RL_ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac")
 
@@ -591,15 +623,45 @@ class IterationFields:
         "kept (the 'history' comparator reads them; None: output_dir/policy_checkpoints)."})
     preference_scoring_reward: str = field(default="task", metadata={"help": "What scores the comparisons: 'task' "
         "(the reward function) or 'reward_model' (MARLHFIter: the fitted reward model)."})
+    log_reward_distribution: bool = field(default=False, metadata={"help": "Log each round's raw rewards of the agents "
+        "and the comparator as histograms over the reward's declared range, with quantiles (needs "
+        "set_reward_range(reward_func, lo, hi))."})
 
 @validates(IterationFields)
 def validate_iterative(c, owner):
     check_number(c.num_iterations, "num_iterations", owner, integer=True, min=1)
+    check_bool(c.log_reward_distribution, "log_reward_distribution", owner)
     c.preference_scoring_reward = check_choice(c.preference_scoring_reward, "preference_scoring_reward",
                                                ("task", "reward_model"), owner)
     if c.policy_checkpoint_dir is not None and not isinstance(c.policy_checkpoint_dir, (str, os.PathLike)):
         raise config_error(owner, f"policy_checkpoint_dir={c.policy_checkpoint_dir!r} is invalid: use a directory path "
                                   "or None")
+
+# %% ../nbs/26_config.ipynb #0058179c
+def reward_range_to_log(c, reward_func) -> Optional[tuple]:
+    "log_reward_distribution=True: the (min, max) the reward declares (set_reward_range), else an error; False: None."
+    if not getattr(c, "log_reward_distribution", False): return None
+    from comlrl_nb.porting import resolve_reward_range
+    r = resolve_reward_range(reward_func)
+    if r is None:
+        raise ValueError("log_reward_distribution=True needs the reward's raw range for the histogram bins: declare it "
+                         "with set_reward_range(reward_func, minimum, maximum), or set log_reward_distribution=False")
+    return r
+
+def reward_distributions(reward_range, bins: int = 10, **values) -> dict:
+    """For each keyword `name=rewards`: counts of the finite rewards in `bins` equal bins of `reward_range` (values
+    outside go to the end bins) and their 10/50/90% quantiles, as `name_hist`, `name_hist_edges`, `name_p50`, ...;
+    {} when `reward_range` is None (log_reward_distribution=False)."""
+    import numpy as np
+    if reward_range is None: return {}
+    (lo, hi), out = reward_range, {}
+    for name, vals in values.items():
+        x = np.asarray([v for v in vals if np.isfinite(v)], dtype=float)
+        out[f"{name}_hist"] = np.histogram(np.clip(x, lo, hi), bins, (lo, hi))[0].tolist()
+        out[f"{name}_hist_edges"] = np.linspace(lo, hi, bins + 1).tolist()
+        out.update({f"{name}_p{p}": float(np.quantile(x, p / 100)) if len(x) else float("nan") for p in (10, 50, 90)})
+    return out
+
 
 # %% ../nbs/26_config.ipynb #ba6b19e1
 @group("comparator")
@@ -622,8 +684,8 @@ class ComparatorFields:
         "path or object for every agent."})
     comparator_agents: Any = field(default=None, metadata={"help": "comparator_policy='model': a list of models, "
         "one per agent."})
-    comparator_history_k: int = field(default=1, metadata={"help": "comparator_policy='history': compare against "
-        "the policy of k rounds ago."})
+    comparator_history_k: Optional[int] = field(default=1, metadata={"help": "comparator_policy='history': compare "
+        "against the policy of k rounds ago (None: 1)."})
 
 # %% ../nbs/26_config.ipynb #ac7e9368
 @validates(ComparatorFields)
@@ -632,6 +694,7 @@ def validate_comparator(c, owner):
     num = lambda name, **kw: check_number(getattr(c, name), name, owner, **kw)
     num("comparator_num_candidates", integer=True, min=1, allow_none=True)
     num("comparator_max_new_tokens", integer=True, min=1, allow_none=True)
+    if c.comparator_history_k is None: c.comparator_history_k = 1          # comlrl 1.4.3's default spelling
     num("comparator_history_k", integer=True, min=0)
     num("comparator_centralized_agent_index", integer=True, min=0, max=c.num_agents - 1)
     c.comparator_policy = check_choice(c.comparator_policy, "comparator_policy", COMPARATOR_POLICIES, owner)

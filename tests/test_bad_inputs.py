@@ -41,7 +41,7 @@ CONFIG_CASES = [
     (dict(max_new_tokens=0), "max_new_tokens=0"),
     (dict(temperature=-1.0), "temperature=-1.0 is invalid: must be >= 0"),
     (dict(top_p=0.0), "top_p=0.0 is invalid: must be > 0"),
-    (dict(top_k=0), "top_k=0 is invalid: must be >= 1"),
+    (dict(top_k=-1), "top_k=-1 is invalid: must be >= 0"),
     (dict(discount=1.5), "discount=1.5 is invalid: must be <= 1"),
     (dict(early_termination_threshold="low"), "early_termination_threshold='low'"),
     (dict(rollout_buffer_size=0), "rollout_buffer_size=0"),
@@ -54,6 +54,9 @@ CONFIG_CASES = [
     (dict(advantage_normalization=1), "advantage_normalization=1 is invalid: expected True or False"),
     (dict(parallel_training="ddp"), "parallel_training='ddp' is invalid: use one of none, mp"),
     (dict(parallel_training="mp"), "needs agent_devices"),
+    (dict(parallel_training="auto"), "parallel_training='auto' is invalid: use one of none, mp"),
+    (dict(parallel_training="invalid"), "parallel_training='invalid' is invalid: use one of none, mp"),
+    (dict(reference_devices=["cpu"] * 3), "reference_devices length 3 does not fit 2 agents"),
     (dict(agent_devices=["cpu", "cpu", "cpu"]), "agent_devices has 3 entries for 2 agents"),
     (dict(agent_devices="tpu:9"), "agent_devices"),
     (dict(reference_kl_coef=-0.1), "reference_kl_coef=-0.1"),
@@ -72,6 +75,25 @@ def test_config_rejects(kw, msg):
         MAGRPOConfig(**kw)
     assert msg in str(e.value), str(e.value)
     assert "MAGRPOConfig" in str(e.value)
+
+
+def test_top_k_zero_is_accepted_and_means_no_filtering():
+    "top_k=0 is comlrl 1.4.3's (and HF generate's) spelling of 'no top-k': the config stores None, and sampling with 0 "
+    "draws from the whole vocabulary exactly as with None."
+    from comlrl_nb.generation import filter_and_sample
+    assert MAGRPOConfig(top_k=0).top_k is None and MAGRPOConfig(top_k=None).top_k is None
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0))
+    gens = lambda: [torch.Generator().manual_seed(i) for i in range(64)]
+    off = filter_and_sample(logits, gens(), 1.0, 1.0, 0)
+    assert torch.equal(off, filter_and_sample(logits, gens(), 1.0, 1.0, None))
+    top1 = filter_and_sample(logits, gens(), 1.0, 1.0, 1)                 # a real top-k still filters
+    assert torch.equal(top1, logits.argmax(-1)) and not torch.equal(off, top1)
+
+
+@pytest.mark.parametrize("spelling", [None, "null", "NULL", " none ", "None"])
+def test_parallel_training_accepts_the_library_spellings_of_none(spelling):
+    assert MAGRPOConfig(parallel_training=spelling).parallel_training == "none"
+    assert MAGRPOConfig(parallel_training=" MP ", agent_devices="cpu").parallel_training == "mp"
 
 
 # ------------------------------------------------------------------ agents, datasets, formatters

@@ -105,3 +105,149 @@ def test_options_prints_every_field_with_its_help(algo):
         assert f"  {f.name}: " in text and f.metadata["help"].split()[0] in text
     for g in config_groups(cls):
         assert f"[{g}] {GROUPS[g].__doc__.strip()}" in text
+
+
+# ------------------------------------------------------------------ fields and values of comlrl 1.4.3 (issue 14, SPEC 9)
+from comlrl_nb.trainers.actor_critic import IACConfig, MAACConfig  # noqa: E402
+
+
+ALL = [MAGRPOConfig, MAACConfig, IACConfig, MADPOConfig, MARLHFConfig, MADPOIterConfig, MARLHFIterConfig]
+
+
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
+def test_library_spellings_of_top_k_and_parallel_training(cls):
+    assert cls(top_k=0).top_k is None                           # 0 = no top-k, as in HF generate
+    with pytest.raises(ValueError, match=r"top_k=-1 is invalid: must be >= 0"):
+        cls(top_k=-1)
+    for spelling in (None, "null", " None "):
+        assert cls(parallel_training=spelling).parallel_training == "none"
+    for bad in ("auto", "invalid"):
+        with pytest.raises(ValueError, match=f"parallel_training='{bad}' is invalid: use one of none, mp"):
+            cls(parallel_training=bad)
+
+
+@pytest.mark.parametrize("cls", [MAACConfig, IACConfig], ids=lambda c: c.__name__)
+def test_actor_critic_mp_names_the_missing_device_field(cls):
+    with pytest.raises(ValueError, match="needs agent_devices"):
+        cls(parallel_training="mp", critic_devices="cpu")
+    with pytest.raises(ValueError, match="needs critic_devices"):
+        cls(parallel_training="mp", agent_devices="cpu")
+    assert cls(parallel_training="mp", agent_devices="cpu", critic_devices="cpu").parallel_training == "mp"
+    with pytest.raises(ValueError, match="critic_devices length 3"):
+        cls(critic_devices=["cpu"] * 3)
+
+
+@pytest.mark.parametrize("cls", [MAGRPOConfig, MAACConfig, IACConfig], ids=lambda c: c.__name__)
+def test_reference_devices_longer_than_the_agents_is_refused(cls):
+    with pytest.raises(ValueError, match="reference_devices length 3 does not fit 2 agents"):
+        cls(reference_devices=["cpu"] * 3)
+    if cls is MAGRPOConfig:
+        assert cls(reference_devices=["cpu", "cpu"]).reference_devices == ["cpu", "cpu"]
+    else:                                           # the fields load; a reference KL for MAAC/IAC is not built yet
+        assert cls(reference_kl_enabled=False, reference_devices=None).reference_kl_enabled is False
+        with pytest.raises(ValueError, match="reference-KL penalty is not implemented .*issue 14"):
+            cls(reference_kl_enabled=True)
+
+
+def test_comparator_history_k_none_means_one():
+    for cls in (MADPOIterConfig, MARLHFIterConfig):
+        assert cls(comparator_history_k=None).comparator_history_k == 1
+
+
+def test_madpo_environment_step_fields():
+    for cls in (MADPOConfig, MADPOIterConfig):
+        c = cls()
+        assert (c.use_environment_step, c.environment_steps_per_pair) == (True, 2)       # comlrl 1.4.3's defaults
+        assert cls(use_environment_step=False, environment_steps_per_pair=1).environment_steps_per_pair == 1
+        with pytest.raises(ValueError, match="environment_steps_per_pair=0 is invalid: must be >= 1"):
+            cls(environment_steps_per_pair=0)
+        with pytest.raises(ValueError, match="use_environment_step='yes' is invalid"):
+            cls(use_environment_step="yes")
+
+
+@pytest.mark.parametrize("cls", [MARLHFConfig, MARLHFIterConfig], ids=lambda c: c.__name__)
+def test_marlhf_collaboration_mode_and_dpo_beta(cls):
+    c = cls()
+    assert (c.collaboration_mode, c.dpo_beta) == ("decentralized", 0.1)
+    assert cls(collaboration_mode="Decentralized".lower(), dpo_beta=0.1).collaboration_mode == "decentralized"
+    with pytest.raises(ValueError, match="collaboration_mode='centralized' .* is not implemented for MARLHF"):
+        cls(collaboration_mode="centralized")
+    with pytest.raises(ValueError, match="collaboration_mode='misspelled' is invalid"):
+        cls(collaboration_mode="misspelled")
+    with pytest.raises(ValueError, match="dpo_beta=0.5 is not used by .*there is no DPO loss"):
+        cls(dpo_beta=0.5)
+    with pytest.raises(ValueError, match="environment_steps_per_pair=1 is not used by"):
+        cls(environment_steps_per_pair=1)
+
+
+def test_log_reward_distribution_is_a_flag_of_the_iterative_configs():
+    for cls in (MADPOIterConfig, MARLHFIterConfig):
+        assert cls().log_reward_distribution is False and cls(log_reward_distribution=True).log_reward_distribution
+        with pytest.raises(ValueError, match="log_reward_distribution=1 is invalid"):
+            cls(log_reward_distribution=1)
+
+
+# ------------------------------------------------------------------ the two that change what a run logs
+ITEMS = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe"]]
+TINY = dict(preference_num_candidates=4, preference_pairs_per_sample=2, max_new_tokens=5, temperature=1.0, top_p=1.0,
+            top_k=0, agent_learning_rate=1e-3, eval_interval=0, logging_steps=1000, progress_bar=False, save_plot=False,
+            save_steps=-1, train_batch_size=2)
+
+
+def _vowels(a, b):
+    f = lambda s: sum(ch in "aeiou " for ch in s) / max(len(s), 1)
+    return [0.5 * f(x) + 0.5 * f(y) for x, y in zip(a, b)]
+
+
+def test_madpo_logs_environment_steps(tmp_path):
+    import torch
+    from comlrl_nb.engine import read_metrics
+    from comlrl_nb.models import make_tiny_model
+    from comlrl_nb.trainers.madpo import MADPOTrainer
+    torch.set_num_threads(1)
+    m, tok = make_tiny_model(seed=0)
+    out = {}
+    for steps in (True, False):
+        cfg = MADPOConfig(**TINY, num_train_epochs=2, output_dir=str(tmp_path / str(steps)), use_environment_step=steps,
+                          environment_steps_per_pair=3)
+        tr = MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=_vowels, args=cfg, train_dataset=ITEMS)
+        res = tr.train()
+        out[steps] = [r for r in read_metrics(res["metrics_path"]) if "dpo/loss" in r]
+    rows, pairs = out[True], res["num_pairs"]
+    assert pairs > 0 and len(rows) == 2 * -(-pairs // 2)
+    sizes = [len(range(s, min(pairs, s + 2))) for s in range(0, pairs, 2)] * 2      # pairs per batch, 2 epochs
+    assert [r["env_step"] for r in rows] == [3 * sum(sizes[:i + 1]) for i in range(len(sizes))]
+    assert all("env_step" not in r for r in out[False])
+    d = str(tmp_path / "resumed")                                   # the count lives in the checkpointed state
+    make = lambda: MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=_vowels, train_dataset=ITEMS,
+                                args=MADPOConfig(**TINY, num_train_epochs=2, output_dir=d,
+                                                 environment_steps_per_pair=3))
+    assert make().train(stop_after_batch=2)["stopped"]
+    path = make().train(resume_from_checkpoint=True)["metrics_path"]
+    resumed = [r["env_step"] for r in read_metrics(path) if "dpo/loss" in r]
+    assert resumed == [r["env_step"] for r in rows]
+
+
+def test_iterative_reward_distribution_needs_a_range_and_logs_histograms(tmp_path):
+    import torch
+    from comlrl_nb.engine import read_metrics
+    from comlrl_nb.models import make_tiny_model
+    from comlrl_nb.porting import set_reward_range
+    from comlrl_nb.trainers.iterative import MADPOIterTrainer
+    torch.set_num_threads(1)
+    m, tok = make_tiny_model(seed=0)
+    reward = lambda a, b: _vowels(a, b)
+    cfg = MADPOIterConfig(**TINY, num_iterations=1, output_dir=str(tmp_path), log_reward_distribution=True)
+    with pytest.raises(ValueError, match="log_reward_distribution=True needs the reward's raw range"):
+        MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=reward, args=cfg, train_dataset=ITEMS)
+    set_reward_range(reward, 0, 1)
+    tr = MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=reward, args=cfg, train_dataset=ITEMS)
+    rows = read_metrics(tr.train()["metrics_path"])
+    rnd = [r for r in rows if r.get("phase") == "round" and r.get("iteration", 0) >= 1][0]
+    for side in ("target_raw", "comparator_raw"):
+        hist = rnd[f"round/{side}_hist"]
+        assert len(hist) == 10 and sum(hist) == len(ITEMS) * 4                      # every candidate's raw reward
+        assert rnd[f"round/{side}_hist_edges"][0] == 0.0 and rnd[f"round/{side}_hist_edges"][-1] == 1.0
+        assert 0 <= rnd[f"round/{side}_p10"] <= rnd[f"round/{side}_p50"] <= rnd[f"round/{side}_p90"] <= 1
+    train = [r for r in rows if r.get("phase") == "train"]
+    assert train and train[-1]["env_step"] == 2 * rnd["round/train_pairs"] * cfg.num_train_epochs     # 2 steps per pair

@@ -159,9 +159,12 @@ def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[
 # %% ../../nbs/31_actor_critic.ipynb #fcd0dac7
 from dataclasses import fields
 from ..config import (AdvantageFields, BufferFields, CheckpointFields, CriticFields, DeviceFields,
-                              EvalFields, GenerationFields, LoggingFields, MultiTurnFields, RolloutFields, RunFields,
-                              SamplingFields, ScheduleFields, TaskFields, TeamFields, TrainerConfig, TurnFields,
-                              ValueHeadFields, compose)
+                              EvalFields, GenerationFields, LoggingFields, MultiTurnFields, ReferenceKLFields,
+                              RolloutFields, RunFields, SamplingFields, ScheduleFields, TaskFields, TeamFields,
+                              TrainerConfig, TurnFields, ValueHeadFields, compose)
+
+_NO_REF_KL = "a reference-KL penalty is not implemented for the actor-critic trainers in comlrl_nb yet (issue 14)"
+_AC_UNUSED = {"reference_kl_enabled": _NO_REF_KL, "reference_kl_coef": _NO_REF_KL, "reference_devices": _NO_REF_KL}
 
 def _ac_relations(c, owner: str):
     "Multi-turn samples one episode per item; critic_devices fit the critics; rollout_batch_size=None fills one buffer."
@@ -171,15 +174,18 @@ def _ac_relations(c, owner: str):
                                   "num_generations=1 (or num_turns=1)")
     critics = c.num_agents if type(c).critic_per_agent else 1
     if isinstance(c.critic_devices, (list, tuple)) and len(c.critic_devices) not in {1, critics}:
-        raise config_error(owner, f"critic_devices has {len(c.critic_devices)} entries for {critics} critic(s); give 1"
-                                  + (f" or {critics}" if critics > 1 else ""))
+        raise config_error(owner, f"critic_devices length {len(c.critic_devices)} does not fit {critics} critic(s); "
+                                  "give 1" + (f" or {critics}" if critics > 1 else ""))
+    if c.parallel_training == "mp" and c.critic_devices is None and getattr(c, "use_separate_critic", True):
+        raise config_error(owner, "parallel_training='mp' needs critic_devices as well as agent_devices (one device, "
+                                  "or a list of 1 or one per critic)")
     if c.rollout_batch_size is None:    # items whose episodes fill one buffer (K episodes x num_turns samples each)
         c.rollout_batch_size = max(1, c.rollout_buffer_size // (c.num_generations * c.num_turns))
 
 # %% ../../nbs/31_actor_critic.ipynb #673692e4
 @compose(TeamFields, TurnFields, ScheduleFields, CriticFields, AdvantageFields, BufferFields, LoggingFields,
          GenerationFields, SamplingFields, MultiTurnFields, EvalFields, DeviceFields, RunFields, RolloutFields,
-         TaskFields, CheckpointFields, checks=(_ac_relations,),
+         TaskFields, CheckpointFields, ReferenceKLFields, checks=(_ac_relations,), unused=_AC_UNUSED,
          defaults=dict(num_train_epochs=40, rollout_buffer_size=8, logging_steps=1, num_generations=1, top_k=None),
          order=(
     "num_agents num_turns critic_type num_train_epochs agent_learning_rate critic_learning_rate value_loss_coef "
@@ -204,18 +210,26 @@ def _iac_relations(c, owner: str):
                                           "(use_separate_critic=False); separate critics never read it: remove it or "
                                           "set use_separate_critic=False")
         return
-    for f in ("critic_devices", "critic_value_head_hidden_dim"):
-        if getattr(c, f) is not None:
-            raise config_error(owner, f"{f}={getattr(c, f)!r} places or sizes separate critic models, which "
-                                      "use_separate_critic=False does not have (its value heads sit on the actors, "
-                                      "sized by value_head_hidden_dim): remove it or set use_separate_critic=True")
+    if c.critic_value_head_hidden_dim is not None:
+        raise config_error(owner, f"critic_value_head_hidden_dim={c.critic_value_head_hidden_dim!r} sizes separate "
+                                  "critic models, which use_separate_critic=False does not have (its value heads sit "
+                                  "on the actors, sized by value_head_hidden_dim): remove it or set "
+                                  "use_separate_critic=True")
+    per_agent = lambda d: [str(x) for x in (d if isinstance(d, (list, tuple)) else [d])] * (
+        1 if isinstance(d, (list, tuple)) and len(d) > 1 else c.num_agents)
+    if c.critic_devices is not None and per_agent(c.critic_devices) != per_agent(c.agent_devices):
+        # comlrl 1.4.3 configs name critic_devices here too; the value heads sit on the actors' devices
+        raise config_error(owner, f"critic_devices={c.critic_devices!r} places separate critic models, which "
+                                  "use_separate_critic=False does not have: its value heads sit on the actors "
+                                  f"(agent_devices={c.agent_devices!r}); remove it, make it equal agent_devices, or "
+                                  "set use_separate_critic=True")
 
 # %% ../../nbs/31_actor_critic.ipynb #a02f1315
 @compose()
 class MAACConfig(ActorCriticConfig):
     "Multi-agent actor-critic: one centralized critic, V(h) (`critic_type='v'`) or Q(h, a) (`'q'`)."
 
-@compose(*ActorCriticConfig.config_groups, ValueHeadFields, order=(ActorCriticConfig,),
+@compose(*ActorCriticConfig.config_groups, ValueHeadFields, order=(ActorCriticConfig,), unused=_AC_UNUSED,
          defaults={f.name: f.default for f in fields(ActorCriticConfig)},
          checks=(*ActorCriticConfig.config_checks, _iac_relations))
 class IACConfig(ActorCriticConfig):

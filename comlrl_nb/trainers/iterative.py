@@ -35,7 +35,7 @@ __all__ = ['ITERATIVE_GROUPS', 'IterativeFields', 'config_record', 'MADPOIterCon
 
 # %% ../../nbs/53_iterative.ipynb #3288bfe8
 from ..config import (ComparatorAPIFields, ComparatorFields, IterationFields, ReplayFields, TrainerConfig,
-                              compose)
+                              compose, count_env_steps, reward_distributions, reward_range_to_log)
 
 ITERATIVE_GROUPS = (IterationFields, ComparatorFields, ReplayFields, ComparatorAPIFields)
 
@@ -105,6 +105,7 @@ class PreferenceRounds:
         self.n, self.ref_agents, self.pairs = n, None, []
         self.reward_fn = RewardFunction(reward_func, n, reward_processor, a.reward_batched)
         self._raw_reward = RewardFunction(reward_func, n, None, a.reward_batched)
+        self._reward_range = reward_range_to_log(a, reward_func)      # log_reward_distribution: the histogram range
         self.oracle = resolve_oracle(oracle, n, self.reward_fn, a.reward_batched)
         self._custom_oracle = oracle is not None
         self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
@@ -285,7 +286,8 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
     finally: self.comparator.end_round()
     if a.comparator_generation_mode == "centralized" and acc["unparsed"] == acc["comparator_responses"] > 0:
         raise centralized_parse_error(self.n, acc["comparator_responses"], acc["examples"])
-    return records, _round_stats(acc, len(ds), len(records))
+    return records, {**_round_stats(acc, len(ds), len(records)), **reward_distributions(
+        self._reward_range, target_raw=acc["target_raw"], comparator_raw=acc["comparator_raw"])}
 
 # %% ../../nbs/53_iterative.ipynb #7e896bd1
 @patch
@@ -426,7 +428,8 @@ def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLo
             out = self._update(idx)
             st["global_batch"] += 1
             rec = {"batch": st["global_batch"], "iteration": nu, "epoch": epoch, "phase": "train",
-                   **dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, st["optimizer_steps"])}
+                   **dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, st["optimizer_steps"]),
+                   **count_env_steps(a, st, len(idx))}
             metrics.log(rec, st["global_batch"])
             rows.append(rec)
     return {"train/batches": len(rows), "train/dpo_loss": float(np.mean([r["dpo/loss"] for r in rows])),

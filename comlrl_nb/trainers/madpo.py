@@ -29,8 +29,9 @@ __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_age
            'central_candidates']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
-from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, MultiTurnFields,
-                              PreferenceFields, ReferenceKLFields, TrainerConfig, compose)
+from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
+                              MultiTurnFields, PreferenceFields, ReferenceKLFields, TrainerConfig, compose,
+                              count_env_steps)
 
 _SINGLE = "its episodes are single-turn (one joint response per candidate)"
 _MADPO_UNUSED = {"discount": f"{_SINGLE}, so no return is discounted",
@@ -43,9 +44,9 @@ _MADPO_UNUSED = {"discount": f"{_SINGLE}, so no return is discounted",
 _NOT_GROUPS = ("generations", "rollout")       # num_generations, rollout_batch_size: see removed_fields
 
 @compose(*[g for g in MAGRPOConfig.config_groups if g.group_name not in _NOT_GROUPS], PreferenceFields, DPOFields,
-         CollaborationFields, unused=_MADPO_UNUSED, like=(MAGRPOConfig,), order=(MAGRPOConfig,
+         CollaborationFields, EnvStepFields, unused=_MADPO_UNUSED, like=(MAGRPOConfig,), order=(MAGRPOConfig,
          "preference_num_candidates preference_pairs_per_sample pair_selection collection_batch_size dpo_beta "
-         "collaboration_mode"))
+         "collaboration_mode use_environment_step environment_steps_per_pair"))
 class MADPOConfig(TrainerConfig):
     "MADPO settings: the MAGRPO groups MADPO reads, preference collection, dpo_beta and the collaboration mode."
     removed_fields = {"num_generations": "MADPO samples preference_num_candidates candidates per item; set that",
@@ -282,6 +283,7 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
             ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
             out = self._update(idx)
             m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
+            m.update(count_env_steps(a, self.state, len(idx)))            # env_step: comlrl's step axis
             run.end_of_batch({**m, **ev}, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
     return {**run.finish(plot=plot_run), "num_pairs": len(self.pairs)}
 

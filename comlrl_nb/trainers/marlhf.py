@@ -27,8 +27,9 @@ __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'MARLHFTrainer', 
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
-from ..config import (RL_ALGORITHMS, CriticFields, PreferenceFields, ReferenceKLFields, RewardModelFields,
-                              RLBackendFields, TrainerConfig, ValueHeadFields, compose, config_groups)
+from ..config import (RL_ALGORITHMS, CollaborationFields, CriticFields, DPOFields, EnvStepFields,
+                              PreferenceFields, ReferenceKLFields, RewardModelFields, RLBackendFields, TrainerConfig,
+                              ValueHeadFields, compose, config_groups)
 _all_ = ["RL_ALGORITHMS"]
 
 _READ_BY = {"critic": ("maac", "iac"), "value_heads": ("iac",),                    # groups only some backends read
@@ -43,10 +44,22 @@ def _marlhf_backend_fields(c, owner: str):
         raise config_error(owner, f"{f.name}={v!r} is not used with rl_algorithm={c.rl_algorithm!r} (only "
                                   f"{', '.join(users)} read it); remove it or pick one of those backends")
 
+def _marlhf_collaboration(c, owner: str):
+    "comlrl 1.4.3's collaboration_mode field: one model per agent only (a centralized MARLHF actor is not built yet)."
+    if c.collaboration_mode == "centralized":
+        raise config_error(owner, "collaboration_mode='centralized' (one actor writing every role) is not implemented "
+                                  "for MARLHF in comlrl_nb yet (issue 14): use 'decentralized', or MADPOTrainer with "
+                                  "collaboration_mode='centralized'")
+
+_MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_algorithm (magrpo: mean, mareinforce: "
+                                    "raw, marloo: rloo, maremax: max)",
+                  "dpo_beta": "MARLHF fits a Bradley-Terry reward model and trains on it; there is no DPO loss",
+                  "use_environment_step": "MARLHF logs its policy phase by the backend's batches, not by pairs",
+                  "environment_steps_per_pair": "MARLHF logs its policy phase by the backend's batches, not by pairs"}
+
 @compose(*MAGRPOConfig.config_groups, PreferenceFields, RLBackendFields, RewardModelFields, CriticFields,
-         ValueHeadFields, checks=(*MAGRPOConfig.config_checks, _marlhf_backend_fields), like=(MAGRPOConfig,),
-         unused={"advantage_mode": "the policy phase's baseline comes from rl_algorithm (magrpo: mean, mareinforce: "
-                                   "raw, marloo: rloo, maremax: max)"},
+         ValueHeadFields, DPOFields, CollaborationFields, EnvStepFields, like=(MAGRPOConfig,), unused=_MARLHF_UNUSED,
+         checks=(*MAGRPOConfig.config_checks, _marlhf_backend_fields, _marlhf_collaboration),
          order=(MAGRPOConfig, "preference_num_candidates preference_pairs_per_sample pair_selection "
                 "collection_batch_size",
                 RLBackendFields, RewardModelFields, "critic_type critic_learning_rate value_loss_coef critic_devices "
