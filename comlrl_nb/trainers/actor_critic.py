@@ -316,7 +316,7 @@ class ValueSample:
     target: float
     old_value: float
 
-# %% ../../nbs/31_actor_critic.ipynb #7486fdd1
+# %% ../../nbs/31_actor_critic.ipynb #d230e114
 @dataclass
 class Episodes:
     "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
@@ -536,7 +536,7 @@ def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_no
     return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations,
                          self.train_dataset)
 
-# %% ../../nbs/31_actor_critic.ipynb #2f588a3d
+# %% ../../nbs/31_actor_critic.ipynb #b150d828
 @patch
 def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
     "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
