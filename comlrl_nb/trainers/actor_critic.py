@@ -32,7 +32,8 @@ __all__ = ['td_targets', 'td_advantages', 'normalize_advantages', 'discounted_re
 # %% ../../nbs/31_actor_critic.ipynb #0b2494ec
 def _as_float(x, name: str) -> torch.Tensor:
     t = torch.as_tensor(x, dtype=torch.float32)
-    if t.dim() == 0 or t.shape[-1] == 0: raise ValueError(f"{name} needs at least one turn on its last axis, got shape {tuple(t.shape)}")
+    if t.dim() == 0 or t.shape[-1] == 0:
+        raise ValueError(f"{name} needs at least one turn on its last axis, got shape {tuple(t.shape)}")
     return t
 
 def td_targets(rewards, values=None, next_values=None, dones=None, discount: float = 1.0) -> torch.Tensor:
@@ -42,7 +43,8 @@ def td_targets(rewards, values=None, next_values=None, dones=None, discount: flo
     if next_values is None:
         if values is None: raise ValueError("td_targets needs values (shifted by one turn to bootstrap) or next_values")
         v = _as_float(values, "values")
-        if v.shape != r.shape: raise ValueError(f"values shape {tuple(v.shape)} does not match rewards shape {tuple(r.shape)}")
+        if v.shape != r.shape:
+            raise ValueError(f"values shape {tuple(v.shape)} does not match rewards shape {tuple(r.shape)}")
         next_values = torch.cat([v[..., 1:], torch.zeros_like(v[..., :1])], -1)
     nv = _as_float(next_values, "next_values")
     if dones is None:
@@ -50,14 +52,16 @@ def td_targets(rewards, values=None, next_values=None, dones=None, discount: flo
         d[..., -1] = 1.0                                          # the episode ends after its last turn
     else: d = _as_float(dones, "dones")
     for t, nm in ((nv, "next_values"), (d, "dones")):
-        if t.shape != r.shape: raise ValueError(f"{nm} shape {tuple(t.shape)} does not match rewards shape {tuple(r.shape)}")
+        if t.shape != r.shape:
+            raise ValueError(f"{nm} shape {tuple(t.shape)} does not match rewards shape {tuple(r.shape)}")
     return r + discount * (1.0 - d) * nv
 
 # %% ../../nbs/31_actor_critic.ipynb #8a6bee96
 def td_advantages(targets, values) -> torch.Tensor:
     "TD errors `target - V(h_t)`: the advantage of each turn's joint action (constants of the update)."
     y, v = _as_float(targets, "targets"), _as_float(values, "values")
-    if y.shape != v.shape: raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(v.shape)}")
+    if y.shape != v.shape:
+        raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(v.shape)}")
     return y - v
 
 def normalize_advantages(advantages, eps: float = 1e-6) -> torch.Tensor:
@@ -76,14 +80,17 @@ def discounted_returns(rewards, discount: float = 1.0) -> torch.Tensor:
     return out
 
 # %% ../../nbs/31_actor_critic.ipynb #fd8ae98d
-def value_loss(values: torch.Tensor, targets, coef: float = 1.0, old_values=None, clip_range: Optional[float] = None) -> torch.Tensor:
+def value_loss(values: torch.Tensor, targets, coef: float = 1.0, old_values=None,
+               clip_range: Optional[float] = None) -> torch.Tensor:
     "`coef * mean((V - y)^2)`; with `clip_range` and `old_values`, the larger of the unclipped and clipped errors."
     y = torch.as_tensor(targets, dtype=values.dtype, device=values.device)
-    if y.shape != values.shape: raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(values.shape)}")
+    if y.shape != values.shape:
+        raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(values.shape)}")
     if values.numel() == 0: raise ValueError("value_loss got no values")
     err = (values - y.detach()) ** 2
     if clip_range is not None:
-        if old_values is None: raise ValueError("value clipping needs old_values (the values when the samples were collected)")
+        if old_values is None:
+            raise ValueError("value clipping needs old_values (the values when the samples were collected)")
         old = torch.as_tensor(old_values, dtype=values.dtype, device=values.device).detach()
         clipped = old + (values - old).clamp(-clip_range, clip_range)
         err = torch.maximum(err, (clipped - y.detach()) ** 2)
@@ -104,7 +111,8 @@ class ValueHead(torch.nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor: return self.net(hidden.float()).squeeze(-1)
 
 # %% ../../nbs/31_actor_critic.ipynb #de725353
-def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, autocast_dtype=None) -> torch.Tensor:
+def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      autocast_dtype=None) -> torch.Tensor:
     "Final hidden state at each row's last non-padding token ([N, H], float32), for left or right padding."
     dev = next(model.parameters()).device
     ids, att = input_ids.to(dev), attention_mask.to(dev)
@@ -112,8 +120,9 @@ def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     body = getattr(model, "base_model", model)
     with autocast(dev, autocast_dtype):
         out = body(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False)
-        h = out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else \
-            model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False, output_hidden_states=True).hidden_states[-1]
+        if getattr(out, "last_hidden_state", None) is not None: h = out.last_hidden_state
+        else: h = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False,
+                        output_hidden_states=True).hidden_states[-1]
     last = att.shape[1] - 1 - att.flip(-1).float().argmax(-1)
     return h[torch.arange(h.shape[0], device=dev), last].float()
 
@@ -126,7 +135,8 @@ class Critic:
         self.shared, self.max_length = shared, max_length
     @property
     def device(self) -> torch.device: return next(self.backbone.parameters()).device
-    def parameters(self) -> list: return list(self.head.parameters()) + ([] if self.shared else list(self.backbone.parameters()))
+    def parameters(self) -> list:
+        return list(self.head.parameters()) + ([] if self.shared else list(self.backbone.parameters()))
     def encode(self, texts: Sequence[str]) -> list[torch.Tensor]:
         "Unpadded token ids of each text (only the last `max_length` tokens when set); call from one thread at a time."
         enc = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
@@ -146,7 +156,8 @@ class Critic:
         if not self.shared and sd.get("backbone") is not None: self.backbone.load_state_dict(sd["backbone"])
 
 # %% ../../nbs/31_actor_critic.ipynb #0fe9cc03
-def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]], agents: Optional[Sequence[int]] = None) -> str:
+def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]],
+                 agents: Optional[Sequence[int]] = None) -> str:
     "Critic input: per turn, each listed agent's prompt and (when given) response; `prompts[i][t]`, `responses[i][t]`."
     agents = list(range(len(prompts))) if agents is None else list(agents)
     parts = []
@@ -239,7 +250,7 @@ class IACConfig(ActorCriticConfig):
 # %% ../../nbs/31_actor_critic.ipynb #1acd642e
 @dataclass
 class Episode:
-    "One item's multi-turn trajectory (lists indexed [agent][turn]) and, once scored, per-critic values/targets/advantages."
+    "One item's multi-turn trajectory (lists [agent][turn]); once scored, per-critic values, targets, advantages."
     item: dict
     item_id: int
     candidate: int = 0
@@ -273,7 +284,7 @@ class ValueSample:
     target: float
     old_value: float
 
-# %% ../../nbs/31_actor_critic.ipynb #891d89d0
+# %% ../../nbs/31_actor_critic.ipynb #d230e114
 @dataclass
 class Episodes:
     "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
@@ -456,7 +467,8 @@ class IACTrainer(ActorCriticTrainer):
         if sources[0] is None:
             raise ValueError("IACTrainer with use_separate_critic=True needs critics: pass "
                              + _CRITIC_OPTIONS.format(cfg="IACConfig")
-                             + "; or set use_separate_critic=False for value heads on the actors (value_head_hidden_dim)")
+                             + "; or set use_separate_critic=False for value heads on the actors "
+                               "(value_head_hidden_dim)")
         devs = self.devices if a.critic_devices is None else \
             [resolve_device(d) for d in as_list(a.critic_devices, n, "critic_devices", "device")]
         toks = [None] * n if critic_tokenizer is None else as_list(critic_tokenizer, n, "critic_tokenizer", "tokenizer")
@@ -492,7 +504,7 @@ def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_no
     return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations,
                          self.train_dataset)
 
-# %% ../../nbs/31_actor_critic.ipynb #e0b6b516
+# %% ../../nbs/31_actor_critic.ipynb #b150d828
 @patch
 def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
     "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
