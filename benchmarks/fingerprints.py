@@ -83,8 +83,8 @@ def build(name: str, out: str):
         return C.MADPOTrainer(**base, args=C.MADPOConfig(**pref, num_train_epochs=2, dpo_beta=0.5)), []
     if name == "marlhf":
         rm, _ = make_tiny_model(seed=5, tokenizer=tok)
-        cfg = dict(pref, rollout_batch_size=2, num_train_epochs=1, num_generations=4, reward_learning_rate=1e-3, reward_num_train_epochs=2,
-                   reward_train_batch_size=2, agent_learning_rate=1e-2)
+        cfg = dict(pref, rollout_batch_size=2, num_train_epochs=1, num_generations=4, reward_learning_rate=1e-3,
+                   reward_num_train_epochs=2, reward_train_batch_size=2, agent_learning_rate=1e-2)
         tr = C.MARLHFTrainer(**base, args=C.MARLHFConfig(**cfg), reward_model=rm)
         return tr, "reward_model"
     if name == "madpo_iter":
