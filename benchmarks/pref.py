@@ -38,8 +38,9 @@ common = dict(num_agents=2, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1
               save_plot=False, preference_num_candidates=4, preference_pairs_per_sample=2, pair_selection="reward_gap",
               rollout_batch_size=None if rbs == "auto" else int(rbs))
 ds = [{"prompt": p} for p in bu.PROMPTS]
+no_rbs = lambda kw: {k: v for k, v in kw.items() if k != "rollout_batch_size"}   # MADPO has no rollout batches
 if algo == "madpo":
-    tr = MADPOTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, args=MADPOConfig(**common, dpo_beta=0.1),
+    tr = MADPOTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, args=MADPOConfig(**no_rbs(common), dpo_beta=0.1),
                       train_dataset=[{"prompt": p} for p in bu.PROMPTS])
 elif algo in ("madpo_iter", "marlhf_iter"):     # the yardstick's iterative settings: 2 rounds, current-policy comparator
     from comlrl_nb import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
@@ -47,7 +48,7 @@ elif algo in ("madpo_iter", "marlhf_iter"):     # the yardstick's iterative sett
               preference_replay_dir=tempfile.mkdtemp(), comparator_policy="current", pair_selection="comparator_reward")
     if algo == "madpo_iter":
         tr = MADPOIterTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=ds,
-                              args=MADPOIterConfig(**it, dpo_beta=0.1))
+                              args=MADPOIterConfig(**no_rbs(it), dpo_beta=0.1))
     else:
         tr = MARLHFIterTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=ds,
                                args=MARLHFIterConfig(**it, rl_algorithm="magrpo", num_generations=4,

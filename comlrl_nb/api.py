@@ -79,25 +79,11 @@ def excerpt(body, secrets: Sequence[str] = (), limit: int = EXCERPT_CHARS) -> st
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 # %% ../nbs/52_api.ipynb #c21b8d54
-@dataclass(repr=False)
-class APIComparatorConfig:
-    "Settings of an API comparator (the `comparator_api_*` fields of the iterative trainer configs)."
-    comparator_api_url: Optional[str] = None
-    comparator_api_format: str = "generic"
-    comparator_api_model: Optional[str] = None
-    comparator_api_key_env: Optional[str] = None
-    comparator_api_key: Optional[str] = None
-    comparator_api_key_header: str = "Authorization"
-    comparator_api_key_prefix: str = "Bearer "
-    comparator_api_headers: Optional[dict] = None
-    comparator_api_timeout: float = 120.0
-    comparator_api_max_retries: int = 4
-    comparator_api_backoff: float = 1.0
-    comparator_api_backoff_cap: float = 30.0
-    comparator_api_max_n_per_request: Optional[int] = None
-    comparator_api_response_field: str = "completions"
-    comparator_api_extra_body: Optional[dict] = None
-    def __post_init__(self): self._validate()
+from .config import ComparatorAPIFields, TrainerConfig, compose
+
+@compose(ComparatorAPIFields)
+class APIComparatorConfig(TrainerConfig):
+    "Settings of an API comparator (the `comparator_api_*` fields of the iterative configs; help: `ComparatorAPIFields`)."
     def __repr__(self): return f"APIComparatorConfig({', '.join(f'{k}={v!r}' for k, v in scrub_secrets(self).items())})"
 
 # %% ../nbs/52_api.ipynb #027bd1ee

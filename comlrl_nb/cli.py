@@ -15,7 +15,8 @@ from .tasks import TASKS, get_task
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'load_config_file', 'build_config', 'heldout_reward',
-           'cmd_train', 'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query', 'run', 'main']
+           'cmd_train', 'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query', 'cmd_options', 'run',
+           'main']
 
 # %% ../nbs/80_cli.ipynb #cac70cfe
 def _algorithms() -> dict:
@@ -235,18 +236,21 @@ def cmd_comparator_query(args) -> int:
                            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     print(json.dumps(outs, ensure_ascii=False, indent=2)); return 0
 
+# %% ../nbs/80_cli.ipynb #0c7a5e12
+def cmd_options(args) -> int:
+    "The `options` command: every field of the algorithm's config, grouped, with its type, default and help."
+    from comlrl_nb.config import format_options
+    cfg_cls, _ = _check_algo(args.algo)
+    print(format_options(cfg_cls))
+    return 0
+
 # %% ../nbs/80_cli.ipynb #92334abe
 def run(argv: Optional[Sequence[str]] = None) -> int:
     "Run a command; bad input raises (ValueError, FileNotFoundError, ...) with a message naming the problem."
     setup_logging()
     p = _parser(); args = p.parse_args(argv)
     if args.command == "train": cmd_train(args); return 0
-    if args.command == "options":
-        cfg_cls, _ = _check_algo(args.algo)
-        for f in dataclasses.fields(cfg_cls):
-            d = f.default if f.default is not dataclasses.MISSING else None
-            print(f"{f.name:32s} {d!r}")
-        return 0
+    if args.command == "options": return cmd_options(args)
     if args.command == "readme": return cmd_readme(args)
     if args.command == "comparator-query": return cmd_comparator_query(args)
     if args.command == "site":

@@ -20,7 +20,7 @@ from comlrl_nb.trainers.madpo import MADPOConfig
 
 ITEMS = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]]
 BASE = dict(preference_num_candidates=4, preference_pairs_per_sample=4, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None,
-            agent_learning_rate=3e-3, rollout_batch_size=2, eval_interval=0, logging_steps=1000, progress_bar=False)
+            agent_learning_rate=3e-3, eval_interval=0, logging_steps=1000, progress_bar=False)
 
 
 def vowels(a, b):
@@ -36,7 +36,7 @@ def madpo(tmp, items=ITEMS, trainer_kw=None, **kw):
 
 def marlhf(tmp, items=ITEMS, trainer_kw=None, **kw):
     m, tok = make_tiny_model(seed=0)
-    cfg = MARLHFIterConfig(**{**BASE, "num_generations": 4, "num_train_epochs": 1, "reward_learning_rate": 1e-3,
+    cfg = MARLHFIterConfig(**{**BASE, "num_generations": 4, "rollout_batch_size": 2, "num_train_epochs": 1, "reward_learning_rate": 1e-3,
                               "reward_train_batch_size": 4, "reward_num_train_epochs": 1, "output_dir": str(tmp), **kw})
     return MARLHFIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=items, reward_model=m,
                              **(trainer_kw or {}))
@@ -451,7 +451,7 @@ SCRIPT = textwrap.dedent('''
                           args=MADPOIterConfig(num_iterations=3, comparator_policy="history", preference_replay_mode="lambda_decay",
                                                preference_replay_lambda=0.5, preference_num_candidates=4, max_new_tokens=6,
                                                temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=3e-3, dpo_beta=0.5,
-                                               rollout_batch_size=2, num_train_epochs=2, progress_bar=False, output_dir=out))
+                                               num_train_epochs=2, progress_bar=False, output_dir=out))
     tr.train(resume_from_checkpoint=True if mode == "resume" else None)
     torch.save([a.state_dict() for a in tr.agents], Path(out) / "final.pt")
     print("DONE", tr.state["iteration"], tr.state["global_batch"])

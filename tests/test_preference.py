@@ -26,7 +26,7 @@ def vowels(a, b):
 
 
 BASE = dict(num_train_epochs=2, preference_num_candidates=4, preference_pairs_per_sample=2, max_new_tokens=8,
-            temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=3e-3, rollout_batch_size=2, eval_interval=0,
+            temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=3e-3, eval_interval=0,
             logging_steps=1000, progress_bar=False, save_steps=-1)
 
 
@@ -40,7 +40,7 @@ def madpo(tmp, data=ITEMS, **kw):
 
 def marlhf(tmp, data=ITEMS, **kw):
     m, tok = make_tiny_model(seed=0)
-    cfg = {**BASE, "num_generations": 4, "reward_learning_rate": 1e-3, "reward_num_train_epochs": 2,
+    cfg = {**BASE, "num_generations": 4, "rollout_batch_size": 2, "reward_learning_rate": 1e-3, "reward_num_train_epochs": 2,
            "reward_train_batch_size": 2, "agent_learning_rate": 1e-2, "output_dir": str(tmp), **kw}
     extra = {k: cfg.pop(k) for k in ("oracle", "eval_logger", "eval_aggregator", "eval_dataset") if k in cfg}
     return MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MARLHFConfig(**cfg), train_dataset=data,
@@ -397,7 +397,8 @@ def test_marlhf_actor_critic_backends(tmp_path, algo):
     m, tok = make_tiny_model(seed=0)
     kw = {"critic_model": critic} if algo == "maac" else {"critics": [critic, critic]}
     tr = MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=ITEMS, reward_model=m, backend_kwargs=kw,
-                       args=MARLHFConfig(**{**BASE, "rl_algorithm": algo, "value_loss_coef": 0.3, "output_dir": str(tmp_path / algo)}))
+                       args=MARLHFConfig(**{**BASE, "rollout_batch_size": 2, "rl_algorithm": algo, "value_loss_coef": 0.3,
+                                            "output_dir": str(tmp_path / algo)}))
     assert tr.policy_trainer.algo == algo and tr.policy_trainer.args.value_loss_coef == 0.3
     before = params(tr.agents)
     out = tr.train()

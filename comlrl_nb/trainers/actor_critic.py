@@ -150,116 +150,70 @@ def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[
     return "\n\n".join(parts)
 
 # %% ../../nbs/31_actor_critic.ipynb #fcd0dac7
-@dataclass
-class ActorCriticConfig:
-    "Settings shared by MAAC and IAC (see MAACConfig / IACConfig)."
-    num_agents: int = 2
-    num_turns: int = 1
-    critic_type: str = "v"
-    num_train_epochs: int = 40
-    agent_learning_rate: float = 5e-6
-    critic_learning_rate: Optional[float] = 5e-6
-    value_loss_coef: float = 0.6
-    advantage_normalization: bool = True
-    rollout_buffer_size: int = 8
-    train_batch_size: Optional[int] = None
-    logging_steps: int = 1
-    num_generations: int = 1
-    max_new_tokens: int = 256
-    temperature: float = 0.6
-    top_p: float = 0.6
-    top_k: Optional[int] = None
-    discount: float = 1.0
-    early_termination_threshold: Optional[float] = -0.2
-    eval_interval: int = 16
-    eval_num_samples: int = 4
-    eval_batch_size: int = 1
-    external_prompt_passthrough: bool = False
-    parallel_training: str = "none"
-    agent_devices: Any = None
-    critic_devices: Any = None
-    critic_model_name: Optional[str] = None     # id or path of the critic backbone(s) when no object is given
-    critic_value_head_hidden_dim: Optional[int] = None
-    # --- beyond the library ---
-    critic_max_length: Optional[int] = None     # keep the last N tokens of a critic's text
-    seed: int = 0
-    output_dir: Optional[str] = None            # default runs/<algo>
-    rollout_batch_size: Optional[int] = 1       # task items per batch; None: one buffer's worth of episodes
-    reward_batched: bool = True
-    use_chat_template: bool = False
-    autocast_dtype: Optional[str] = None
-    weight_decay: float = 0.0
-    max_grad_norm: Optional[float] = None
-    save_steps: int = 0
-    save_total_limit: Optional[int] = None
-    progress_bar: bool = True
-    tensorboard: bool = False
-    save_plot: bool = True                      # draw output_dir/training_curves.png at the end of train()
+from dataclasses import fields
+from ..config import (AdvantageFields, BufferFields, CheckpointFields, CriticFields, DeviceFields,
+                              EvalFields, GenerationFields, LoggingFields, MultiTurnFields, RolloutFields, RunFields,
+                              SamplingFields, ScheduleFields, TaskFields, TeamFields, TrainerConfig, TurnFields,
+                              ValueHeadFields, compose)
 
-    def __post_init__(self): _validate_ac(self, type(self).__name__, critics=1)
-
-# %% ../../nbs/31_actor_critic.ipynb #673692e4
-def _validate_ac(c, owner: str, critics: int):
-    num = lambda name, **kw: check_number(getattr(c, name), name, owner, **kw)
-    for f in ("num_agents", "num_turns", "num_train_epochs", "rollout_buffer_size", "logging_steps", "num_generations",
-              "max_new_tokens", "eval_batch_size"): num(f, integer=True, min=1)
-    for f in ("eval_interval", "eval_num_samples", "seed"): num(f, integer=True, min=0)
-    for f in ("train_batch_size", "top_k", "critic_value_head_hidden_dim", "critic_max_length", "save_total_limit",
-              "rollout_batch_size"):
-        num(f, integer=True, min=1, allow_none=True)
-    num("agent_learning_rate", min=0, min_exclusive=True); num("critic_learning_rate", min=0, min_exclusive=True, allow_none=True)
-    num("value_loss_coef", min=0); num("temperature", min=0); num("top_p", min=0, min_exclusive=True, max=1)
-    num("discount", min=0, max=1); num("early_termination_threshold", allow_none=True); num("weight_decay", min=0)
-    num("max_grad_norm", min=0, min_exclusive=True, allow_none=True); num("save_steps", integer=True, min=-1)
-    for b in ("advantage_normalization", "external_prompt_passthrough", "reward_batched", "use_chat_template",
-              "progress_bar", "tensorboard", "save_plot"): check_bool(getattr(c, b), b, owner)
-    c.critic_type = check_choice(c.critic_type, "critic_type", ("v", "q"), owner, {"V": "v", "Q": "q"})
-    c.parallel_training = check_choice(c.parallel_training, "parallel_training", ("none", "mp"), owner)
-    _check_devices(c.agent_devices, "agent_devices", owner); _check_devices(c.critic_devices, "critic_devices", owner)
-    _validate_ac_relations(c, owner, critics)
-
-# %% ../../nbs/31_actor_critic.ipynb #b42701c3
-def _validate_ac_relations(c, owner: str, critics: int):
-    if c.autocast_dtype is not None:
-        try: resolve_dtype(c.autocast_dtype)
-        except ValueError as e: raise config_error(owner, f"autocast_dtype={c.autocast_dtype!r}: {e}") from None
-    if c.critic_model_name is not None and not (isinstance(c.critic_model_name, (str, os.PathLike)) and str(c.critic_model_name)):
-        raise ValueError(f"{owner}.critic_model_name={c.critic_model_name!r} is invalid: use a model id or local path, or None")
+def _ac_relations(c, owner: str):
+    "Multi-turn samples one episode per item; critic_devices fit the critics; rollout_batch_size=None fills one buffer."
     if c.num_turns > 1 and c.num_generations != 1:
-        raise config_error(owner, f"num_generations={c.num_generations} with num_turns={c.num_turns} is invalid: multi-turn "
-                                  "actor-critic samples one completion per agent per turn; set num_generations=1 (or num_turns=1)")
-    if c.train_batch_size is not None and c.train_batch_size > c.rollout_buffer_size:
-        raise config_error(owner, f"train_batch_size={c.train_batch_size} is larger than rollout_buffer_size={c.rollout_buffer_size}; "
-                                  "an update never has that many samples (lower it or raise rollout_buffer_size)")
-    if c.parallel_training == "mp" and c.agent_devices is None:
-        raise config_error(owner, "parallel_training='mp' needs agent_devices (one device, or a list of 1 or num_agents)")
-    if isinstance(c.agent_devices, (list, tuple)) and len(c.agent_devices) not in (1, c.num_agents):
-        raise config_error(owner, f"agent_devices has {len(c.agent_devices)} entries for {c.num_agents} agents; give 1 or {c.num_agents}")
+        raise config_error(owner, f"num_generations={c.num_generations} with num_turns={c.num_turns} is invalid: "
+                                  "multi-turn actor-critic samples one completion per agent per turn; set "
+                                  "num_generations=1 (or num_turns=1)")
+    critics = c.num_agents if type(c).critic_per_agent else 1
     if isinstance(c.critic_devices, (list, tuple)) and len(c.critic_devices) not in {1, critics}:
         raise config_error(owner, f"critic_devices has {len(c.critic_devices)} entries for {critics} critic(s); give 1"
                                   + (f" or {critics}" if critics > 1 else ""))
-    if c.train_batch_size is None: c.train_batch_size = c.rollout_buffer_size
-    if c.rollout_batch_size is None:    # items whose full episodes fill one buffer (K episodes x num_turns samples each)
+    if c.rollout_batch_size is None:    # items whose episodes fill one buffer (K episodes x num_turns samples each)
         c.rollout_batch_size = max(1, c.rollout_buffer_size // (c.num_generations * c.num_turns))
-    if c.critic_learning_rate is None: c.critic_learning_rate = c.agent_learning_rate
+
+# %% ../../nbs/31_actor_critic.ipynb #673692e4
+@compose(TeamFields, TurnFields, ScheduleFields, CriticFields, AdvantageFields, BufferFields, LoggingFields,
+         GenerationFields, SamplingFields, MultiTurnFields, EvalFields, DeviceFields, RunFields, RolloutFields,
+         TaskFields, CheckpointFields, checks=(_ac_relations,),
+         defaults=dict(num_train_epochs=40, rollout_buffer_size=8, logging_steps=1, num_generations=1, top_k=None),
+         order=(
+    "num_agents num_turns critic_type num_train_epochs agent_learning_rate critic_learning_rate value_loss_coef "
+    "advantage_normalization rollout_buffer_size train_batch_size logging_steps num_generations max_new_tokens "
+    "temperature top_p top_k discount early_termination_threshold eval_interval eval_num_samples eval_batch_size "
+    "external_prompt_passthrough parallel_training agent_devices critic_devices critic_model_name "
+    "critic_value_head_hidden_dim critic_max_length seed output_dir rollout_batch_size reward_batched "
+    "use_chat_template autocast_dtype weight_decay max_grad_norm save_steps save_total_limit progress_bar tensorboard "
+    "save_plot",))
+class ActorCriticConfig(TrainerConfig):
+    "Settings shared by MAAC and IAC (see MAACConfig / IACConfig); `comlrl-nb options --algo maac` prints their help."
+    min_generations = 1             # one episode per item is the actor-critic default
+    critic_per_agent = False        # IAC: one critic per agent (critic_devices may list num_agents devices)
+
+# %% ../../nbs/31_actor_critic.ipynb #b42701c3
+def _iac_relations(c, owner: str):
+    "A separate critic per agent and a value head on each actor read different fields: refuse the other kind's."
+    if c.use_separate_critic:
+        for f, d in (("value_clip_range", 0.2), ("value_head_hidden_dim", None)):
+            if getattr(c, f) != d:
+                raise config_error(owner, f"{f}={getattr(c, f)!r} applies to value heads on the actors "
+                                          "(use_separate_critic=False); separate critics never read it: remove it or "
+                                          "set use_separate_critic=False")
+        return
+    for f in ("critic_devices", "critic_value_head_hidden_dim"):
+        if getattr(c, f) is not None:
+            raise config_error(owner, f"{f}={getattr(c, f)!r} places or sizes separate critic models, which "
+                                      "use_separate_critic=False does not have (its value heads sit on the actors, "
+                                      "sized by value_head_hidden_dim): remove it or set use_separate_critic=True")
 
 # %% ../../nbs/31_actor_critic.ipynb #a02f1315
-@dataclass
+@compose()
 class MAACConfig(ActorCriticConfig):
     "Multi-agent actor-critic: one centralized critic, V(h) (`critic_type='v'`) or Q(h, a) (`'q'`)."
-    def __post_init__(self): _validate_ac(self, type(self).__name__, critics=1)
 
-@dataclass
+@compose(*ActorCriticConfig.config_groups, ValueHeadFields, order=(ActorCriticConfig,),
+         defaults={f.name: f.default for f in fields(ActorCriticConfig)},
+         checks=(*ActorCriticConfig.config_checks, _iac_relations))
 class IACConfig(ActorCriticConfig):
     "Independent actor-critic: one critic per agent, a separate model or a value head on the actor."
-    use_separate_critic: bool = True
-    value_clip_range: Optional[float] = 0.2     # value heads on actors only
-    value_head_hidden_dim: Optional[int] = None
-    def __post_init__(self):
-        _validate_ac(self, type(self).__name__, critics=self.num_agents if isinstance(self.num_agents, int) else 1)
-        check_bool(self.use_separate_critic, "use_separate_critic", type(self).__name__)
-        check_number(self.value_clip_range, "value_clip_range", type(self).__name__, min=0, min_exclusive=True, allow_none=True)
-        check_number(self.value_head_hidden_dim, "value_head_hidden_dim", type(self).__name__, integer=True, min=1, allow_none=True)
+    critic_per_agent = True
 
 # %% ../../nbs/31_actor_critic.ipynb #1acd642e
 @dataclass

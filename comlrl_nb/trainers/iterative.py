@@ -27,83 +27,30 @@ from .madpo import MADPOConfig, MADPOTrainer
 from .marlhf import MARLHFConfig, MARLHFTrainer
 
 # %% auto #0
-__all__ = ['IterativeFields', 'config_record', 'MADPOIterConfig', 'MARLHFIterConfig', 'plot_rounds', 'MADPOIterTrainer',
-           'MARLHFIterTrainer']
+__all__ = ['ITERATIVE_GROUPS', 'IterativeFields', 'config_record', 'MADPOIterConfig', 'MARLHFIterConfig', 'plot_rounds',
+           'MADPOIterTrainer', 'MARLHFIterTrainer']
 
 # %% ../../nbs/53_iterative.ipynb #3288bfe8
-@dataclass(repr=False)
+from ..config import (ComparatorAPIFields, ComparatorFields, IterationFields, ReplayFields, TrainerConfig,
+                              compose)
+
+ITERATIVE_GROUPS = (IterationFields, ComparatorFields, ReplayFields, ComparatorAPIFields)
+
+@compose(*ITERATIVE_GROUPS, order=("num_iterations", ComparatorFields, "policy_checkpoint_dir preference_scoring_reward",
+                                   ReplayFields, ComparatorAPIFields))
 class IterativeFields:
-    "The fields both iterative configs add: rounds, comparator, replay, and the API comparator's settings."
-    num_iterations: int = 6
-    comparator_policy: str = "current"
-    comparator_num_candidates: Optional[int] = None
-    comparator_generation_mode: str = "decentralized"
-    comparator_centralized_agent_index: int = 0
-    comparator_max_new_tokens: Optional[int] = None
-    comparator_devices: Any = None
-    comparator_model_name: Any = None
-    comparator_agents: Any = None
-    comparator_history_k: int = 1
-    policy_checkpoint_dir: Optional[str] = None
-    preference_scoring_reward: str = "task"
-    preference_replay_mode: str = "current"
-    preference_replay_k: Optional[int] = None
-    preference_replay_lambda: Optional[float] = None
-    preference_replay_sample_size: Optional[int] = None
-    preference_replay_dir: Optional[str] = None
-    # --- comparator_policy="api" (see comlrl_nb.api.APIComparatorConfig, which validates them) ---
-    comparator_api_url: Optional[str] = None
-    comparator_api_format: str = "generic"
-    comparator_api_model: Optional[str] = None
-    comparator_api_key_env: Optional[str] = None
-    comparator_api_key: Optional[str] = None
-    comparator_api_key_header: str = "Authorization"
-    comparator_api_key_prefix: str = "Bearer "
-    comparator_api_headers: Optional[dict] = None
-    comparator_api_timeout: float = 120.0
-    comparator_api_max_retries: int = 4
-    comparator_api_backoff: Any = 1.0
-    comparator_api_backoff_cap: float = 30.0
-    comparator_api_max_n_per_request: Optional[int] = None
-    comparator_api_response_field: str = "completions"
-    comparator_api_extra_body: Optional[dict] = None
+    "The fields both iterative configs add: rounds, comparator, replay, and the API comparator's settings (unvalidated)."
 
 # %% ../../nbs/53_iterative.ipynb #3842eade
-def _validate_comparator(c, owner: str):
-    num = lambda name, **kw: check_number(getattr(c, name), name, owner, **kw)
-    num("num_iterations", integer=True, min=1); num("comparator_num_candidates", integer=True, min=1, allow_none=True)
-    num("comparator_max_new_tokens", integer=True, min=1, allow_none=True); num("comparator_history_k", integer=True, min=0)
-    num("comparator_centralized_agent_index", integer=True, min=0, max=c.num_agents - 1)
-    c.comparator_policy = check_choice(c.comparator_policy, "comparator_policy", COMPARATOR_POLICIES, owner)
-    c.comparator_generation_mode = check_choice(c.comparator_generation_mode, "comparator_generation_mode", COMPARATOR_GENERATION_MODES, owner)
-    c.preference_scoring_reward = check_choice(c.preference_scoring_reward, "preference_scoring_reward", ("task", "reward_model"), owner)
-    _check_devices(c.comparator_devices, "comparator_devices", owner)
-    if c.comparator_devices is not None and c.comparator_policy in ("current", "api"):
-        raise config_error(owner, f"comparator_devices is only used by comparator_policy 'current_copy', 'model' and 'history' "
-                                  f"(got {c.comparator_policy!r}); remove it or pick one of those")
-    for f in ("policy_checkpoint_dir", "preference_replay_dir"):
-        if getattr(c, f) is not None and not isinstance(getattr(c, f), (str, os.PathLike)):
-            raise config_error(owner, f"{f}={getattr(c, f)!r} is invalid: use a directory path or None")
-
-# %% ../../nbs/53_iterative.ipynb #04dcecf2
-def _validate_sources(c, owner: str):
-    named, listed = c.comparator_model_name is not None, c.comparator_agents is not None
-    if c.comparator_policy == "model":
-        if named == listed:
-            raise config_error(owner, "comparator_policy='model' needs exactly one of comparator_model_name (one model id, path or "
-                                      "object for every agent) or comparator_agents (a list, one per agent)" + (", not both" if named else ""))
-        if listed and (not isinstance(c.comparator_agents, (list, tuple)) or len(c.comparator_agents) != c.num_agents):
-            n = len(c.comparator_agents) if isinstance(c.comparator_agents, (list, tuple)) else type(c.comparator_agents).__name__
-            raise config_error(owner, f"comparator_agents must be a list with one model per agent ({c.num_agents}), got {n}")
-    elif named or listed:
-        raise config_error(owner, f"comparator_model_name / comparator_agents are only used with comparator_policy='model' "
-                                  f"(got {c.comparator_policy!r}); set comparator_policy='model' or remove them")
-    if c.comparator_policy == "api":
-        from comlrl_nb.api import APIComparatorConfig
-        c.comparator_api_format = APIComparatorConfig.from_any(c).comparator_api_format      # validates every comparator_api_* field
-    elif c.comparator_api_url is not None:
-        raise config_error(owner, f"comparator_api_url is set but comparator_policy={c.comparator_policy!r}; set comparator_policy='api'")
-    check_replay_options(c.preference_replay_mode, c.preference_replay_k, c.preference_replay_lambda, c.preference_replay_sample_size, owner)
+def _madpo_iter_relations(c, owner: str):
+    "What iterative MADPO cannot do: score with a reward model, or train one centralized actor."
+    if c.preference_scoring_reward == "reward_model":
+        raise config_error(owner, "preference_scoring_reward='reward_model' needs a fitted reward model, which only "
+                                  "MARLHFIterConfig has; MADPO scores comparisons with the task reward: use 'task'")
+    if c.collaboration_mode == "centralized":
+        raise config_error(owner, "collaboration_mode='centralized' is not available in iterative MADPO (its comparisons "
+                                  "pair per-role policies with a comparator); use MADPOTrainer for one centralized actor, "
+                                  "or 'decentralized'")
 
 # %% ../../nbs/53_iterative.ipynb #7396c6d6
 def _plain(v):
@@ -122,44 +69,26 @@ def _config_repr(self) -> str: return f"{type(self).__name__}({', '.join(f'{k}={
 
 # %% ../../nbs/53_iterative.ipynb #694499ae
 _ITER_SELECTIONS = PAIR_SELECTIONS + ("comparator_reward",)
+_ITER_DEFAULTS = dict(preference_num_candidates=20, preference_pairs_per_sample=4, pair_selection="comparator_reward")
+_unused = lambda cls: {f.name: f.metadata["unused"] for f in fields(cls) if "unused" in f.metadata}
 
-@dataclass(repr=False)
-class MADPOIterConfig(MADPOConfig, IterativeFields):
+@compose(*MADPOConfig.config_groups, *ITERATIVE_GROUPS, order=(IterativeFields, MADPOConfig), like=(MADPOConfig,),
+         defaults=dict(_ITER_DEFAULTS, num_train_epochs=1), unused=_unused(MADPOConfig),
+         checks=(*MADPOConfig.config_checks, _madpo_iter_relations))
+class MADPOIterConfig(TrainerConfig):
     "Iterative MADPO: the MADPO fields plus rounds, comparator and replay (see the table above)."
     pair_selections = _ITER_SELECTIONS
-    num_train_epochs: int = 1
-    preference_num_candidates: int = 20
-    preference_pairs_per_sample: Optional[int] = 4
-    pair_selection: str = "comparator_reward"
-
-    def __post_init__(self):
-        owner = type(self).__name__
-        super().__post_init__(); _validate_comparator(self, owner); _validate_sources(self, owner)
-        if self.preference_scoring_reward == "reward_model":
-            raise config_error(owner, "preference_scoring_reward='reward_model' needs a fitted reward model, which only "
-                                      "MARLHFIterConfig has; MADPO scores comparisons with the task reward: use 'task'")
-        if self.collaboration_mode == "centralized":
-            raise config_error(owner, "collaboration_mode='centralized' is not available in iterative MADPO (its comparisons pair "
-                                      "per-role policies with a comparator); use MADPOTrainer for one centralized actor, or 'decentralized'")
-
-MADPOIterConfig.__repr__ = _config_repr
+    removed_fields = MADPOConfig.removed_fields
+    __repr__ = _config_repr
 
 # %% ../../nbs/53_iterative.ipynb #2ff426da
-@dataclass(repr=False)
-class MARLHFIterConfig(MARLHFConfig, IterativeFields):
+@compose(*MARLHFConfig.config_groups, *ITERATIVE_GROUPS, order=(IterativeFields, MARLHFConfig), like=(MARLHFConfig,),
+         defaults=dict(_ITER_DEFAULTS, num_train_epochs=2, reward_num_train_epochs=2), unused=_unused(MARLHFConfig),
+         checks=MARLHFConfig.config_checks)
+class MARLHFIterConfig(TrainerConfig):
     "Iterative MARLHF: the MARLHF fields plus rounds, comparator and replay (see the table above)."
     pair_selections = _ITER_SELECTIONS
-    num_train_epochs: int = 2
-    reward_num_train_epochs: int = 2
-    preference_num_candidates: int = 20
-    preference_pairs_per_sample: Optional[int] = 4
-    pair_selection: str = "comparator_reward"
-
-    def __post_init__(self):
-        owner = type(self).__name__
-        super().__post_init__(); _validate_comparator(self, owner); _validate_sources(self, owner)
-
-MARLHFIterConfig.__repr__ = _config_repr
+    __repr__ = _config_repr
 
 # %% ../../nbs/53_iterative.ipynb #c638ff0f
 def _process(self, raw: list) -> list:

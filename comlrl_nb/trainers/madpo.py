@@ -25,21 +25,28 @@ from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 __all__ = ['MADPOConfig', 'MADPOTrainer', 'tokenize_centralized', 'central_sample']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
-@dataclass
-class MADPOConfig(MAGRPOConfig):
-    "MADPO settings: the MAGRPO fields plus preference collection, dpo_beta and the collaboration mode."
-    preference_num_candidates: int = 80
-    preference_pairs_per_sample: Optional[int] = 16
-    pair_selection: str = "reward_gap"
-    collection_batch_size: Optional[int] = None    # items per sampling loop while collecting pairs; None: ~64 rows
-    dpo_beta: float = 0.1
-    collaboration_mode: str = "decentralized"
+from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, MultiTurnFields,
+                              PreferenceFields, ReferenceKLFields, TrainerConfig, compose)
 
-    def __post_init__(self):
-        owner = type(self).__name__
-        _validate_reinforce(self, owner); check_preference_config(self, owner)
-        check_number(self.dpo_beta, "dpo_beta", owner, min=0, min_exclusive=True)
-        self.collaboration_mode = check_choice(self.collaboration_mode, "collaboration_mode", ("decentralized", "centralized"), owner)
+_SINGLE = "its episodes are single-turn (one joint response per candidate)"
+_MADPO_UNUSED = {"discount": f"{_SINGLE}, so no return is discounted",
+                 "early_termination_threshold": f"{_SINGLE}, so none ends early",
+                 "external_prompt_passthrough": f"{_SINGLE}, so there is no next prompt",
+                 "advantage_normalization": "its loss is the team's preference margin; there are no advantages",
+                 "advantage_mode": "its loss is the team's preference margin; there is no baseline",
+                 "reference_kl_coef": "MADPO is reference-free (reference_kl_enabled=True only logs a warning)",
+                 "reference_devices": "MADPO is reference-free: no reference copies are made"}
+_NOT_GROUPS = ("generations", "rollout")       # num_generations, rollout_batch_size: see removed_fields
+
+@compose(*[g for g in MAGRPOConfig.config_groups if g.group_name not in _NOT_GROUPS], PreferenceFields, DPOFields,
+         CollaborationFields, unused=_MADPO_UNUSED, like=(MAGRPOConfig,), order=(MAGRPOConfig,
+         "preference_num_candidates preference_pairs_per_sample pair_selection collection_batch_size dpo_beta "
+         "collaboration_mode"))
+class MADPOConfig(TrainerConfig):
+    "MADPO settings: the MAGRPO groups MADPO reads, preference collection, dpo_beta and the collaboration mode."
+    removed_fields = {"num_generations": "MADPO samples preference_num_candidates candidates per item; set that",
+                      "rollout_batch_size": "MADPO samples collection_batch_size items per call while collecting pairs "
+                                            "and trains on train_batch_size pairs per step; set those"}
 
 # %% ../../nbs/42_madpo.ipynb #a116df39
 class MADPOTrainer(MAGRPOTrainer):

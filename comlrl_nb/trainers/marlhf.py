@@ -19,53 +19,43 @@ from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOT
                                           _validate_reinforce)
 
 # %% auto #0
-__all__ = ['RL_ALGORITHMS', 'MARLHFConfig', 'rl_backend', 'MARLHFTrainer']
+__all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'MARLHFTrainer', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
-RL_ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac")
+from dataclasses import fields
+from ..config import (RL_ALGORITHMS, CriticFields, PreferenceFields, ReferenceKLFields, RewardModelFields,
+                              RLBackendFields, TrainerConfig, ValueHeadFields, compose, config_groups)
+_all_ = ["RL_ALGORITHMS"]
 
-@dataclass
-class MARLHFConfig(MAGRPOConfig):
-    "MARLHF settings: the MAGRPO fields, preference collection, the reward model, and the policy backend."
-    preference_num_candidates: int = 80
-    preference_pairs_per_sample: Optional[int] = 16
-    pair_selection: str = "reward_gap"
-    collection_batch_size: Optional[int] = None    # items per sampling loop while collecting pairs; None: ~64 rows
-    rl_algorithm: str = "magrpo"
-    reward_model_name: Optional[str] = None
-    reward_model_device: Optional[str] = None
-    reward_learning_rate: float = 1e-5
-    reward_num_train_epochs: int = 1
-    reward_train_batch_size: int = 1
-    reward_max_length: Optional[int] = None
-    reward_freeze_backbone: bool = False
-    reward_score_batch_size: int = 16
-    # --- critic options: rl_algorithm 'maac' / 'iac' only, validated by that backend's config ---
-    critic_type: str = "v"
-    critic_learning_rate: Optional[float] = 5e-6
-    value_loss_coef: float = 0.6
-    critic_devices: Any = None
-    critic_model_name: Optional[str] = None
-    critic_value_head_hidden_dim: Optional[int] = None
-    critic_max_length: Optional[int] = None
-    use_separate_critic: bool = True
-    value_clip_range: Optional[float] = 0.2
-    value_head_hidden_dim: Optional[int] = None
+_READ_BY = {"critic": ("maac", "iac"), "value_heads": ("iac",),                    # groups only some backends read
+            "reference_kl": ("magrpo", "mareinforce", "marloo", "maremax")}
 
-    def __post_init__(self):
-        owner = type(self).__name__
-        _validate_reinforce(self, owner); check_preference_config(self, owner)
-        self.rl_algorithm = check_choice(self.rl_algorithm, "rl_algorithm", RL_ALGORITHMS, owner)
-        if self.reward_model_name is not None and not isinstance(self.reward_model_name, (str, Path)):
-            raise config_error(owner, f"reward_model_name={self.reward_model_name!r} is invalid: use a model id or path (or pass reward_model= to the trainer)")
-        if self.reward_model_device is not None:
-            try: resolve_device(self.reward_model_device)
-            except (ValueError, TypeError) as e: raise config_error(owner, f"reward_model_device={self.reward_model_device!r}: {e}") from None
-        check_number(self.reward_learning_rate, "reward_learning_rate", owner, min=0, min_exclusive=True)
-        for f in ("reward_num_train_epochs", "reward_train_batch_size", "reward_score_batch_size"):
-            check_number(getattr(self, f), f, owner, integer=True, min=1)
-        check_number(self.reward_max_length, "reward_max_length", owner, integer=True, min=1, allow_none=True)
-        check_bool(self.reward_freeze_backbone, "reward_freeze_backbone", owner)
+def _marlhf_backend_fields(c, owner: str):
+    "Refuse a value in a group the chosen backend never reads (critic, value heads, reference KL)."
+    for f in fields(c):
+        users, v = _READ_BY.get(f.metadata.get("group")), getattr(c, f.name)
+        if users is None or c.rl_algorithm in users or v == f.default: continue
+        if f.name == "critic_learning_rate" and v == c.agent_learning_rate: continue    # None became agent's rate
+        raise config_error(owner, f"{f.name}={v!r} is not used with rl_algorithm={c.rl_algorithm!r} (only "
+                                  f"{', '.join(users)} read it); remove it or pick one of those backends")
+
+@compose(*MAGRPOConfig.config_groups, PreferenceFields, RLBackendFields, RewardModelFields, CriticFields,
+         ValueHeadFields, checks=(*MAGRPOConfig.config_checks, _marlhf_backend_fields), like=(MAGRPOConfig,),
+         unused={"advantage_mode": "the policy phase's baseline comes from rl_algorithm (magrpo: mean, mareinforce: "
+                                   "raw, marloo: rloo, maremax: max)"},
+         order=(MAGRPOConfig, "preference_num_candidates preference_pairs_per_sample pair_selection "
+                "collection_batch_size",
+                RLBackendFields, RewardModelFields, "critic_type critic_learning_rate value_loss_coef critic_devices "
+                "critic_model_name critic_value_head_hidden_dim critic_max_length", ValueHeadFields))
+class MARLHFConfig(TrainerConfig):
+    "MARLHF settings: the MAGRPO groups, preference collection, the reward model, the policy backend and its critic."
+
+# %% ../../nbs/43_marlhf.ipynb #c0f1a9b2
+def map_backend_config(cfg, config_class):
+    """The policy phase's config (`config_class`, e.g. MARLOOConfig or MAACConfig) from a MARLHF config: every field of
+    the groups both configs have, except the baseline, which is the backend class's own."""
+    shared = [f for f in fields(config_class) if f.metadata.get("group") in set(config_groups(cfg)) - {"baseline"}]
+    return config_class(**{f.name: getattr(cfg, f.name) for f in shared})
 
 # %% ../../nbs/43_marlhf.ipynb #0ebf744e
 _REINFORCE_BACKENDS = {"magrpo": MAGRPOTrainer, "mareinforce": MAREINFORCETrainer, "marloo": MARLOOTrainer, "maremax": MAReMaxTrainer}

@@ -29,112 +29,49 @@ __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig',
            'MAREINFORCETrainer', 'MARLOOTrainer', 'MAReMaxTrainer']
 
 # %% ../../nbs/30_reinforce.ipynb #1b40b11f
-@dataclass
-class MAGRPOConfig:
-    "Settings of the multi-agent REINFORCE family (MAGRPO: group-mean baseline)."
-    num_agents: int = 2
-    num_turns: int = 1
-    num_train_epochs: int = 20
-    agent_learning_rate: float = 5e-6
-    logging_steps: int = 50
-    num_generations: int = 4
-    max_new_tokens: int = 256
-    temperature: float = 0.6
-    top_p: float = 0.6
-    top_k: Optional[int] = 50
-    discount: float = 1.0
-    joint_mode: str = "aligned"
-    early_termination_threshold: Optional[float] = -0.2
-    rollout_buffer_size: int = 2
-    train_batch_size: Optional[int] = None
-    advantage_normalization: bool = True
-    advantage_mode: str = "mean"
-    eval_interval: int = 16
-    eval_num_samples: int = 4
-    eval_batch_size: int = 1
-    external_prompt_passthrough: bool = False
-    parallel_training: str = "none"
-    agent_devices: Any = None
-    reference_kl_enabled: bool = False
-    reference_kl_coef: float = 0.1
-    reference_devices: Any = None
-    # --- beyond the library ---
-    seed: int = 0
-    output_dir: Optional[str] = None            # default runs/<algo>
-    rollout_batch_size: Optional[int] = 1       # task items per batch (one sampling loop per agent); None: one buffer's worth
-    reward_batched: bool = True                 # one reward call per batch; False: one per joint response
-    use_chat_template: bool = False             # wrap formatted prompts in the tokenizer's chat template
-    autocast_dtype: Optional[str] = None        # "bfloat16": fp32 weights, bf16 matmuls
-    weight_decay: float = 0.0
-    max_grad_norm: Optional[float] = None
-    save_steps: int = 0                         # every N batches; 0: only at the end; -1: never
-    save_total_limit: Optional[int] = None
-    progress_bar: bool = True
-    tensorboard: bool = False
-    save_plot: bool = True                      # draw output_dir/training_curves.png at the end of train()
+from ..config import (AdvantageFields, BaselineFields, BufferFields, CheckpointFields, DeviceFields, EvalFields,
+                              GenerationFields, JointFields, LoggingFields, MultiTurnFields, ReferenceKLFields,
+                              RolloutFields, RunFields, SamplingFields, ScheduleFields, TaskFields, TeamFields,
+                              TrainerConfig, TurnFields, check_devices, compose, validate_groups)
 
-    def __post_init__(self): _validate_reinforce(self, type(self).__name__)
+def _reinforce_relations(c, owner: str):
+    "rollout_batch_size=None: as many items as fill one buffer (the same samples in fewer sampling loops)."
+    if c.rollout_batch_size is None:
+        nodes = tree_counts(c.num_agents, c.num_generations, c.num_turns, c.joint_mode)["nodes"]
+        c.rollout_batch_size = max(1, c.rollout_buffer_size // nodes)
+
+@compose(TeamFields, TurnFields, ScheduleFields, LoggingFields, GenerationFields, SamplingFields, MultiTurnFields,
+         JointFields, BufferFields, AdvantageFields, BaselineFields, EvalFields, DeviceFields, ReferenceKLFields,
+         RunFields, RolloutFields, TaskFields, CheckpointFields, checks=(_reinforce_relations,), order=(
+    "num_agents num_turns num_train_epochs agent_learning_rate logging_steps num_generations max_new_tokens "
+    "temperature top_p top_k discount joint_mode early_termination_threshold rollout_buffer_size train_batch_size "
+    "advantage_normalization advantage_mode eval_interval eval_num_samples eval_batch_size external_prompt_passthrough "
+    "parallel_training agent_devices reference_kl_enabled reference_kl_coef reference_devices seed output_dir "
+    "rollout_batch_size reward_batched use_chat_template autocast_dtype weight_decay max_grad_norm save_steps "
+    "save_total_limit progress_bar tensorboard save_plot",))
+class MAGRPOConfig(TrainerConfig):
+    "Settings of the multi-agent REINFORCE family (MAGRPO: group-mean baseline); `comlrl-nb options` prints their help."
 
 # %% ../../nbs/30_reinforce.ipynb #5e8c4936
-def _check_devices(v, name, owner):
-    if v is None: return None
-    vals = v if isinstance(v, (list, tuple)) else [v]
-    if not vals or not all(isinstance(d, (str, torch.device)) for d in vals):
-        raise ValueError(f"{owner}.{name}={v!r} is invalid: use a device string ('cpu', 'cuda:0') or a list of them")
-    for d in vals:
-        try: resolve_device(d)
-        except ValueError as e: raise ValueError(f"{owner}.{name}={v!r} is invalid: {e}") from None
-    return v
+_check_devices = check_devices           # the old private name, for modules that still import it
 
 def _validate_reinforce(c, owner: str):
-    num = lambda name, **kw: check_number(getattr(c, name), name, owner, **kw)
-    num("num_agents", integer=True, min=1); num("num_turns", integer=True, min=1)
-    num("num_train_epochs", integer=True, min=1); num("agent_learning_rate", min=0, min_exclusive=True)
-    num("logging_steps", integer=True, min=1); num("num_generations", integer=True, min=2)
-    num("max_new_tokens", integer=True, min=1); num("temperature", min=0)
-    num("top_p", min=0, min_exclusive=True, max=1); num("top_k", integer=True, min=1, allow_none=True)
-    num("discount", min=0, max=1); num("early_termination_threshold", allow_none=True)
-    num("rollout_buffer_size", integer=True, min=1); num("train_batch_size", integer=True, min=1, allow_none=True)
-    num("eval_interval", integer=True, min=0); num("eval_num_samples", integer=True, min=0)
-    num("eval_batch_size", integer=True, min=1); num("reference_kl_coef", min=0)
-    num("seed", integer=True, min=0); num("rollout_batch_size", integer=True, min=1, allow_none=True); num("weight_decay", min=0)
-    num("max_grad_norm", min=0, min_exclusive=True, allow_none=True); num("save_steps", integer=True, min=-1)
-    num("save_total_limit", integer=True, min=1, allow_none=True)
-    for b in ("advantage_normalization", "external_prompt_passthrough", "reference_kl_enabled", "reward_batched",
-              "use_chat_template", "progress_bar", "tensorboard", "save_plot"): check_bool(getattr(c, b), b, owner)
-    c.joint_mode = check_joint_mode(c.joint_mode, owner)
-    c.advantage_mode = check_choice(c.advantage_mode, "advantage_mode", ("mean", "raw", "rloo", "max"), owner)
-    c.parallel_training = check_choice(c.parallel_training, "parallel_training", ("none", "mp"), owner)
-    _check_devices(c.agent_devices, "agent_devices", owner); _check_devices(c.reference_devices, "reference_devices", owner)
-    if c.autocast_dtype is not None:
-        try: resolve_dtype(c.autocast_dtype)
-        except ValueError as e: raise config_error(owner, f"autocast_dtype={c.autocast_dtype!r}: {e}") from None
-    if c.train_batch_size is not None and c.train_batch_size > c.rollout_buffer_size:
-        raise config_error(owner, f"train_batch_size={c.train_batch_size} is larger than rollout_buffer_size={c.rollout_buffer_size}; "
-                                  "an update never has that many samples (lower it or raise rollout_buffer_size)")
-    if c.parallel_training == "mp" and c.agent_devices is None:
-        raise config_error(owner, "parallel_training='mp' needs agent_devices (one device, or a list of 1 or num_agents)")
-    if isinstance(c.agent_devices, (list, tuple)) and len(c.agent_devices) not in (1, c.num_agents):
-        raise config_error(owner, f"agent_devices has {len(c.agent_devices)} entries for {c.num_agents} agents; give 1 or {c.num_agents}")
-    if c.train_batch_size is None: c.train_batch_size = c.rollout_buffer_size
-    if c.rollout_batch_size is None:             # as many items as fill one buffer: same samples, fewer sampling loops
-        c.rollout_batch_size = max(1, c.rollout_buffer_size // tree_counts(c.num_agents, c.num_generations, c.num_turns, c.joint_mode)["nodes"])
+    "Validate `c` as MAGRPOConfig does: its groups, then the rollout_batch_size rule."
+    validate_groups(c, owner, MAGRPOConfig.config_groups)
+    _reinforce_relations(c, owner)
 
 # %% ../../nbs/30_reinforce.ipynb #ecc5c071
-@dataclass
+@compose(defaults={"advantage_mode": "raw"})
 class MAREINFORCEConfig(MAGRPOConfig):
     "MAREINFORCE: no baseline (b = 0)."
-    advantage_mode: str = "raw"
 
-@dataclass
+@compose(defaults={"advantage_mode": "rloo"})
 class MARLOOConfig(MAGRPOConfig):
     "MARLOO: leave-one-out baseline."
-    advantage_mode: str = "rloo"
 
-@dataclass
+@compose(defaults={"advantage_mode": "max"})
 class MAReMaxConfig(MAGRPOConfig):
     "MAReMax: the group's best return is the baseline."
-    advantage_mode: str = "max"
 
 # %% ../../nbs/30_reinforce.ipynb #241c754d
 @dataclass
