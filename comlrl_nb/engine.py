@@ -189,9 +189,9 @@ def eval_count(eval_dataset, num_samples: Optional[int], default: int) -> int:
     "How many eval items an evaluate() call uses: `num_samples` (else the config's `default`), at most the set; 0 without one."
     return 0 if eval_dataset is None else min(num_samples if num_samples is not None else default, len(eval_dataset))
 
-def stop_after(stop_after_batch: Optional[int] = None) -> Optional[int]:
+def stop_after(stop_after_batch: Optional[int] = None, env_name: str = "COMLRL_NB_STOP_AFTER_BATCH") -> Optional[int]:
     "The batch to stop after: the argument, else $COMLRL_NB_STOP_AFTER_BATCH (how the crash tests stop a run), else None."
-    env = os.environ.get("COMLRL_NB_STOP_AFTER_BATCH")
+    env = os.environ.get(env_name)
     return stop_after_batch or (int(env) if env else None)
 
 # %% ../nbs/25_engine.ipynb #c2720fec
@@ -331,7 +331,7 @@ class SampleBuffers(list):
 # %% ../nbs/25_engine.ipynb #8c5726d8
 @patch
 def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None, total: int = 0,
-          desc: Optional[str] = None) -> Run:
+          desc: Optional[str] = None, stop_env: str = "COMLRL_NB_STOP_AFTER_BATCH") -> Run:
     "Seed; open checkpoints, metrics and trackers; restore when resuming; the stop-after batch; the progress bar."
     a, main = self.args, self.dist.is_main
     seed_everything(a.seed)
@@ -344,7 +344,7 @@ def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int
         if main: self._truncate_metrics()
     elif main and self.metrics.path.exists(): self.metrics.path.unlink()
     self.dist.barrier()
-    self.stop_at, self.stopped = stop_after(stop_after_batch), False
+    self.stop_at, self.stopped = stop_after(stop_after_batch, stop_env), False     # rounds: ..._STOP_AFTER_ROUND
     self.bar = progress_bar(total, desc or self.algo, a.progress_bar and main, self.state[self.step_key])
     return self
 

@@ -18,16 +18,17 @@ def _run(cmd, env=None):
     assert r.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
 
 
-@pytest.mark.parametrize("turns", [1, 2])
-def test_two_processes_match_one(tmp_path, turns):
+@pytest.mark.parametrize("algo,turns", [("magrpo", 1), ("magrpo", 2), ("maac", 1)])
+def test_two_processes_match_one(tmp_path, algo, turns):
     script = HERE / "dp_train_script.py"
     # A small learning rate keeps both runs on the same samples: Adam's first steps are ~lr * sign(g), so float-level
     # differences in g (different padding per process) can flip a near-zero component by 2 * lr, and a large lr would
     # let those differences change later samples.
     lr = "1e-5"
-    _run([sys.executable, str(script), str(tmp_path / "single"), str(turns), lr])
+    _run([sys.executable, str(script), str(tmp_path / "single"), str(turns), lr, algo])
     _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-          "--dynamo_backend", "no", "--main_process_port", str(29500 + turns), str(script), str(tmp_path / "dp"), str(turns), lr])
+          "--dynamo_backend", "no", "--main_process_port", str(29500 + turns + 10 * (algo == "maac")), str(script),
+          str(tmp_path / "dp"), str(turns), lr, algo])
     single = torch.load(tmp_path / "single" / "params_rank0.pt")
     r0, r1 = (torch.load(tmp_path / "dp" / f"params_rank{r}.pt") for r in (0, 1))
     for a, b in zip(r0, r1):

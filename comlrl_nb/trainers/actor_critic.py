@@ -18,6 +18,7 @@ from ..models import load_model, load_tokenizer
 from ..scoring import collate, completion_logprobs
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
+from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
 from ..rollout import TransitionError, call_transition
 from .reinforce import _check_devices, _check_hooks
@@ -26,12 +27,13 @@ from ..team import Team, map_jobs, team_attr, validate_dataset
 # %% auto #0
 __all__ = ['td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'value_loss', 'ValueHead',
            'last_token_hidden', 'Critic', 'history_text', 'ActorCriticConfig', 'MAACConfig', 'IACConfig', 'Episode',
-           'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'MAACTrainer', 'IACTrainer', 'Critics']
+           'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'Critics', 'MAACTrainer', 'IACTrainer']
 
 # %% ../../nbs/31_actor_critic.ipynb #0b2494ec
 def _as_float(x, name: str) -> torch.Tensor:
     t = torch.as_tensor(x, dtype=torch.float32)
-    if t.dim() == 0 or t.shape[-1] == 0: raise ValueError(f"{name} needs at least one turn on its last axis, got shape {tuple(t.shape)}")
+    if t.dim() == 0 or t.shape[-1] == 0:
+        raise ValueError(f"{name} needs at least one turn on its last axis, got shape {tuple(t.shape)}")
     return t
 
 def td_targets(rewards, values=None, next_values=None, dones=None, discount: float = 1.0) -> torch.Tensor:
@@ -41,20 +43,25 @@ def td_targets(rewards, values=None, next_values=None, dones=None, discount: flo
     if next_values is None:
         if values is None: raise ValueError("td_targets needs values (shifted by one turn to bootstrap) or next_values")
         v = _as_float(values, "values")
-        if v.shape != r.shape: raise ValueError(f"values shape {tuple(v.shape)} does not match rewards shape {tuple(r.shape)}")
+        if v.shape != r.shape:
+            raise ValueError(f"values shape {tuple(v.shape)} does not match rewards shape {tuple(r.shape)}")
         next_values = torch.cat([v[..., 1:], torch.zeros_like(v[..., :1])], -1)
     nv = _as_float(next_values, "next_values")
-    if dones is None: d = torch.zeros_like(r); d[..., -1] = 1.0
+    if dones is None:
+        d = torch.zeros_like(r)
+        d[..., -1] = 1.0                                          # the episode ends after its last turn
     else: d = _as_float(dones, "dones")
     for t, nm in ((nv, "next_values"), (d, "dones")):
-        if t.shape != r.shape: raise ValueError(f"{nm} shape {tuple(t.shape)} does not match rewards shape {tuple(r.shape)}")
+        if t.shape != r.shape:
+            raise ValueError(f"{nm} shape {tuple(t.shape)} does not match rewards shape {tuple(r.shape)}")
     return r + discount * (1.0 - d) * nv
 
 # %% ../../nbs/31_actor_critic.ipynb #8a6bee96
 def td_advantages(targets, values) -> torch.Tensor:
     "TD errors `target - V(h_t)`: the advantage of each turn's joint action (constants of the update)."
     y, v = _as_float(targets, "targets"), _as_float(values, "values")
-    if y.shape != v.shape: raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(v.shape)}")
+    if y.shape != v.shape:
+        raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(v.shape)}")
     return y - v
 
 def normalize_advantages(advantages, eps: float = 1e-6) -> torch.Tensor:
@@ -65,20 +72,25 @@ def normalize_advantages(advantages, eps: float = 1e-6) -> torch.Tensor:
 
 def discounted_returns(rewards, discount: float = 1.0) -> torch.Tensor:
     "Monte-Carlo returns-to-go `G_t = r_t + discount * G_{t+1}` along the last axis (nothing after the last turn)."
-    r = _as_float(rewards, "rewards"); g = torch.zeros_like(r[..., 0]); out = torch.zeros_like(r)
+    r = _as_float(rewards, "rewards")
+    g, out = torch.zeros_like(r[..., 0]), torch.zeros_like(r)
     for t in range(r.shape[-1] - 1, -1, -1):
-        g = r[..., t] + discount * g; out[..., t] = g
+        g = r[..., t] + discount * g
+        out[..., t] = g
     return out
 
 # %% ../../nbs/31_actor_critic.ipynb #fd8ae98d
-def value_loss(values: torch.Tensor, targets, coef: float = 1.0, old_values=None, clip_range: Optional[float] = None) -> torch.Tensor:
+def value_loss(values: torch.Tensor, targets, coef: float = 1.0, old_values=None,
+               clip_range: Optional[float] = None) -> torch.Tensor:
     "`coef * mean((V - y)^2)`; with `clip_range` and `old_values`, the larger of the unclipped and clipped errors."
     y = torch.as_tensor(targets, dtype=values.dtype, device=values.device)
-    if y.shape != values.shape: raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(values.shape)}")
+    if y.shape != values.shape:
+        raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(values.shape)}")
     if values.numel() == 0: raise ValueError("value_loss got no values")
     err = (values - y.detach()) ** 2
     if clip_range is not None:
-        if old_values is None: raise ValueError("value clipping needs old_values (the values when the samples were collected)")
+        if old_values is None:
+            raise ValueError("value clipping needs old_values (the values when the samples were collected)")
         old = torch.as_tensor(old_values, dtype=values.dtype, device=values.device).detach()
         clipped = old + (values - old).clamp(-clip_range, clip_range)
         err = torch.maximum(err, (clipped - y.detach()) ** 2)
@@ -94,11 +106,13 @@ class ValueHead(torch.nn.Module):
             self.net = torch.nn.Linear(hidden_size, 1) if not hidden_dim else torch.nn.Sequential(
                 torch.nn.Linear(hidden_size, hidden_dim), torch.nn.Tanh(), torch.nn.Linear(hidden_dim, 1))
             last = self.net if isinstance(self.net, torch.nn.Linear) else self.net[-1]
-            torch.nn.init.normal_(last.weight, std=0.02); torch.nn.init.zeros_(last.bias)
+            torch.nn.init.normal_(last.weight, std=0.02)
+            torch.nn.init.zeros_(last.bias)
     def forward(self, hidden: torch.Tensor) -> torch.Tensor: return self.net(hidden.float()).squeeze(-1)
 
 # %% ../../nbs/31_actor_critic.ipynb #de725353
-def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, autocast_dtype=None) -> torch.Tensor:
+def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      autocast_dtype=None) -> torch.Tensor:
     "Final hidden state at each row's last non-padding token ([N, H], float32), for left or right padding."
     dev = next(model.parameters()).device
     ids, att = input_ids.to(dev), attention_mask.to(dev)
@@ -106,8 +120,9 @@ def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     body = getattr(model, "base_model", model)
     with autocast(dev, autocast_dtype):
         out = body(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False)
-        h = out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else \
-            model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False, output_hidden_states=True).hidden_states[-1]
+        if getattr(out, "last_hidden_state", None) is not None: h = out.last_hidden_state
+        else: h = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False,
+                        output_hidden_states=True).hidden_states[-1]
     last = att.shape[1] - 1 - att.flip(-1).float().argmax(-1)
     return h[torch.arange(h.shape[0], device=dev), last].float()
 
@@ -120,7 +135,8 @@ class Critic:
         self.shared, self.max_length = shared, max_length
     @property
     def device(self) -> torch.device: return next(self.backbone.parameters()).device
-    def parameters(self) -> list: return list(self.head.parameters()) + ([] if self.shared else list(self.backbone.parameters()))
+    def parameters(self) -> list:
+        return list(self.head.parameters()) + ([] if self.shared else list(self.backbone.parameters()))
     def encode(self, texts: Sequence[str]) -> list[torch.Tensor]:
         "Unpadded token ids of each text (only the last `max_length` tokens when set); call from one thread at a time."
         enc = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
@@ -131,7 +147,8 @@ class Critic:
         pi, pm, _, _ = collate(list(ids), [torch.zeros(0, dtype=torch.long)] * len(ids), pad)
         return self.head(last_token_hidden(self.backbone, pi, pm, autocast_dtype))
     def train(self, on: bool = True):
-        self.head.train(on); self.backbone.train(on)
+        self.head.train(on)
+        self.backbone.train(on)
     def state_dict(self) -> dict:
         return {"head": self.head.state_dict(), "backbone": None if self.shared else self.backbone.state_dict()}
     def load_state_dict(self, sd: dict):
@@ -139,7 +156,8 @@ class Critic:
         if not self.shared and sd.get("backbone") is not None: self.backbone.load_state_dict(sd["backbone"])
 
 # %% ../../nbs/31_actor_critic.ipynb #0fe9cc03
-def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]], agents: Optional[Sequence[int]] = None) -> str:
+def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]],
+                 agents: Optional[Sequence[int]] = None) -> str:
     "Critic input: per turn, each listed agent's prompt and (when given) response; `prompts[i][t]`, `responses[i][t]`."
     agents = list(range(len(prompts))) if agents is None else list(agents)
     parts = []
@@ -218,7 +236,7 @@ class IACConfig(ActorCriticConfig):
 # %% ../../nbs/31_actor_critic.ipynb #1acd642e
 @dataclass
 class Episode:
-    "One item's multi-turn trajectory (lists indexed [agent][turn]) and, once scored, per-critic values/targets/advantages."
+    "One item's multi-turn trajectory (lists [agent][turn]); once scored, per-critic values, targets, advantages."
     item: dict
     item_id: int
     candidate: int = 0
@@ -252,7 +270,7 @@ class ValueSample:
     target: float
     old_value: float
 
-# %% ../../nbs/31_actor_critic.ipynb #e16750cd
+# %% ../../nbs/31_actor_critic.ipynb #d230e114
 @dataclass
 class Episodes:
     "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
@@ -299,6 +317,7 @@ def _init_loop_state(self: ActorCriticTrainer):
     self.buffers = SampleBuffers(self.n, a.rollout_buffer_size)
     self.value_buffers = SampleBuffers(len(self.critics), a.rollout_buffer_size, key="value_buffers")
     self.sampler = Sampler(self.team, a.seed)                # first turns sampled ahead (see the MAGRPO notebook)
+    self.dist = DistContext()                  # data parallel under `accelerate launch` (a no-op in one process)
     if a.num_turns > 1 and a.early_termination_threshold is not None:
         logger.info(f"episodes end after any turn whose reward is > early_termination_threshold="
                     f"{a.early_termination_threshold}; with non-negative rewards and the default -0.2 every episode "
@@ -362,6 +381,31 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
     cache.setdefault("_built", []).append(crit)
     return crit
 
+# %% ../../nbs/31_actor_critic.ipynb #57baf7c2
+class Critics(list):
+    "The critics and their own optimizers (None for a value head stepped with its actor): a run component."
+    def __init__(self, critics: Sequence[Critic], optimizers: Sequence):
+        super().__init__(critics)
+        self.optimizers = list(optimizers)
+    def state_dict(self) -> dict:
+        return {"critics": [c.state_dict() for c in self],
+                "critic_optimizers": [o.state_dict() if o is not None else None for o in self.optimizers]}
+    def load_state_dict(self, state: dict):
+        for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
+        for o, sd in zip(self.optimizers, state["critic_optimizers"]):
+            if o is not None and sd is not None: o.load_state_dict(sd)
+
+@patch
+def _make_optimizers(self: ActorCriticTrainer):
+    "A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW."
+    a = self.args
+    for i in range(self.n):
+        heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
+        self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
+    opts = [None if c.shared else adamw(c.parameters(), a.critic_learning_rate, a.weight_decay) for c in self.critics]
+    self.critics = Critics(self.critics, opts)
+    self.critic_optimizers = self.critics.optimizers
+
 # %% ../../nbs/31_actor_critic.ipynb #de2008ab
 class MAACTrainer(ActorCriticTrainer):
     "Multi-agent actor-critic: one centralized critic over all agents' histories (V or Q); every agent uses it."
@@ -409,7 +453,8 @@ class IACTrainer(ActorCriticTrainer):
         if sources[0] is None:
             raise ValueError("IACTrainer with use_separate_critic=True needs critics: pass "
                              + _CRITIC_OPTIONS.format(cfg="IACConfig")
-                             + "; or set use_separate_critic=False for value heads on the actors (value_head_hidden_dim)")
+                             + "; or set use_separate_critic=False for value heads on the actors "
+                               "(value_head_hidden_dim)")
         devs = self.devices if a.critic_devices is None else \
             [resolve_device(d) for d in as_list(a.critic_devices, n, "critic_devices", "device")]
         toks = [None] * n if critic_tokenizer is None else as_list(critic_tokenizer, n, "critic_tokenizer", "tokenizer")
@@ -418,31 +463,6 @@ class IACTrainer(ActorCriticTrainer):
             t = t if t is not None or not isinstance(s, torch.nn.Module) else self.tokenizers[i]
             out.append(self._make_critic(s, t, d, a.critic_value_head_hidden_dim, [i], ("iac", i), cache))
         return out, list(range(n))
-
-# %% ../../nbs/31_actor_critic.ipynb #57baf7c2
-class Critics(list):
-    "The critics and their own optimizers (None for a value head stepped with its actor): a run component."
-    def __init__(self, critics: Sequence[Critic], optimizers: Sequence):
-        super().__init__(critics)
-        self.optimizers = list(optimizers)
-    def state_dict(self) -> dict:
-        return {"critics": [c.state_dict() for c in self],
-                "critic_optimizers": [o.state_dict() if o is not None else None for o in self.optimizers]}
-    def load_state_dict(self, state: dict):
-        for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
-        for o, sd in zip(self.optimizers, state["critic_optimizers"]):
-            if o is not None and sd is not None: o.load_state_dict(sd)
-
-@patch
-def _make_optimizers(self: ActorCriticTrainer):
-    "A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW."
-    a = self.args
-    for i in range(self.n):
-        heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
-        self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
-    opts = [None if c.shared else adamw(c.parameters(), a.critic_learning_rate, a.weight_decay) for c in self.critics]
-    self.critics = Critics(self.critics, opts)
-    self.critic_optimizers = self.critics.optimizers
 
 # %% ../../nbs/31_actor_critic.ipynb #6ec6c394
 @patch
@@ -465,38 +485,12 @@ def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
 def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item and buffer)."
     a = self.args
-    if a.num_turns != 1: return []
+    if a.num_turns != 1 or self.dist.enabled: return []
     filled = min(len(buf.items) for buf in self.buffers + self.value_buffers) + n_now * a.num_generations
     return batches_ahead(order, b, per_epoch, a.rollout_batch_size, filled, a.rollout_buffer_size, a.num_generations,
                          self.train_dataset)
 
-# %% ../../nbs/31_actor_critic.ipynb #8073dbff
-@patch
-def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
-            k: Optional[int] = None, with_values: bool = True) -> Episodes:
-    "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
-    a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
-    if K > 1 and a.num_turns > 1:
-        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent "
-                         "per turn")
-    eps = self._new_episodes(items, item_ids, K)
-    for t in range(a.num_turns):
-        live = [e for e in eps if not e.done]
-        if not live: break
-        t0 = time.perf_counter()
-        self._record_turn(live, self._sample_turn(live, t, round_key, K))
-        t1 = time.perf_counter()
-        self._score_turn(live, t)
-        t2 = time.perf_counter()
-        for e in live:
-            if not e.done: self._transition(e, t)
-        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - t1
-        tm["transition"] += time.perf_counter() - t2
-    t3 = time.perf_counter()
-    if with_values: self._score_episodes(eps)
-    return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
-
-# %% ../../nbs/31_actor_critic.ipynb #109dfcb4
+# %% ../../nbs/31_actor_critic.ipynb #b150d828
 @patch
 def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int) -> list:
     "Each agent's completions of turn t: the first from the sampler (cache or with the batches ahead), then one each."
@@ -567,6 +561,32 @@ def _score_episodes(self: ActorCriticTrainer, eps: list):
             pos += e.num_turns
     self._map_critics(score)
 
+# %% ../../nbs/31_actor_critic.ipynb #8073dbff
+@patch
+def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
+            k: Optional[int] = None, with_values: bool = True) -> Episodes:
+    "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
+    a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
+    if K > 1 and a.num_turns > 1:
+        raise ValueError(f"k={K} with num_turns={a.num_turns}: multi-turn episodes sample one completion per agent "
+                         "per turn")
+    eps = self._new_episodes(items, item_ids, K)
+    for t in range(a.num_turns):
+        live = [e for e in eps if not e.done]
+        if not live: break
+        t0 = time.perf_counter()
+        self._record_turn(live, self._sample_turn(live, t, round_key, K))
+        t1 = time.perf_counter()
+        self._score_turn(live, t)
+        t2 = time.perf_counter()
+        for e in live:
+            if not e.done: self._transition(e, t)
+        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - t1
+        tm["transition"] += time.perf_counter() - t2
+    t3 = time.perf_counter()
+    if with_values: self._score_episodes(eps)
+    return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
+
 # %% ../../nbs/31_actor_critic.ipynb #486dae23
 @patch
 def _actor_loss(self: ActorCriticTrainer, i: int, mb: list, adv: torch.Tensor) -> torch.Tensor:
@@ -583,12 +603,26 @@ def _critic_loss(self: ActorCriticTrainer, c: int, mb: list, clip: Optional[floa
 
 # %% ../../nbs/31_actor_critic.ipynb #23eae352
 @patch
-def _step(self: ActorCriticTrainer, loss, opt, params, where: str):
-    loss = check_finite_loss(loss, where)
+def _local(self: ActorCriticTrainer, loss_fn: Callable[[list], torch.Tensor], n: int) -> torch.Tensor:
+    "This process' share of a mini-batch loss of n rows: loss_fn(its rows), weighted by its share (all rows alone)."
+    rows = list(range(self.dist.rank, n, self.dist.world))
+    if not rows: return torch.zeros(())
+    loss = loss_fn(rows)
+    return loss if len(rows) == n else loss * (len(rows) / n)
+
+@patch
+def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> list[float]:
+    "One step on the sum of the local `parts`: backward; their values summed over processes and checked; grads summed."
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    loss = parts[0]
+    for p in parts[1:]: loss = loss + p
+    if loss.requires_grad and math.isfinite(float(loss.detach())): loss.backward()
+    values = [self.dist.sum(float(p.detach())) for p in parts]
+    check_finite_loss(torch.tensor(sum(values)), where)
+    self.dist.sum_grads(params)                                       # summed over processes = the full mini-batch's
     if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
     opt.step()
+    return values
 
 @patch
 def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples: Optional[list] = None) -> tuple:
@@ -602,13 +636,14 @@ def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples
     model.train()
     if head is not None: head.train()
     for s in range(0, len(samples), tbs):
-        loss = self._actor_loss(i, samples[s:s + tbs], adv[s:s + tbs])
-        pol.append(float(loss.detach()))
+        mb, A = samples[s:s + tbs], adv[s:s + tbs]
+        parts = [self._local(lambda rows: self._actor_loss(i, [mb[r] for r in rows], A[rows]), len(mb))]
         if value_samples is not None:
-            vl = self._critic_loss(c, value_samples[s:s + tbs], clip)
-            val.append(float(vl.detach()))
-            loss = loss + vl
-        self._step(loss, opt, params, f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
+            vmb = value_samples[s:s + tbs]
+            parts.append(self._local(lambda rows: self._critic_loss(c, [vmb[r] for r in rows], clip), len(mb)))
+        values = self._step(parts, opt, params, f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}")
+        pol.append(values[0])
+        if value_samples is not None: val.append(values[1])
         self.state["optimizer_steps"][i] += 1
     model.eval()
     if head is not None: head.eval()
@@ -626,10 +661,9 @@ def _update_critic(self: ActorCriticTrainer, c: int, samples: list) -> list:
     crit, opt, losses = self.critics[c], self.critic_optimizers[c], []
     crit.train()
     for mb in minibatches(samples, self.args.train_batch_size):
-        loss = self._critic_loss(c, mb, None)
-        losses.append(float(loss.detach()))
+        part = self._local(lambda rows: self._critic_loss(c, [mb[r] for r in rows], None), len(mb))
         where = f"{self._critic_name(c)} optimizer step {self.state['critic_steps'][c] + 1}"
-        self._step(loss, opt, crit.parameters(), where)
+        losses += self._step([part], opt, crit.parameters(), where)
         self.state["critic_steps"][c] += 1
     crit.train(False)
     return losses
@@ -743,9 +777,9 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
     with run:                                                               # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
+            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
             with self.sampler.planned(key, self._batches_ahead(order, b, per_epoch, len(ids))):
-                ro = self.rollout([self.train_dataset[int(j)] for j in ids], ids, key)
+                ro = self._rollout_batch(ids, key)                           # all processes' episodes, in order
             self._store(ro.episodes)
             t1, upd = time.perf_counter(), self._update_full_buffers()
             rec = self._batch_metrics(ro, upd, time.perf_counter() - t0)
@@ -758,8 +792,19 @@ def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batc
     "The run: checkpoints hold the team, the critics, both kinds of buffers and the sampler's cache."
     parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
              "sampler": self.sampler}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state)
+    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
     return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)")
+
+@patch
+def _rollout_batch(self: ActorCriticTrainer, ids, round_key) -> Episodes:
+    "This process' share of the batch's episodes; under data parallel, every process' episodes in one-process order."
+    local = self.dist.shard(ids)                                # this process' items (all of them in one process)
+    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
+    if not self.dist.enabled: return ro
+    parts = [p for p in self.dist.gather(ro) if p is not None]
+    pos = {int(j): k for k, j in enumerate(ids)}
+    eps = sorted((e for p in parts for e in p.episodes), key=lambda e: (pos[e.item_id], e.candidate))
+    return Episodes(eps, {k: max(p.times[k] for p in parts) for k in parts[0].times})
 
 @patch
 def _epoch_order(self: ActorCriticTrainer, epoch: int) -> np.ndarray:

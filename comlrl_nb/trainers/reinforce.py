@@ -92,7 +92,7 @@ def _samples_from(comps, adv: torch.Tensor, nodes=None, item_ids=None) -> list[S
         out.append(Sample(p, cs, adv[b].detach().float().cpu(), key))
     return out
 
-# %% ../../nbs/30_reinforce.ipynb #01b3eec3
+# %% ../../nbs/30_reinforce.ipynb #7293620a
 @dataclass
 class Turn:
     "One tree level of a batch: joint rewards [nodes, J], returns [n, nodes, K], per-agent advantages, KL, lengths."
@@ -119,6 +119,25 @@ class Rollout:
         if key == "turn_stats": return self.turns
         if key in ("comps", "rewards", "returns", "advantages", "kl"): return getattr(self.turns[0], key)
         return getattr(self, key)
+
+# %% ../../nbs/30_reinforce.ipynb #e4ce329e
+def _check_agent_spec(args, agents):
+    "An adapter spec (LoRAAgents) must match num_agents and cannot run its agents concurrently."
+    if hasattr(agents, "build") and agents.num_agents != args.num_agents:
+        raise ValueError(f"the adapter spec has num_agents={agents.num_agents} but args.num_agents={args.num_agents}; "
+                         "make them agree")
+    if hasattr(agents, "build") and args.parallel_training == "mp":
+        raise ValueError("adapter agents share one base model and cannot run concurrently: "
+                         "use parallel_training='none'")
+
+def _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition):
+    "The reward is required; the eval hooks go in pairs; several turns need a transition."
+    if reward_func is None:
+        raise ValueError("reward_func is required: a function scoring joint responses (see the rewards notebook)")
+    if (eval_logger is None) != (eval_aggregator is None):
+        raise ValueError("eval_logger and eval_aggregator go together: pass both or neither")
+    if args.num_turns > 1 and transition is None:
+        raise ValueError(f"num_turns={args.num_turns} needs external_transition= (it builds each next turn's prompts)")
 
 # %% ../../nbs/30_reinforce.ipynb #c6b28374
 class MAGRPOTrainer:
@@ -150,7 +169,7 @@ class MAGRPOTrainer:
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
         self._update_times = {}             # per agent: [log-prob forward s, backward + optimizer step s] of this batch
 
-# %% ../../nbs/30_reinforce.ipynb #e8f9f7c8
+# %% ../../nbs/30_reinforce.ipynb #fa38b303
 @patch
 def _check_args(self: MAGRPOTrainer, args, agents, num_agents, reward_func, eval_logger, eval_aggregator, transition):
     "The config (default: one for the agents given), checked against the other arguments."
@@ -170,26 +189,7 @@ def _check_args(self: MAGRPOTrainer, args, agents, num_agents, reward_func, eval
     _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition)
     return args
 
-# %% ../../nbs/30_reinforce.ipynb #7e8aef23
-def _check_agent_spec(args, agents):
-    "An adapter spec (LoRAAgents) must match num_agents and cannot run its agents concurrently."
-    if hasattr(agents, "build") and agents.num_agents != args.num_agents:
-        raise ValueError(f"the adapter spec has num_agents={agents.num_agents} but args.num_agents={args.num_agents}; "
-                         "make them agree")
-    if hasattr(agents, "build") and args.parallel_training == "mp":
-        raise ValueError("adapter agents share one base model and cannot run concurrently: "
-                         "use parallel_training='none'")
-
-def _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition):
-    "The reward is required; the eval hooks go in pairs; several turns need a transition."
-    if reward_func is None:
-        raise ValueError("reward_func is required: a function scoring joint responses (see the rewards notebook)")
-    if (eval_logger is None) != (eval_aggregator is None):
-        raise ValueError("eval_logger and eval_aggregator go together: pass both or neither")
-    if args.num_turns > 1 and transition is None:
-        raise ValueError(f"num_turns={args.num_turns} needs external_transition= (it builds each next turn's prompts)")
-
-# %% ../../nbs/30_reinforce.ipynb #67412457
+# %% ../../nbs/30_reinforce.ipynb #a8379799
 @patch
 def _prompt(self: MAGRPOTrainer, item, i: int) -> str: return self.team.prompt(item, i)
 @patch
@@ -220,27 +220,7 @@ def _level_fns(self: MAGRPOTrainer, items, item_ids, round_key, K, timers):
         return raw if self.args.external_prompt_passthrough else self.team.prompt({**items[b], "prompt": raw}, i)
     return generate, score, next_prompt
 
-# %% ../../nbs/30_reinforce.ipynb #d9c6d228
-@patch
-def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
-            k: Optional[int] = None) -> Rollout:
-    "Grow each item's tree; per level and agent: returns (KL-penalised), advantages and samples."
-    a, K, timers = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "kl": 0.0}
-    items = list(items)
-    prompts = self.team.prompts(items)
-    gen, score, nxt = self._level_fns(items, item_ids, round_key, K, timers)
-    levels = grow_tree(make_roots(items, prompts), a.num_turns, K, a.joint_mode, gen, score, self.external_transition,
-                       nxt, [it.get("prompt", prompts[0][b]) for b, it in enumerate(items)],
-                       a.early_termination_threshold if a.num_turns > 1 else None)
-    compute_returns(levels, a.discount)
-    samples, turns = [[] for _ in range(self.n)], []
-    for level in levels:
-        turn = self._level_turn(level, K, timers)
-        for i in range(self.n): samples[i] += _samples_from(turn.comps[i], turn.advantages[i], level, item_ids)
-        turns.append(turn)
-    return Rollout(samples, turns, timers["generate"], timers["reward"], timers["kl"], levels, prompts)
-
-# %% ../../nbs/30_reinforce.ipynb #80200af8
+# %% ../../nbs/30_reinforce.ipynb #4e18b560
 @patch
 def _level_turn(self: MAGRPOTrainer, level, K: int, timers: dict) -> Turn:
     "One level's statistics: KL against the references (when on), per-agent returns, advantages."
@@ -263,6 +243,39 @@ def _reference_kl(self: MAGRPOTrainer, comps) -> list[torch.Tensor]:
         lr, _ = completion_logprobs(team.ref_agents[i], *args)
         out.append(k3_kl(lr.to(lp.device), lp, c.completion_mask.to(lp.device)).float().cpu().view(c.num_prompts, c.k))
     return out
+
+# %% ../../nbs/30_reinforce.ipynb #d9c6d228
+@patch
+def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
+            k: Optional[int] = None) -> Rollout:
+    "Grow each item's tree; per level and agent: returns (KL-penalised), advantages and samples."
+    a, K, timers = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "kl": 0.0}
+    items = list(items)
+    prompts = self.team.prompts(items)
+    gen, score, nxt = self._level_fns(items, item_ids, round_key, K, timers)
+    levels = grow_tree(make_roots(items, prompts), a.num_turns, K, a.joint_mode, gen, score, self.external_transition,
+                       nxt, [it.get("prompt", prompts[0][b]) for b, it in enumerate(items)],
+                       a.early_termination_threshold if a.num_turns > 1 else None)
+    compute_returns(levels, a.discount)
+    samples, turns = [[] for _ in range(self.n)], []
+    for level in levels:
+        turn = self._level_turn(level, K, timers)
+        for i in range(self.n): samples[i] += _samples_from(turn.comps[i], turn.advantages[i], level, item_ids)
+        turns.append(turn)
+    return Rollout(samples, turns, timers["generate"], timers["reward"], timers["kl"], levels, prompts)
+
+# %% ../../nbs/30_reinforce.ipynb #15ed5e2f
+@patch
+def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> tuple[float, float, float]:
+    "This process' part of the mini-batch loss, backpropagated when finite: (loss value, forward start and end)."
+    t0 = time.perf_counter()
+    if not rows: return 0.0, t0, t0
+    _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
+                                 autocast_dtype=self.args.autocast_dtype)
+    loss = reinforce_loss(seq, adv[rows]) * (len(rows) / len(comps))       # = -(1/N) sum over these rows
+    value, t1 = float(loss.detach()), time.perf_counter()
+    if math.isfinite(value): loss.backward()
+    return value, t0, t1
 
 # %% ../../nbs/30_reinforce.ipynb #e15a3908
 @patch
@@ -288,19 +301,6 @@ def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[fl
         tm[0], tm[1] = tm[0] + t0, tm[1] + time.perf_counter() - t1        # score | backward + step
     model.eval()
     return losses
-
-# %% ../../nbs/30_reinforce.ipynb #83cd0743
-@patch
-def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> tuple[float, float, float]:
-    "This process' part of the mini-batch loss, backpropagated when finite: (loss value, forward start and end)."
-    t0 = time.perf_counter()
-    if not rows: return 0.0, t0, t0
-    _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
-                                 autocast_dtype=self.args.autocast_dtype)
-    loss = reinforce_loss(seq, adv[rows]) * (len(rows) / len(comps))       # = -(1/N) sum over these rows
-    value, t1 = float(loss.detach()), time.perf_counter()
-    if math.isfinite(value): loss.backward()
-    return value, t0, t1
 
 @patch
 def _update_full_buffers(self: MAGRPOTrainer, flush: bool = False) -> dict:
@@ -356,7 +356,7 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
             run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev})
     return run.finish(plot=plot_run)
 
-# %% ../../nbs/30_reinforce.ipynb #457d100f
+# %% ../../nbs/30_reinforce.ipynb #64472d21
 @patch
 def _start_run(self: MAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int) -> Run:
     "The run of this trainer: checkpoints hold the team, the buffers and the sampler's cache (plus position, RNG)."
@@ -376,7 +376,7 @@ def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: in
     return batches_ahead(order, b, per_epoch, a.rollout_batch_size, len(self.buffers[0].items) + n_now,
                          a.rollout_buffer_size, 1, self.train_dataset)
 
-# %% ../../nbs/30_reinforce.ipynb #8a4b5ccb
+# %% ../../nbs/30_reinforce.ipynb #3e1f3bb4
 @patch
 def _rollout_batch(self: MAGRPOTrainer, ids, round_key) -> Rollout:
     "This process' share of the batch rolled out; under data parallel, every process' rollouts gathered in order."
@@ -393,7 +393,7 @@ def _timed_update(self: MAGRPOTrainer) -> tuple[dict, dict]:
     t_score, t_step = (sum(t[j] for t in self._update_times.values()) for j in (0, 1))
     return losses, {"time/update": t_update, "time/score": t_score, "time/backward_step": t_step}
 
-# %% ../../nbs/30_reinforce.ipynb #dddeffeb
+# %% ../../nbs/30_reinforce.ipynb #d289ecfc
 @patch
 def _batch_metrics(self: MAGRPOTrainer, ro: Rollout, losses: dict, wall: float) -> dict:
     ntok = sum(int(t.lengths[i].sum()) for t in ro.turns for i in range(self.n))
@@ -416,7 +416,7 @@ def _batch_metrics(self: MAGRPOTrainer, ro: Rollout, losses: dict, wall: float) 
             m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
     return m
 
-# %% ../../nbs/30_reinforce.ipynb #3de8ebb6
+# %% ../../nbs/30_reinforce.ipynb #b991a7ea
 @patch
 def _gather_rollouts(self: MAGRPOTrainer, ro: Optional[Rollout], ids) -> Rollout:
     "Under data parallel: every process' samples (in one-process order) and per-turn statistics; else `ro` itself."
