@@ -20,6 +20,7 @@ from .engine import plot_run, read_metrics
 from .team import Team
 from .trainers.reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer,
                                           MARLOOConfig, MARLOOTrainer, MAReMaxConfig, MAReMaxTrainer)
+from .trainers.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from .trainers.actor_critic import MAACConfig, MAACTrainer, IACConfig, IACTrainer, td_targets
 from .rollout import grow_tree, compute_returns, tree_counts, TransitionError
 from .replay import ReplayBuffer, replay_weights

@@ -21,13 +21,16 @@ __all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'load_
 # %% ../nbs/80_cli.ipynb #cac70cfe
 def _algorithms() -> dict:
     from comlrl_nb.trainers import reinforce as R, actor_critic as AC, madpo as D, marlhf as H, iterative as I
+    from comlrl_nb.trainers import centralized as C
     return {"magrpo": (R.MAGRPOConfig, R.MAGRPOTrainer), "mareinforce": (R.MAREINFORCEConfig, R.MAREINFORCETrainer),
             "marloo": (R.MARLOOConfig, R.MARLOOTrainer), "maremax": (R.MAReMaxConfig, R.MAReMaxTrainer),
             "maac": (AC.MAACConfig, AC.MAACTrainer), "iac": (AC.IACConfig, AC.IACTrainer),
             "madpo": (D.MADPOConfig, D.MADPOTrainer), "marlhf": (H.MARLHFConfig, H.MARLHFTrainer),
-            "madpo_iter": (I.MADPOIterConfig, I.MADPOIterTrainer), "marlhf_iter": (I.MARLHFIterConfig, I.MARLHFIterTrainer)}
+            "madpo_iter": (I.MADPOIterConfig, I.MADPOIterTrainer), "marlhf_iter": (I.MARLHFIterConfig, I.MARLHFIterTrainer),
+            "centralized_magrpo": (C.CentralizedMAGRPOConfig, C.CentralizedMAGRPOTrainer)}
 
-ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac", "madpo", "marlhf", "madpo_iter", "marlhf_iter")
+ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac", "madpo", "marlhf", "madpo_iter", "marlhf_iter",
+              "centralized_magrpo")
 PREFERENCE_ALGOS = ("madpo", "marlhf", "madpo_iter", "marlhf_iter")
 
 #: The CPU preset of the main job (2 cores, SmolLM2-135M, a few minutes).
@@ -184,7 +187,8 @@ def cmd_train(args) -> dict:
     from comlrl_nb.api import scrub_secrets
     report = {"algo": args.algo, "task": task.name, "model": args.model, "config": scrub_secrets(dataclasses.asdict(cfg))}
     from comlrl_nb.trainers.reinforce import MAGRPOTrainer
-    measure = args.heldout_samples > 0 and isinstance(trainer, MAGRPOTrainer) and cfg.num_turns == 1   # tree rollouts
+    measure = args.heldout_samples > 0 and cfg.num_turns == 1 and (isinstance(trainer, MAGRPOTrainer)
+                                                               or hasattr(trainer, "central_sample"))   # tree rollouts
     if measure and not args.resume:
         report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
         print(f"[comlrl-nb] held-out reward before training: {_fmt(report['heldout_before'])}")

@@ -465,3 +465,11 @@ class MARLOOTrainer(MAGRPOTrainer):
 class MAReMaxTrainer(MAGRPOTrainer):
     "MAGRPOTrainer with MAReMaxConfig (max baseline) as the default config."
     config_class, algo = MAReMaxConfig, "maremax"
+
+# %% ../../nbs/30_reinforce.ipynb #8c3161ab
+def __getattr__(name: str):
+    "Module attribute fallback: the centralized MAGRPO names, imported on first use (no import cycle)."
+    if name in ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"):
+        from comlrl_nb.trainers import centralized
+        return getattr(centralized, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
