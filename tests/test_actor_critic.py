@@ -390,7 +390,8 @@ def test_reference_kl_enters_each_agents_td_target(tmp_path, cls, kw):
     tr = make(tmp_path, cls=cls, num_turns=2, transition=revise, early_termination_threshold=None, discount=gamma,
               reference_kl_enabled=True, reference_kl_coef=beta, **kw)
     assert tr.reference_models is tr.ref_agents and len(tr.ref_agents) == 2
-    assert all(r is not a and not any(p.requires_grad for p in r.parameters()) for r, a in zip(tr.ref_agents, tr.agents))
+    for r, a in zip(tr.ref_agents, tr.agents):
+        assert r is not a and not any(p.requires_grad for p in r.parameters())
     with torch.no_grad():                                  # agent 1 moves away from its reference; agent 0 stays on it
         for p in tr.agents[1].parameters(): p.add_(0.05 * torch.randn_like(p))
     eps = tr.rollout(PROMPTS[:2], [0, 1], ("t", 0)).episodes
@@ -418,7 +419,8 @@ def test_reference_kl_off_or_zero_coef_leaves_targets_alone(tmp_path):
     a, b = (tr.rollout(PROMPTS[:2], [0, 1], ("t", 0)).episodes for tr in (off, zero))
     for x, y in zip(a, b):
         assert x.kl == {} and set(y.kl) == {0, 1}
-        assert torch.equal(x.targets[0], y.targets[0]) and all(torch.equal(x.advantages[i], y.advantages[i]) for i in (0, 1))
+        assert torch.equal(x.targets[0], y.targets[0])
+        assert all(torch.equal(x.advantages[i], y.advantages[i]) for i in (0, 1))
 
 
 @pytest.mark.parametrize("cls", [MAACTrainer, IACTrainer])
@@ -427,7 +429,7 @@ def test_reference_kl_metrics(tmp_path, cls):
     tr.train()
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert rows and all({"agent_0/kl", "agent_1/kl", "time/kl"} <= set(r) for r in rows)
-    assert rows[0]["agent_0/kl"] == 0.0 and max(r["agent_0/kl"] for r in rows) > 0      # the policy leaves the reference
+    assert rows[0]["agent_0/kl"] == 0.0 and max(r["agent_0/kl"] for r in rows) > 0     # the policy leaves its reference
     plain = make(tmp_path / "plain", cls=cls)
     plain.train()
     assert not any("agent_0/kl" in r or "time/kl" in r for r in read_metrics(tmp_path / "plain" / "metrics.jsonl"))
