@@ -23,8 +23,9 @@ common = dict(num_train_epochs=2, max_new_tokens=6, temperature=1.0, top_p=1.0, 
               early_termination_threshold=None, eval_interval=0, output_dir=out, progress_bar=False, save_steps=2,
               logging_steps=1000)
 transition = (lambda **kw: ["go on", "go on"]) if turns > 1 else None
-if algo == "maac":
+if algo in ("maac", "maac_kl"):                     # maac_kl: with the reference-KL penalty in the TD targets
     cm, _ = make_tiny_model(seed=3, tokenizer=tok)
+    if algo == "maac_kl": common.update(reference_kl_enabled=True, reference_kl_coef=0.5)
     tr = MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data, external_transition=transition,
                      critic_model=cm, args=MAACConfig(num_generations=2 if turns == 1 else 1, critic_learning_rate=lr,
                                                       **common))

@@ -7,8 +7,8 @@ from comlrl_nb.engine import read_metrics
 from comlrl_nb.models import make_tiny_model
 from comlrl_nb.rollout import TransitionError
 from comlrl_nb.trainers.actor_critic import (ActorSample, IACConfig, IACTrainer, MAACConfig, MAACTrainer, ValueSample,
-                                             discounted_returns, history_text, normalize_advantages, td_advantages,
-                                             td_targets, value_loss)
+                                             discounted_returns, history_text, kl_td_targets, normalize_advantages,
+                                             td_advantages, td_targets, value_loss)
 
 PROMPTS = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]]
 
@@ -269,7 +269,8 @@ def test_learning_signal_maac(tmp_path):
 
 
 # ---------------------------------------------------------------- resume, mp, saving, evaluation
-@pytest.mark.parametrize("cls, kw", [(MAACTrainer, {}), (IACTrainer, {"use_separate_critic": False, "critic": None})])
+@pytest.mark.parametrize("cls, kw", [(MAACTrainer, {}), (IACTrainer, {"use_separate_critic": False, "critic": None}),
+                                     (MAACTrainer, {"reference_kl_enabled": True, "reference_kl_coef": 0.5})])
 def test_resume_gives_the_same_result(tmp_path, cls, kw):
     cfg = dict(cls=cls, num_train_epochs=2, rollout_buffer_size=3, save_steps=2, num_turns=2, transition=revise,
                early_termination_threshold=None, **kw)
@@ -370,3 +371,72 @@ def test_constructor_checks():
     with pytest.raises(ValueError, match="eval_logger and eval_aggregator go together"):
         MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, critic_model=m, eval_logger=lambda **k: [])
     assert "Turn 1, agent 2 prompt:\nb" in history_text([["a"], ["b"]], [[], []])
+
+
+# ---------------------------------------------------------------- reference KL (issue 15, item 3)
+def _k3(tr, i, e, t, ref):
+    from comlrl_nb.scoring import collate, completion_logprobs, k3_kl
+    args = collate([e.prompt_ids[i][t]], [e.completion_ids[i][t]], tr.tokenizers[i].pad_token_id or 0)
+    with torch.no_grad():
+        lp, _ = completion_logprobs(tr.agents[i], *args)
+        lr, _ = completion_logprobs(tr.ref_agents[i] if ref else tr.agents[i], *args)
+    return float(k3_kl(lr, lp, args[3])[0])
+
+
+@pytest.mark.parametrize("cls, kw", [(MAACTrainer, {}), (IACTrainer, {}), (IACTrainer, {"use_separate_critic": False,
+                                                                                        "critic": None})])
+def test_reference_kl_enters_each_agents_td_target(tmp_path, cls, kw):
+    beta, gamma = 0.5, 0.9
+    tr = make(tmp_path, cls=cls, num_turns=2, transition=revise, early_termination_threshold=None, discount=gamma,
+              reference_kl_enabled=True, reference_kl_coef=beta, **kw)
+    assert tr.reference_models is tr.ref_agents and len(tr.ref_agents) == 2
+    for r, a in zip(tr.ref_agents, tr.agents):
+        assert r is not a and not any(p.requires_grad for p in r.parameters())
+    with torch.no_grad():                                  # agent 1 moves away from its reference; agent 0 stays on it
+        for p in tr.agents[1].parameters(): p.add_(0.05 * torch.randn_like(p))
+    eps = tr.rollout(PROMPTS[:2], [0, 1], ("t", 0)).episodes
+    for e in eps:
+        assert e.kl[0] == [0.0, 0.0] and all(x > 0 for x in e.kl[1])
+        for t in range(2):                                 # the k3 estimate of the stored completion, recomputed
+            assert e.kl[1][t] == pytest.approx(_k3(tr, 1, e, t, True), rel=1e-4, abs=1e-6)
+        for i in range(2):
+            c = tr.critic_of[i]
+            y = kl_td_targets(e.rewards, e.values[c], e.kl[i], beta, gamma)
+            # the penalty is in the reward, before the TD target: y_it = r_t - beta KL_it + gamma V(h_t+1)
+            assert torch.allclose(y, td_targets(e.rewards, e.values[c], discount=gamma) - beta * torch.tensor(e.kl[i]))
+            assert torch.allclose(e.advantages[i], td_advantages(y, e.values[c]))
+        ys = [kl_td_targets(e.rewards, e.values[tr.critic_of[i]], e.kl[i], beta, gamma) for i in range(2)]
+        if cls is MAACTrainer: assert torch.allclose(e.targets[0], (ys[0] + ys[1]) / 2)       # the critic: the mean
+        else: assert all(torch.allclose(e.targets[i], ys[i]) for i in range(2))
+    assert tr.rollout(PROMPTS[:1], [0], "eval", k=1, with_values=False).episodes[0].kl == {}    # not in evaluation
+
+
+def test_reference_kl_off_or_zero_coef_leaves_targets_alone(tmp_path):
+    off = make(tmp_path / "off", num_turns=2, transition=revise, early_termination_threshold=None)
+    zero = make(tmp_path / "zero", num_turns=2, transition=revise, early_termination_threshold=None,
+                reference_kl_enabled=True, reference_kl_coef=0.0)
+    assert off.reference_models is None
+    a, b = (tr.rollout(PROMPTS[:2], [0, 1], ("t", 0)).episodes for tr in (off, zero))
+    for x, y in zip(a, b):
+        assert x.kl == {} and set(y.kl) == {0, 1}
+        assert torch.equal(x.targets[0], y.targets[0])
+        assert all(torch.equal(x.advantages[i], y.advantages[i]) for i in (0, 1))
+
+
+@pytest.mark.parametrize("cls", [MAACTrainer, IACTrainer])
+def test_reference_kl_metrics(tmp_path, cls):
+    tr = make(tmp_path, cls=cls, reference_kl_enabled=True, reference_kl_coef=1.0, rollout_batch_size=1)
+    tr.train()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert rows and all({"agent_0/kl", "agent_1/kl", "time/kl"} <= set(r) for r in rows)
+    assert rows[0]["agent_0/kl"] == 0.0 and max(r["agent_0/kl"] for r in rows) > 0     # the policy leaves its reference
+    plain = make(tmp_path / "plain", cls=cls)
+    plain.train()
+    assert not any("agent_0/kl" in r or "time/kl" in r for r in read_metrics(tmp_path / "plain" / "metrics.jsonl"))
+
+
+def test_cli_maac_with_reference_kl():
+    from comlrl_nb.cli import build_config
+    for cls in (MAACConfig, IACConfig):
+        c = build_config(cls, {"reference_kl_enabled": True, "reference_kl_coef": "0.5", "reference_devices": "cpu"})
+        assert (c.reference_kl_enabled, c.reference_kl_coef, c.reference_devices) == (True, 0.5, "cpu")

@@ -143,10 +143,10 @@ def test_reference_devices_longer_than_the_agents_is_refused(cls):
         cls(reference_devices=["cpu"] * 3)
     if cls is MAGRPOConfig:
         assert cls(reference_devices=["cpu", "cpu"]).reference_devices == ["cpu", "cpu"]
-    else:                                           # the fields load; a reference KL for MAAC/IAC is not built yet
-        assert cls(reference_kl_enabled=False, reference_devices=None).reference_kl_enabled is False
-        with pytest.raises(ValueError, match="reference-KL penalty is not implemented .*issue 14"):
-            cls(reference_kl_enabled=True)
+    else:                                           # MAAC/IAC read the reference-KL fields too (issue 15, item 3)
+        assert cls(reference_kl_enabled=True, reference_devices=["cpu", "cpu"]).reference_devices == ["cpu", "cpu"]
+        with pytest.raises(ValueError, match="reference_kl_coef=-0.1"):
+            cls(reference_kl_enabled=True, reference_kl_coef=-0.1)
 
 
 def test_comparator_history_k_none_means_one():

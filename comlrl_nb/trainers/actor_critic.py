@@ -15,7 +15,8 @@ from fastcore.basics import patch
 from ..core import (as_list, autocast, check_bool, check_choice, check_number, config_error, derive_seed,
                             logger, resolve_device, resolve_dtype, seed_everything)
 from ..models import load_model, load_tokenizer
-from ..scoring import collate, completion_logprobs
+from ..scoring import collate, completion_logprobs, k3_kl
+from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
 from ..distributed import DistContext
@@ -25,9 +26,10 @@ from .reinforce import _check_devices, _check_hooks
 from ..team import Team, map_jobs, team_attr, validate_dataset
 
 # %% auto #0
-__all__ = ['td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'value_loss', 'ValueHead',
-           'last_token_hidden', 'Critic', 'history_text', 'ActorCriticConfig', 'MAACConfig', 'IACConfig', 'Episode',
-           'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'Critics', 'MAACTrainer', 'IACTrainer']
+__all__ = ['td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'kl_td_targets', 'value_loss',
+           'ValueHead', 'last_token_hidden', 'Critic', 'history_text', 'ActorCriticConfig', 'MAACConfig', 'IACConfig',
+           'Episode', 'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'Critics', 'MAACTrainer',
+           'IACTrainer']
 
 # %% ../../nbs/31_actor_critic.ipynb #0b2494ec
 def _as_float(x, name: str) -> torch.Tensor:
@@ -78,6 +80,13 @@ def discounted_returns(rewards, discount: float = 1.0) -> torch.Tensor:
         g = r[..., t] + discount * g
         out[..., t] = g
     return out
+
+# %% ../../nbs/31_actor_critic.ipynb #7607b9e7
+def kl_td_targets(rewards, values, kl=None, coef: float = 0.0, discount: float = 1.0) -> torch.Tensor:
+    "TD targets with the reference-KL penalty in each turn's reward: `(r_t - coef * KL_t) + discount * V(h_{t+1})`."
+    if kl is None: return td_targets(rewards, values, discount=discount)
+    r = _as_float(rewards, "rewards")
+    return td_targets(penalized_returns(r, _as_float(kl, "kl"), coef), values, discount=discount)
 
 # %% ../../nbs/31_actor_critic.ipynb #fd8ae98d
 def value_loss(values: torch.Tensor, targets, coef: float = 1.0, old_values=None,
@@ -174,8 +183,7 @@ from ..config import (AdvantageFields, BufferFields, CheckpointFields, CriticFie
                               RolloutFields, RunFields, SamplingFields, ScheduleFields, TaskFields, TeamFields,
                               TrainerConfig, TurnFields, ValueHeadFields, compose)
 
-_NO_REF_KL = "a reference-KL penalty is not implemented for the actor-critic trainers in comlrl_nb yet (issue 14)"
-_AC_UNUSED = {"reference_kl_enabled": _NO_REF_KL, "reference_kl_coef": _NO_REF_KL, "reference_devices": _NO_REF_KL}
+_AC_UNUSED: dict = {}          # every composed field is read (reference KL too: see "Reference KL" above)
 
 def _ac_relations(c, owner: str):
     "Multi-turn samples one episode per item; critic_devices fit the critics; rollout_batch_size=None fills one buffer."
@@ -250,7 +258,7 @@ class IACConfig(ActorCriticConfig):
 # %% ../../nbs/31_actor_critic.ipynb #1acd642e
 @dataclass
 class Episode:
-    "One item's multi-turn trajectory (lists [agent][turn]); once scored, per-critic values, targets, advantages."
+    "One item's multi-turn trajectory (lists [agent][turn]); once scored, values and targets (per critic), advantages."
     item: dict
     item_id: int
     candidate: int = 0
@@ -265,8 +273,9 @@ class Episode:
     early_stop: bool = False
     values: dict = field(default_factory=dict)           # critic index -> tensor [turns]
     targets: dict = field(default_factory=dict)
-    advantages: dict = field(default_factory=dict)
+    advantages: dict = field(default_factory=dict)       # agent index -> tensor [turns] (its TD errors)
     critic_ids: dict = field(default_factory=dict)       # critic index -> list of id tensors, one per turn
+    kl: dict = field(default_factory=dict)               # agent index -> [turns] k3 KL to the reference (when on)
     @property
     def num_turns(self) -> int: return len(self.rewards)
 
@@ -557,12 +566,12 @@ def _critic_text(self: ActorCriticTrainer, c: int, e: Episode, t: int) -> str:
 
 @patch
 def _score_episodes(self: ActorCriticTrainer, eps: list):
-    "Every critic's value of every turn (one batched pass per critic), then TD targets and advantages per episode."
+    "Every critic's value of every turn (one pass per critic), then TD targets (per critic) and advantages (per agent)."
     # tokenize here, in this thread (tokenizers may be shared and are not thread-safe); score in parallel under mp
     all_ids = [crit.encode([self._critic_text(c, e, t) for e in eps for t in range(e.num_turns)])
                for c, crit in enumerate(self.critics)]
     def score(c):                                     # no_grad inside: grad mode is per thread
-        crit, ids = self.critics[c], all_ids[c]
+        crit, ids, a = self.critics[c], all_ids[c], self.args
         with torch.no_grad():
             vals = torch.cat([crit.values(ids[s:s + 32], self.args.autocast_dtype).float().cpu()
                               for s in range(0, len(ids), 32)])
@@ -570,10 +579,28 @@ def _score_episodes(self: ActorCriticTrainer, eps: list):
         for e in eps:
             v = e.values[c] = vals[pos:pos + e.num_turns]
             e.critic_ids[c] = ids[pos:pos + e.num_turns]
-            e.targets[c] = td_targets(e.rewards, v, discount=self.args.discount)
-            e.advantages[c] = td_advantages(e.targets[c], v)
+            ys = {i: kl_td_targets(e.rewards, v, e.kl.get(i), a.reference_kl_coef, a.discount) for i in crit.agents}
+            e.targets[c] = torch.stack(list(ys.values())).mean(0) if e.kl else ys[crit.agents[0]]
+            for i, y in ys.items(): e.advantages[i] = td_advantages(y, v)
             pos += e.num_turns
     self._map_critics(score)
+
+# %% ../../nbs/31_actor_critic.ipynb #a55df5b1
+@patch
+@torch.no_grad()
+def _turn_kl(self: ActorCriticTrainer, live: list, comps: list):
+    "Append each live episode's k3 KL of this turn's completion against the frozen reference, per agent."
+    for i, c in enumerate(comps):
+        args = (c.prompt_ids, c.prompt_mask, c.completion_ids, c.completion_mask, self.args.autocast_dtype)
+        lp, _ = completion_logprobs(self.team.agents[i], *args)
+        lr, _ = completion_logprobs(self.team.ref_agents[i], *args)
+        kl = k3_kl(lr.to(lp.device), lp, c.completion_mask.to(lp.device)).float().cpu()
+        for e, x in zip(live, kl.tolist()): e.kl.setdefault(i, []).append(x)
+
+@patch(as_prop=True)
+def reference_models(self: ActorCriticTrainer) -> Optional[list]:
+    "The frozen reference copies (the team's `ref_agents`; None when reference KL is off)."
+    return self.team.ref_agents
 
 # %% ../../nbs/31_actor_critic.ipynb #8073dbff
 @patch
@@ -589,13 +616,18 @@ def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[
         live = [e for e in eps if not e.done]
         if not live: break
         t0 = time.perf_counter()
-        self._record_turn(live, self._sample_turn(live, t, round_key, K))
+        comps = self._sample_turn(live, t, round_key, K)
+        self._record_turn(live, comps)
         t1 = time.perf_counter()
+        if with_values and self.team.ref_agents is not None:          # reference KL: each completion's k3 estimate
+            self._turn_kl(live, comps)
+            tm["kl"] = tm.get("kl", 0.0) + time.perf_counter() - t1
+        tk = time.perf_counter()
         self._score_turn(live, t)
         t2 = time.perf_counter()
         for e in live:
             if not e.done: self._transition(e, t)
-        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - t1
+        tm["generate"], tm["reward"] = tm["generate"] + t1 - t0, tm["reward"] + t2 - tk
         tm["transition"] += time.perf_counter() - t2
     t3 = time.perf_counter()
     if with_values: self._score_episodes(eps)
@@ -689,7 +721,7 @@ def _store(self: ActorCriticTrainer, eps: list):
     for e in eps:
         for t in range(e.num_turns):
             for i in range(self.n):
-                adv = float(e.advantages[self.critic_of[i]][t])
+                adv = float(e.advantages[i][t])
                 self.buffers[i].add(ActorSample(e.prompt_ids[i][t], e.completion_ids[i][t], adv))
             for c in range(len(self.critics)):
                 y, v = float(e.targets[c][t]), float(e.values[c][t])
@@ -767,9 +799,10 @@ def _batch_metrics(self: ActorCriticTrainer, ro: Episodes, upd: dict, wall: floa
     m.update({"tokens_per_s": ntok / max(wall, 1e-9), "time/batch": wall,
               **{f"time/{k}": v for k, v in ro.times.items()}})
     for i in range(self.n):
-        A = torch.cat([e.advantages[self.critic_of[i]] for e in eps])
+        A = torch.cat([e.advantages[i] for e in eps])
         m[f"agent_{i}/adv_mean"], m[f"agent_{i}/adv_std"] = float(A.mean()), float(A.std(unbiased=False))
         m[f"agent_{i}/completion_len"] = float(np.mean([len(c) for e in eps for c in e.completion_ids[i]]))
+        if eps[0].kl: m[f"agent_{i}/kl"] = float(np.mean([x for e in eps for x in e.kl[i]]))
         if i in upd["policy"]:
             m[f"agent_{i}/loss"] = float(np.mean(upd["policy"][i]))
             m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
