@@ -125,6 +125,9 @@ def check_columns(rows: Sequence[dict], formatters: Sequence[Callable], where: s
                 col = e.args[0] if e.args and isinstance(e.args[0], str) and e.args[0] in str(e) and len(e.args[0]) < 60 else str(e)
                 raise ValueError(f"{where}, row {r}: the prompt of agent {i + 1} ({getattr(f, '__name__', f)}) needs the column {col!r}, "
                                  f"which the row lacks; its columns are {sorted(row)}. Add the column or pass --formatters") from None
+            except Exception as e:
+                raise ValueError(f"{where}, row {r}: the formatter of agent {i + 1} ({getattr(f, '__name__', f)}) failed ({type(e).__name__}: "
+                                 f"{e}); a formatter takes a row (a dict) and returns the agent's prompt string") from None
 
 # %% ../nbs/64_own_data.ipynb #6450fb9d
 def _functions(specs, what: str) -> list:
