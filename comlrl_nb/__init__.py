@@ -30,6 +30,8 @@ from .trainers.marlhf import MARLHFConfig, MARLHFTrainer
 from .trainers.iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from .comparators import COMPARATOR_POLICIES, parse_agent_sections, centralized_prompt
 from .api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets
+from .config_files import config_from_dict, config_from_file, add_config_constructors, attach_to_package_configs
+attach_to_package_configs()      # MAGRPOConfig.from_file(...), .from_dict(...) on every config class
 
 # %% ../nbs/99_api.ipynb #100d7049
 _LAZY = {"code_task": "comlrl_nb.envs.code", "writing_task": "comlrl_nb.envs.writing",

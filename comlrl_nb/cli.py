@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 from .core import atomic_write_json, logger, setup_logging
+from .config_files import config_from_dict, read_config_file
 from .tasks import TASKS, Task, get_task
 
 # %% auto #0
@@ -44,28 +45,12 @@ def _coerce(text: str):
     except json.JSONDecodeError: return text
 
 def load_config_file(path) -> dict:
-    "A YAML or JSON mapping from a file, with a clear error for anything else."
-    p = Path(path)
-    if not p.exists(): raise FileNotFoundError(f"config file {p} does not exist")
-    text = p.read_text()
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml; data = yaml.safe_load(text)
-        else: data = json.loads(text)
-    except Exception as e: raise ValueError(f"config file {p} could not be parsed ({type(e).__name__}: {e}); use YAML (.yaml/.yml) or JSON") from None
-    if data is None: data = {}
-    if not isinstance(data, dict): raise ValueError(f"config file {p} must hold a mapping of config fields, got {type(data).__name__}")
-    return data
+    "A YAML or JSON mapping from a file, with a clear error for anything else (see 27_config_files)."
+    return read_config_file(path)
 
 def build_config(config_cls, overrides: dict):
-    "Instantiate a config dataclass, rejecting unknown keys with a suggestion."
-    valid = [f.name for f in dataclasses.fields(config_cls)]
-    for k in overrides:
-        if k not in valid:
-            close = difflib.get_close_matches(k, valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown config key {k!r} for {config_cls.__name__}.{hint} Valid keys: {', '.join(valid)}")
-    return config_cls(**overrides)
+    "Instantiate a config dataclass, rejecting unknown keys with a suggestion (see 27_config_files)."
+    return config_from_dict(config_cls, overrides)
 
 # %% ../nbs/80_cli.ipynb #3aaf33cc
 def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -> dict:
