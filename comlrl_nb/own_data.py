@@ -122,7 +122,8 @@ def check_columns(rows: Sequence[dict], formatters: Sequence[Callable], where: s
         for i, f in enumerate(formatters):
             try: format_prompt(f, row, i)
             except KeyError as e:
-                col = e.args[0] if e.args and isinstance(e.args[0], str) and e.args[0] in str(e) and len(e.args[0]) < 60 else str(e)
+                key = e.args[0] if e.args else None
+                col = "prompt" if f is default_formatter else key if isinstance(key, str) and len(key) < 80 else str(e)
                 raise ValueError(f"{where}, row {r}: the prompt of agent {i + 1} ({getattr(f, '__name__', f)}) needs the column {col!r}, "
                                  f"which the row lacks; its columns are {sorted(row)}. Add the column or pass --formatters") from None
             except Exception as e:
