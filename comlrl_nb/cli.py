@@ -16,8 +16,9 @@ from .tasks import TASKS, Task, get_task
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'load_config_file', 'build_config',
-           'heldout_reward', 'add_data_args', 'task_from_args', 'save_final', 'add_eval_parser', 'cmd_eval',
-           'cmd_train', 'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query', 'run', 'main']
+           'heldout_reward', 'add_data_args', 'task_from_args', 'plain_weights', 'save_final', 'add_eval_parser',
+           'cmd_eval', 'cmd_train', 'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query', 'run',
+           'main']
 
 # %% ../nbs/80_cli.ipynb #cac70cfe
 def _algorithms() -> dict:
@@ -95,9 +96,21 @@ def task_from_args(args) -> Task:
 # %% ../nbs/80_cli.ipynb #e0666561
 FINAL_DIR = "final"
 
+@contextlib.contextmanager
+def plain_weights(models):
+    "Let GGUF-loaded models (the embedded one) save: their weights are dequantized tensors, only the gguf marker blocks it."
+    marked = [(m, m.hf_quantizer, m.config.__dict__.pop("quantization_config", None)) for m in models
+              if type(getattr(m, "hf_quantizer", None)).__name__ == "GgufHfQuantizer"]
+    for m, _, _ in marked: m.hf_quantizer = None
+    try: yield
+    finally:
+        for m, q, qc in marked:
+            m.hf_quantizer = q
+            if qc is not None: m.config.quantization_config = qc
+
 def save_final(trainer, output_dir) -> Path:
     "Write the trained agents to <output_dir>/final/agent_i/ (each a model directory with its tokenizer)."
-    return Path(trainer.save_model(Path(output_dir) / FINAL_DIR))
+    with plain_weights(trainer.agents): return Path(trainer.save_model(Path(output_dir) / FINAL_DIR))
 
 def add_eval_parser(sub):
     e = sub.add_parser("eval", help="evaluate saved agents (or a model) on a task or your rows; prints one JSON line",
