@@ -38,10 +38,10 @@ class TransitionError(ValueError):
     "An external transition broke its contract or raised."
 
 def accepts_keyword(fn: Callable, name: str) -> bool:
-    "Whether `fn` takes the keyword argument `name` (a parameter of that name, or **kwargs)."
+    "Whether `fn` names a parameter `name` that can be passed by keyword (**kwargs alone does not count: it may forward)."
     try: ps = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError): return False
-    return any(p.kind == p.VAR_KEYWORD or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) for p in ps)
+    return any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in ps)
 
 def call_transition(fn: Callable, prompt: str, agent_completions: list, num_agents: int,
                     prompt_history: list, response_history: list, batch_item=None) -> list[str]:
