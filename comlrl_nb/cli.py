@@ -71,34 +71,37 @@ def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -
 # %% ../nbs/80_cli.ipynb #263f7e9d
 def add_data_args(p: argparse.ArgumentParser):
     "The options that name your own data and functions (train and eval)."
-    p.add_argument("--dataset", help="your rows: a JSONL/JSON/CSV/Parquet file or a saved datasets directory (instead of --task)")
-    p.add_argument("--eval-dataset", help="held-out rows in the same formats (default: the saved dataset's test/validation split, else none)")
+    p.add_argument("--dataset", help="your rows: a JSONL/JSON/CSV/Parquet file or a saved datasets directory")
+    p.add_argument("--eval-dataset", help="held-out rows (default: a saved dataset's test/validation split, else none)")
     p.add_argument("--reward", help="your reward as FILE.py:NAME or module:NAME; it gets the rows as batch_items=")
-    p.add_argument("--formatters", help="FILE.py:NAME[,NAME...] (one shared, or one per agent; default: each agent gets the row's prompt)")
+    p.add_argument("--formatters", help="FILE.py:NAME[,NAME...], one shared or one per agent (default: the row's prompt)")
     p.add_argument("--num-agents", type=int, help="agents on your data (default 2)")
-    p.add_argument("--transition", help="FILE.py:NAME building each next turn's prompts (gets the row as batch_item=); 2 turns unless --set num_turns=...")
+    p.add_argument("--transition", help="FILE.py:NAME making each next turn's prompts (2 turns unless --set num_turns=)")
 
 def task_from_args(args) -> Task:
     "The built-in task of --task, or a task from --dataset/--reward/--formatters/--num-agents/--transition."
-    own = [f"--{k.replace('_', '-')}" for k in ("reward", "formatters", "transition", "eval_dataset") if getattr(args, k, None)]
+    keys = ("reward", "formatters", "transition", "eval_dataset")
+    own = [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None)]
     if not getattr(args, "dataset", None):
         if own: raise ValueError(f"{', '.join(own)} need --dataset PATH (your rows); or drop them and use --task")
         task = get_task(args.task or "length_ratio")
         if args.num_agents is not None and args.num_agents != task.num_agents:
-            raise ValueError(f"--num-agents {args.num_agents}: task '{task.name}' has {task.num_agents} agents; drop --num-agents")
+            raise ValueError(f"--num-agents {args.num_agents}: task '{task.name}' has {task.num_agents} agents; "
+                             "drop --num-agents")
         return task
     if args.task: raise ValueError("give either --task NAME or --dataset PATH, not both")
-    if not args.reward: raise ValueError("--dataset needs --reward FILE.py:NAME (or module:NAME): the function scoring joint responses")
+    if not args.reward:
+        raise ValueError("--dataset needs --reward FILE.py:NAME (or module:NAME): the function scoring joint responses")
     from comlrl_nb.own_data import own_task
-    return own_task(args.dataset, args.reward, args.formatters, args.num_agents or 2, args.transition, args.eval_dataset,
-                    name=Path(args.dataset).stem)
+    return own_task(args.dataset, args.reward, args.formatters, args.num_agents or 2, args.transition,
+                    args.eval_dataset, name=Path(args.dataset).stem)
 
 # %% ../nbs/80_cli.ipynb #e0666561
 FINAL_DIR = "final"
 
 @contextlib.contextmanager
 def plain_weights(models):
-    "Let GGUF-loaded models (the embedded one) save: their weights are dequantized tensors, only the gguf marker blocks it."
+    "Let GGUF-loaded models (the embedded one) save: their weights are plain tensors, only the gguf marker blocks it."
     marked = [(m, m.hf_quantizer, m.config.__dict__.pop("quantization_config", None)) for m in models
               if type(getattr(m, "hf_quantizer", None)).__name__ == "GgufHfQuantizer"]
     for m, _, _ in marked: m.hf_quantizer = None
@@ -114,11 +117,11 @@ def save_final(trainer, output_dir) -> Path:
 
 def add_eval_parser(sub):
     e = sub.add_parser("eval", help="evaluate saved agents (or a model) on a task or your rows; prints one JSON line",
-                       description="Sample agents on rows and print one JSON line: mean, se, n (and pass@k for code tasks).")
+                       description="Sample agents on rows; print one JSON line: mean, se, n (pass@k for code tasks).")
     e.add_argument("--agents", help="a directory of saved agents (agent_0/, agent_1/, ...), e.g. <output_dir>/final")
     e.add_argument("--model", help="one model for every agent instead: embedded | tiny | PATH | hub id")
     e.add_argument("--task", help=f"a built-in task ({', '.join(TASKS)}); default length_ratio unless --dataset")
-    e.add_argument("--split", default="eval", choices=("eval", "train", "all"), help="the task's rows to use (default eval)")
+    e.add_argument("--split", default="eval", choices=("eval", "train", "all"), help="the task's rows (default eval)")
     add_data_args(e)
     e.add_argument("--samples", type=int, help="joint responses per row (default: the config's num_generations)")
     e.add_argument("--max-rows", type=int, help="evaluate only the first N rows")
@@ -134,22 +137,24 @@ def _run_config(agents) -> dict:
 
 def cmd_eval(args) -> dict:
     "The `eval` command: agents, rows and sampling settings from the flags; the summary as one JSON line on stdout."
-    if bool(args.agents) == bool(args.model): raise ValueError("give the agents to evaluate: --agents DIR (saved agents) or --model SPEC")
+    if bool(args.agents) == bool(args.model):
+        raise ValueError("give the agents to evaluate: --agents DIR (saved agents) or --model SPEC")
     if args.agents and not Path(args.agents).is_dir(): raise FileNotFoundError(f"--agents {args.agents}: no such directory")
     cfg_cls, _ = _check_algo(args.algo)
     task, user = task_from_args(args), _overrides(args)
     names = {f.name for f in dataclasses.fields(cfg_cls)}
-    base = {k: v for k, v in _run_config(args.agents).items() if k in names and k not in ("output_dir", "num_agents")}
-    ov = {**_algo_overrides(args.algo, cfg_cls, task, args.model or "saved", user), **base, "num_agents": task.num_agents, **user}
-    cfg = build_config(cfg_cls, ov)
-    rows = task.train_dataset if args.dataset else {"eval": task.eval_dataset, "train": task.train_dataset,
-                                                    "all": task.train_dataset + task.eval_dataset}[args.split]
+    run_cfg = {k: v for k, v in _run_config(args.agents).items() if k in names and k not in ("output_dir", "num_agents")}
+    preset = _algo_overrides(args.algo, cfg_cls, task, args.model or "saved", user)
+    cfg = build_config(cfg_cls, {**preset, **run_cfg, "num_agents": task.num_agents, **user})
+    splits = {"eval": task.eval_dataset, "train": task.train_dataset, "all": task.train_dataset + task.eval_dataset}
+    rows = task.train_dataset if args.dataset else splits[args.split]
     rows = rows[:args.max_rows] if args.max_rows else rows
     from comlrl_nb.evaluate import evaluate_agents
     with contextlib.redirect_stdout(sys.stderr):          # stdout carries only the JSON line
         res = evaluate_agents(task, args.agents or args.model, items=rows, args=cfg, num_samples=args.samples)
     res = {**res, "task": task.name, "agents": args.agents or args.model}
-    print(json.dumps(res)); return res
+    print(json.dumps(res))
+    return res
 
 # %% ../nbs/80_cli.ipynb #a62572e7
 def _parser() -> argparse.ArgumentParser:

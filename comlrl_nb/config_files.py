@@ -23,16 +23,19 @@ def read_config_file(path, section: Optional[str] = None) -> dict:
             import yaml
             data = yaml.safe_load(text)
         else: data = json.loads(text)
-    except Exception as e: raise ValueError(f"config file {p} could not be parsed ({type(e).__name__}: {e}); use YAML (.yaml/.yml) or JSON") from None
+    except Exception as e: raise ValueError(f"config file {p} could not be parsed ({type(e).__name__}: {e}); use "
+                                            "YAML (.yaml/.yml) or JSON") from None
     data = {} if data is None else data
-    if not isinstance(data, dict): raise ValueError(f"config file {p} must hold a mapping of config fields, got {type(data).__name__}")
+    if not isinstance(data, dict): raise ValueError(f"config file {p} must hold a mapping of config fields, got "
+                                                    f"{type(data).__name__}")
     for i, key in enumerate(section.split(".") if section else []):
         where = f"{p}" + (f" section {'.'.join(section.split('.')[:i])!r}" if i else "")
         if key not in data:
             subs = [k for k, v in data.items() if isinstance(v, dict)]
             raise ValueError(f"{where} has no section {key!r}; its sections are {subs or 'none'}")
         data = data[key] if data[key] is not None else {}
-        if not isinstance(data, dict): raise ValueError(f"{where}: {key!r} is a {type(data).__name__}, not a section of config fields")
+        if not isinstance(data, dict): raise ValueError(f"{where}: {key!r} is a {type(data).__name__}, not a "
+                                                        "section of config fields")
     return data
 
 # %% ../nbs/27_config_files.ipynb #258263ec
@@ -44,11 +47,13 @@ def check_config_keys(config_cls, keys) -> None:
         if k not in valid:
             close = difflib.get_close_matches(str(k), valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown config key {k!r} for {config_cls.__name__}.{hint} Valid keys: {', '.join(valid)}")
+            raise ValueError(f"unknown config key {k!r} for {config_cls.__name__}.{hint} Valid keys: "
+                             f"{', '.join(valid)}")
 
 def config_from_dict(config_cls, data: Optional[dict] = None, **overrides) -> Any:
     "An instance of `config_cls` from a mapping plus keyword overrides; unknown keys fail with a suggestion."
-    if data is not None and not isinstance(data, dict): raise TypeError(f"{config_cls.__name__}.from_dict needs a mapping, got {type(data).__name__}")
+    if data is not None and not isinstance(data, dict): raise TypeError(f"{config_cls.__name__}.from_dict needs a "
+                                                                        f"mapping, got {type(data).__name__}")
     merged = {**(data or {}), **overrides}
     check_config_keys(config_cls, merged)
     return config_cls(**merged)
@@ -67,7 +72,7 @@ def _from_file(cls, path, section: Optional[str] = None, **overrides):
     return config_from_file(cls, path, section, **overrides)
 
 def add_config_constructors(*classes):
-    "Give each dataclass config class the class methods `from_dict(data, **overrides)` and `from_file(path, section, **overrides)`."
+    "Give each dataclass config class the class methods `from_dict(data, **kw)` and `from_file(path, section, **kw)`."
     for cls in classes:
         if not dataclasses.is_dataclass(cls): raise TypeError(f"{cls!r} is not a dataclass config class")
         setattr(cls, "from_dict", classmethod(_from_dict))
@@ -79,5 +84,6 @@ def attach_to_package_configs():
     "Attach from_dict/from_file to every trainer config and APIComparatorConfig (called when comlrl_nb is imported)."
     from comlrl_nb.trainers import reinforce as R, actor_critic as AC, madpo as D, marlhf as H, iterative as I
     from comlrl_nb.api import APIComparatorConfig
-    add_config_constructors(R.MAGRPOConfig, R.MAREINFORCEConfig, R.MARLOOConfig, R.MAReMaxConfig, AC.MAACConfig, AC.IACConfig,
+    add_config_constructors(R.MAGRPOConfig, R.MAREINFORCEConfig, R.MARLOOConfig, R.MAReMaxConfig, AC.MAACConfig,
+                            AC.IACConfig,
                             D.MADPOConfig, H.MARLHFConfig, I.MADPOIterConfig, I.MARLHFIterConfig, APIComparatorConfig)

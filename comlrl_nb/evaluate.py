@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
+from .core import logger
 from .generation import generate_completions
 from .rewards import RewardFunction, apply_chat_template, format_prompt
 from .rollout import call_transition
@@ -19,75 +20,90 @@ from .tasks import Task, pass_at_k_summary
 __all__ = ['load_eval_agents', 'evaluate_agents']
 
 # %% ../nbs/65_evaluate.ipynb #b2254d9f
+def _saved_agents(p: Path, num_agents: int, device=None) -> tuple[list, list]:
+    from comlrl_nb.models import load_model, load_tokenizer
+    dirs = sorted((d for d in p.iterdir() if d.is_dir() and d.name.startswith("agent_")), key=lambda d: int(d.name[6:]))
+    if len(dirs) != num_agents:
+        raise ValueError(f"{p} holds {len(dirs)} saved agents ({', '.join(d.name for d in dirs)}) but the task has "
+                         f"{num_agents}; pass --num-agents or the matching task")
+    return [load_model(d, device=device) for d in dirs], [load_tokenizer(d) for d in dirs]
+
 def load_eval_agents(agents=None, num_agents: int = 2, tokenizer=None, device=None) -> tuple[list, list]:
     "(models, tokenizers), one per agent, from a saved-agents directory, a model spec shared by all, or model objects."
     from comlrl_nb.models import load_model, load_tokenizer, make_tiny_model
-    if agents is None: raise ValueError("pass the agents: a directory of saved agents, a model id/path/'embedded'/'tiny', or models")
+    if agents is None:
+        raise ValueError("pass the agents: a directory of saved agents, a model id/path/'embedded'/'tiny', or models")
     if isinstance(agents, (list, tuple)):
-        if len(agents) != num_agents: raise ValueError(f"{len(agents)} models for {num_agents} agents; give one per agent")
+        if len(agents) != num_agents: raise ValueError(f"{len(agents)} models for {num_agents} agents; give one each")
         toks = tokenizer if isinstance(tokenizer, (list, tuple)) else [tokenizer] * num_agents
         if any(t is None for t in toks): raise ValueError("model objects need their tokenizer: pass tokenizer=")
         return list(agents), [load_tokenizer(t) for t in toks]
     if agents == "tiny":
         m, tok = make_tiny_model()
         return [m] * num_agents, [tok] * num_agents
-    p = Path(agents)
-    if p.is_dir() and (p / "agent_0").is_dir():
-        dirs = sorted((d for d in p.iterdir() if d.is_dir() and d.name.startswith("agent_")), key=lambda d: int(d.name.split("_")[1]))
-        if len(dirs) != num_agents:
-            raise ValueError(f"{p} holds {len(dirs)} saved agents ({', '.join(d.name for d in dirs)}) but the task has {num_agents}; "
-                             "pass --num-agents or the matching task")
-        return [load_model(d, device=device) for d in dirs], [load_tokenizer(d) for d in dirs]
-    m = load_model(agents if not isinstance(agents, Path) else str(agents), device=device)
-    return [m] * num_agents, [load_tokenizer(agents if not isinstance(agents, Path) else str(agents))] * num_agents
+    spec = str(agents) if isinstance(agents, os.PathLike) else agents
+    if Path(spec).is_dir() and (Path(spec) / "agent_0").is_dir(): return _saved_agents(Path(spec), num_agents, device)
+    return [load_model(spec, device=device)] * num_agents, [load_tokenizer(spec)] * num_agents
 
 # %% ../nbs/65_evaluate.ipynb #43628776
 def _sample(models, toks, prompts, k, a, keys) -> list:
     "Per agent: B*k completion texts (sample j of row b at b*k + j)."
-    return [generate_completions(m, t, p, k=k, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-                                 top_k=a.top_k, autocast_dtype=getattr(a, "autocast_dtype", None), keys=kk).texts
+    opts = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                autocast_dtype=getattr(a, "autocast_dtype", None))
+    return [generate_completions(m, t, p, k=k, keys=kk, **opts).texts
             for m, t, p, kk in zip(models, toks, prompts, keys)]
 
 def _inputs(task: Task, toks, a, rows, raw=None) -> list:
-    "Per agent, the model input of each row: the formatter's prompt (of the transition's text, when given), chat-wrapped."
+    "Per agent, the model input of each row: the formatter's prompt (of the transition's text if given), chat-wrapped."
     out = []
     for i, (f, t) in enumerate(zip(task.formatters, toks)):
-        ps = [r if a.external_prompt_passthrough else format_prompt(f, {**row, "prompt": r}, i) for row, r in zip(rows, raw[i])] \
-             if raw is not None else [format_prompt(f, row, i) for row in rows]
+        if raw is None: ps = [format_prompt(f, row, i) for row in rows]
+        elif a.external_prompt_passthrough: ps = list(raw[i])
+        else: ps = [format_prompt(f, {**row, "prompt": r}, i) for row, r in zip(rows, raw[i])]
         out.append([apply_chat_template(t, p) for p in ps] if getattr(a, "use_chat_template", False) else ps)
     return out
 
 # %% ../nbs/65_evaluate.ipynb #8d3a02b2
+def _next_prompts(task: Task, texts, chains, hist_p, hist_r, n) -> list:
+    "Per agent, the transition's next prompt of every chain (the chain's row goes along as batch_item=)."
+    out = []
+    for c, row in enumerate(chains):
+        first = row.get("prompt", hist_p[0][c][0]) if isinstance(row, dict) else hist_p[0][c][0]
+        out.append(call_transition(task.external_transition, first, [texts[-1][i][c] for i in range(n)], n,
+                                   [hist_p[i][c] for i in range(n)], [hist_r[i][c] for i in range(n)], row))
+    return [[r[i] for r in out] for i in range(n)]
+
 def _turns(task: Task, models, toks, a, rows, ids, k, num_turns):
     "Texts per turn (per agent, B*k) and the rows they belong to, running the transition between turns."
     n, B = task.num_agents, len(rows)
-    texts = [_sample(models, toks, _inputs(task, toks, a, rows), k, a, [[(a.seed, "eval", j, i) for j in ids] for i in range(n)])]
+    first = _inputs(task, toks, a, rows)
+    texts = [_sample(models, toks, first, k, a, [[(a.seed, "eval", j, i) for j in ids] for i in range(n)])]
     chains = [rows[c // k] for c in range(B * k)]
-    hist_p = [[[p] for p in ps for _ in range(k)] for ps in _inputs(task, toks, a, rows)]   # per agent, per chain
+    hist_p = [[[p] for p in ps for _ in range(k)] for ps in first]          # per agent, per chain
     hist_r = [[[x] for x in texts[0][i]] for i in range(n)]
     for t in range(1, num_turns):
-        raw = [call_transition(task.external_transition, row.get("prompt", hist_p[0][c][0]), [texts[-1][i][c] for i in range(n)], n,
-                               [hist_p[i][c] for i in range(n)], [hist_r[i][c] for i in range(n)], row) for c, row in enumerate(chains)]
-        raw = [[r[i] for r in raw] for i in range(n)]
-        inp = _inputs(task, toks, a, chains, raw)
+        raw = _next_prompts(task, texts, chains, hist_p, hist_r, n)
         keys = [[(a.seed, "eval", ids[c // k], i, t, c % k) for c in range(B * k)] for i in range(n)]
-        texts.append(_sample(models, toks, inp, 1, a, keys))
+        texts.append(_sample(models, toks, _inputs(task, toks, a, chains, raw), 1, a, keys))
         for i in range(n):
-            for c in range(B * k): hist_p[i][c].append(raw[i][c]); hist_r[i][c].append(texts[-1][i][c])
+            for c in range(B * k):
+                hist_p[i][c].append(raw[i][c])
+                hist_r[i][c].append(texts[-1][i][c])
     return texts, chains
 
 # %% ../nbs/65_evaluate.ipynb #8baac672
 @torch.no_grad()
-def evaluate_agents(task: Task, agents=None, items: Optional[Sequence[dict]] = None, args=None, num_samples: Optional[int] = None,
-                    ks: Optional[Sequence[int]] = None, tokenizer=None, batch_size: int = 8, num_turns: Optional[int] = None) -> dict:
-    "Mean reward, standard error and count of `num_samples` joint responses per row (pass@k with the task's success_func)."
+def evaluate_agents(task: Task, agents=None, items: Optional[Sequence[dict]] = None, args=None,
+                    num_samples: Optional[int] = None, ks: Optional[Sequence[int]] = None, tokenizer=None,
+                    batch_size: int = 8, num_turns: Optional[int] = None) -> dict:
+    "Mean reward, standard error and count of `num_samples` joint responses per row (pass@k with a success_func)."
     from comlrl_nb.trainers.reinforce import MAGRPOConfig
     a = args if args is not None else MAGRPOConfig(num_agents=task.num_agents)
     rows = list(items if items is not None else (task.eval_dataset or task.train_dataset))
     if not rows: raise ValueError("no rows to evaluate: the task has no eval or train items; pass items=")
-    k = num_samples or a.num_generations
-    T = num_turns or a.num_turns
-    if T > 1 and task.external_transition is None: raise ValueError(f"num_turns={T} needs the task's external transition")
+    k, T = num_samples or a.num_generations, num_turns or a.num_turns
+    if T > 1 and task.external_transition is None:
+        raise ValueError(f"num_turns={T} needs the task's external transition")
     models, toks = agents if isinstance(agents, tuple) else load_eval_agents(agents, task.num_agents, tokenizer)
     rf = RewardFunction(task.reward_func, task.num_agents)
     per_turn, correct = [[] for _ in range(T)], []
@@ -98,13 +114,15 @@ def evaluate_agents(task: Task, agents=None, items: Optional[Sequence[dict]] = N
         if task.success_func is not None:
             ok = list(task.success_func(*texts[-1], batch_items=chains))
             correct += [ok[b * k:(b + 1) * k] for b in range(len(ids))]
+        logger.info(f"evaluated {ids[-1] + 1} of {len(rows)} rows ({k} joint responses each)")
     return _summary(per_turn, correct, k, len(rows), ks)
 
 # %% ../nbs/65_evaluate.ipynb #f90d4b01
 def _summary(per_turn: list, correct: list, k: int, num_rows: int, ks) -> dict:
     r = np.asarray(per_turn[-1], dtype=float)
-    out = {"mean": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else None, "n": int(len(r)),
-           "rows": num_rows, "samples_per_row": k, "num_turns": len(per_turn)}
+    se = float(r.std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else None
+    out = {"mean": float(r.mean()), "se": se, "n": int(len(r)), "rows": num_rows, "samples_per_row": k,
+           "num_turns": len(per_turn)}
     if len(per_turn) > 1: out.update({f"turn_{t + 1}/mean": float(np.mean(x)) for t, x in enumerate(per_turn)})
     if correct:
         ks = sorted({1, k} | {x for x in (5, 10, 100) if x <= k}) if ks is None else [x for x in ks if 1 <= x <= k]

@@ -22,15 +22,18 @@ def _jsonl(p: Path) -> list:
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip(): continue
         try: rows.append(json.loads(line))
-        except json.JSONDecodeError as e: raise ValueError(f"{p}, line {n}: not valid JSON ({e.msg}); a JSONL file holds one object a line") from None
+        except json.JSONDecodeError as e: raise ValueError(f"{p}, line {n}: not valid JSON ({e.msg}); a JSONL file "
+                                                           "holds one object a line") from None
     return rows
 
 def _json(p: Path) -> list:
     try: data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e: raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); for one object a line use .jsonl") from None
+    except json.JSONDecodeError as e: raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); for one "
+                                                       "object a line use .jsonl") from None
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
-        if len(lists) != 1: raise ValueError(f"{p}: a JSON object must hold exactly one list of rows (e.g. {{\"data\": [...]}}), found {len(lists)}")
+        if len(lists) != 1: raise ValueError(f"{p}: a JSON object must hold exactly one list of rows (e.g. "
+                                             f"{{\"data\": [...]}}), found {len(lists)}")
         data = lists[0]
     return data
 
@@ -38,7 +41,8 @@ def _json(p: Path) -> list:
 def _saved(p: Path, split: Optional[str]) -> list:
     from datasets import Dataset, DatasetDict, load_from_disk
     try: ds = load_from_disk(str(p))
-    except FileNotFoundError as e: raise FileNotFoundError(f"{p} is a directory but not one saved by datasets' save_to_disk ({e})") from None
+    except FileNotFoundError as e: raise FileNotFoundError(f"{p} is a directory but not one saved by datasets' "
+                                                           f"save_to_disk ({e})") from None
     if isinstance(ds, DatasetDict):
         name = split or ("train" if "train" in ds else next(iter(ds)))
         if name not in ds: raise ValueError(f"{p} has the splits {list(ds)}, not {name!r}; pass one of them")
@@ -49,7 +53,8 @@ def _saved(p: Path, split: Optional[str]) -> list:
 def load_rows(path, split: Optional[str] = None) -> list[dict]:
     "The rows (dicts) of a JSONL/JSON/CSV/Parquet file or a saved `datasets` directory."
     p = Path(path)
-    if not p.exists(): raise FileNotFoundError(f"dataset {p} does not exist; give a {'/'.join(DATA_FORMATS)} file or a saved datasets directory")
+    if not p.exists(): raise FileNotFoundError(f"dataset {p} does not exist; give a {'/'.join(DATA_FORMATS)} file "
+                                               "or a saved datasets directory")
     if p.is_dir(): rows = _saved(p, split)
     elif p.suffix == ".jsonl": rows = _jsonl(p)
     elif p.suffix == ".json": rows = _json(p)
@@ -58,10 +63,12 @@ def load_rows(path, split: Optional[str] = None) -> list[dict]:
     elif p.suffix == ".parquet":
         import pyarrow.parquet as pq
         rows = pq.read_table(p).to_pylist()
-    else: raise ValueError(f"dataset {p}: unknown format {p.suffix!r}; use one of {', '.join(DATA_FORMATS)} or a saved datasets directory")
+    else: raise ValueError(f"dataset {p}: unknown format {p.suffix!r}; use one of {', '.join(DATA_FORMATS)} or a "
+                           "saved datasets directory")
     if not isinstance(rows, list) or not rows: raise ValueError(f"dataset {p} holds no rows; it needs at least one")
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-    if bad is not None: raise ValueError(f"dataset {p}: row {bad} is a {type(rows[bad]).__name__}; every row must be an object with named fields")
+    if bad is not None: raise ValueError(f"dataset {p}: row {bad} is a {type(rows[bad]).__name__}; every row must "
+                                         "be an object with named fields")
     return rows
 
 # %% ../nbs/64_own_data.ipynb #f077ef63
@@ -69,11 +76,15 @@ def _file_module(path: Path):
     key = "comlrl_nb_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     if key in sys.modules: return sys.modules[key]
     spec = importlib.util.spec_from_file_location(key, path)
-    mod = importlib.util.module_from_spec(spec); sys.modules[key] = mod
-    folder, added = str(path.resolve().parent), False
-    if folder not in sys.path: sys.path.insert(0, folder); added = True
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod
+    folder = str(path.resolve().parent)
+    added = folder not in sys.path
+    if added: sys.path.insert(0, folder)
     try: spec.loader.exec_module(mod)
-    except BaseException: sys.modules.pop(key, None); raise
+    except BaseException:
+        sys.modules.pop(key, None)
+        raise
     finally:
         if added: sys.path.remove(folder)
     return mod
@@ -91,9 +102,11 @@ def load_object(spec: str, what: str = "function") -> Callable:
     else:
         try: mod = importlib.import_module(src)
         except ModuleNotFoundError as e:
-            raise ImportError(f"{what} {spec!r}: cannot import module {src!r} ({e}); for a file write {src}.py:{name}") from None
+            raise ImportError(f"{what} {spec!r}: cannot import module {src!r} ({e}); for a file write "
+                              f"{src}.py:{name}") from None
     if not hasattr(mod, name):
-        names = [n for n, v in vars(mod).items() if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == mod.__name__]
+        names = [n for n, v in vars(mod).items()
+                 if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == mod.__name__]
         close = difflib.get_close_matches(name, names, n=1)
         raise ValueError(f"{what} {spec!r}: {src} has no {name!r}." + (f" Did you mean {close[0]!r}?" if close else "")
                          + f" It defines: {', '.join(names) or 'no public functions'}")
@@ -107,28 +120,35 @@ def check_reward_signature(fn: Callable, num_agents: int, name: str = "reward") 
     try: params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError): params = None
     if params is not None:
-        pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("batch_items", "prompts")]
+        pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                               p.POSITIONAL_OR_KEYWORD) and p.name not in ("batch_items", "prompts")]
         var_pos = any(p.kind == p.VAR_POSITIONAL for p in params)
         lists = num_agents > 1 and len([p for p in pos if p.default is p.empty]) == 1
         if not var_pos and not lists and len(pos) < num_agents:
-            raise TypeError(f"{name} '{getattr(fn, '__name__', fn)}' takes {len(pos)} positional parameter(s) but there are {num_agents} "
-                            f"agents; it must take one list of completions per agent, e.g. f(c1, ..., c{num_agents}, batch_items=None)")
+            raise TypeError(f"{name} '{getattr(fn, '__name__', fn)}' takes {len(pos)} positional parameter(s) but "
+                            f"there are {num_agents} "
+                            "agents; it must take one list of completions per agent, e.g. f(c1, ..., "
+                            f"c{num_agents}, batch_items=None)")
     return RewardFunction(fn, num_agents)
 
 # %% ../nbs/64_own_data.ipynb #98170fea
 def check_columns(rows: Sequence[dict], formatters: Sequence[Callable], where: str = "dataset"):
-    "Every formatter must build a prompt string from every row; a missing column names the row, the column and the columns there are."
+    "Every formatter must make a prompt string of every row; a missing column names row, column and columns."
     for r, row in enumerate(rows):
         for i, f in enumerate(formatters):
             try: format_prompt(f, row, i)
             except KeyError as e:
                 key = e.args[0] if e.args else None
                 col = "prompt" if f is default_formatter else key if isinstance(key, str) and len(key) < 80 else str(e)
-                raise ValueError(f"{where}, row {r}: the prompt of agent {i + 1} ({getattr(f, '__name__', f)}) needs the column {col!r}, "
-                                 f"which the row lacks; its columns are {sorted(row)}. Add the column or pass --formatters") from None
+                raise ValueError(f"{where}, row {r}: the prompt of agent {i + 1} ({getattr(f, '__name__', f)}) "
+                                 f"needs the column {col!r}, "
+                                 f"which the row lacks; its columns are {sorted(row)}. Add the column or pass "
+                                 "--formatters") from None
             except Exception as e:
-                raise ValueError(f"{where}, row {r}: the formatter of agent {i + 1} ({getattr(f, '__name__', f)}) failed ({type(e).__name__}: "
-                                 f"{e}); a formatter takes a row (a dict) and returns the agent's prompt string") from None
+                raise ValueError(f"{where}, row {r}: the formatter of agent {i + 1} ({getattr(f, '__name__', f)}) "
+                                 f"failed ({type(e).__name__}: "
+                                 f"{e}); a formatter takes a row (a dict) and returns the agent's prompt "
+                                 "string") from None
 
 # %% ../nbs/64_own_data.ipynb #6450fb9d
 def _functions(specs, what: str) -> list:
@@ -137,7 +157,9 @@ def _functions(specs, what: str) -> list:
     if isinstance(specs, str): specs = [s.strip() for s in specs.split(",") if s.strip()]
     out, src = [], None
     for s in specs:
-        if callable(s): out.append(s); continue
+        if callable(s):
+            out.append(s)
+            continue
         if ":" not in s and src is not None: s = f"{src}:{s}"
         src = s.rsplit(":", 1)[0] if ":" in s else src
         out.append(load_object(s, what))
@@ -152,19 +174,22 @@ def _eval_split(path) -> Optional[list]:
     return ds[name].to_list() if name else None
 
 # %% ../nbs/64_own_data.ipynb #ad9a81e1
-def own_task(dataset, reward, formatters=None, num_agents: int = 2, transition=None, eval_dataset=None, name: str = "own") -> Task:
+def own_task(dataset, reward, formatters=None, num_agents: int = 2, transition=None, eval_dataset=None,
+             name: str = "own") -> Task:
     "A Task from your rows (list or path) and reward (callable or 'FILE.py:NAME'); checked before any model loads."
     if isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1:
         raise ValueError(f"num_agents must be a positive integer, got {num_agents!r}")
     rows = load_rows(dataset) if isinstance(dataset, (str, os.PathLike)) else list(dataset)
-    held = eval_dataset if eval_dataset is not None else (_eval_split(dataset) if isinstance(dataset, (str, os.PathLike)) else None)
+    is_path = isinstance(dataset, (str, os.PathLike))
+    held = eval_dataset if eval_dataset is not None else (_eval_split(dataset) if is_path else None)
     held = load_rows(held) if isinstance(held, (str, os.PathLike)) else list(held or [])
     fn = reward if callable(reward) else load_object(reward, "reward")
     check_reward_signature(fn, num_agents)
     fs = _functions(formatters, "formatter") or [default_formatter]
     fs = fs * num_agents if callable(fs) or len(fs) == 1 else fs
     fs = [fs] * num_agents if callable(fs) else fs
-    if len(fs) != num_agents: raise ValueError(f"{len(fs)} formatters for {num_agents} agents; give one (shared) or one per agent")
+    if len(fs) != num_agents: raise ValueError(f"{len(fs)} formatters for {num_agents} agents; give one (shared) or "
+                                               "one per agent")
     check_columns(rows, fs, str(dataset) if isinstance(dataset, (str, os.PathLike)) else "dataset")
     if held: check_columns(held, fs, "eval dataset")
     tr = transition if transition is None or callable(transition) else load_object(transition, "transition")

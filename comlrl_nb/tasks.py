@@ -54,7 +54,8 @@ def length_ratio_task(target: float = 3.0, num_eval: int = 6) -> Task:
 def pass_at_k(n: int, c: int, k: int) -> float:
     "Unbiased pass@k of one item with n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."
     for v, nm in ((n, "n"), (c, "c"), (k, "k")):
-        if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"pass_at_k: {nm} must be an integer, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"pass_at_k: {nm} must be an integer, got "
+                                                                          f"{v!r}")
     if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass_at_k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
     if n - c < k: return 1.0
@@ -64,7 +65,8 @@ def pass_at_k_summary(correct: Sequence[Sequence[bool]], ks: Sequence[int] = (1,
     "Mean pass@k over items, given each item's list of per-sample correctness; k larger than the samples are left out."
     if not correct: raise ValueError("pass_at_k_summary needs at least one item")
     n = min(len(c) for c in correct)
-    return {f"pass@{k}": sum(pass_at_k(len(c), sum(map(bool, c)), k) for c in correct) / len(correct) for k in ks if 1 <= k <= n}
+    return {f"pass@{k}": sum(pass_at_k(len(c), sum(map(bool, c)),
+                                       k) for c in correct) / len(correct) for k in ks if 1 <= k <= n}
 
 # %% ../nbs/05_tasks.ipynb #e945e4c8
 def lazy_task(module: str, builder: str) -> Callable[..., Task]:

