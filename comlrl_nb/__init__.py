@@ -13,7 +13,7 @@ from .models import load_agents, load_model, load_tokenizer, load_embedded, make
 from .generation import Completions, generate_completions, compose_joint, joint_indices, per_agent_returns
 from .scoring import completion_logprobs, k3_kl
 from .rewards import RewardFunction, RewardError, default_formatter, apply_chat_template
-from .tasks import Task, get_task, length_ratio_reward
+from .tasks import Task, get_task, length_ratio_reward, pass_at_k
 from .advantages import ADVANTAGE_MODES, baselines, node_advantages, penalized_returns
 from .losses import reinforce_loss
 from .engine import plot_run, read_metrics
@@ -39,9 +39,12 @@ from .porting import (RewardProcessors, read_checkpoint_metadata, wandb_init_kwa
                                install_library_modules, install_trainer_wrappers)
 install_library_modules()          # comlrl's module paths (comlrl_nb.utils.reward_processor, ...), see 90_porting
 install_trainer_wrappers()         # the library's wandb_config, reward layout and num_agents on every trainer
+from .config_files import config_from_dict, config_from_file, add_config_constructors, attach_to_package_configs
+attach_to_package_configs()      # MAGRPOConfig.from_file(...), .from_dict(...) on every config class
 
 # %% ../nbs/99_api.ipynb #100d7049
 _LAZY = {"code_task": "comlrl_nb.envs.code", "writing_task": "comlrl_nb.envs.writing",
+         "humaneval_task": "comlrl_nb.envs.humaneval",
          "run_sandboxed": "comlrl_nb.sandbox", "run_tests": "comlrl_nb.sandbox", "SandboxResult": "comlrl_nb.sandbox"}
 
 def __getattr__(name):

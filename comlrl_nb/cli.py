@@ -4,19 +4,21 @@
 
 # %% ../nbs/80_cli.ipynb #356783ff
 from __future__ import annotations
-import argparse, dataclasses, difflib, json, math, re, sys, time
+import argparse, contextlib, dataclasses, difflib, json, math, re, sys, time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 from .core import atomic_write_json, logger, setup_logging
-from .tasks import TASKS, get_task
+from .config_files import config_from_dict, read_config_file
+from .tasks import TASKS, Task, get_task
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'load_config_file', 'build_config', 'heldout_reward',
-           'cmd_train', 'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query', 'cmd_options', 'run',
-           'main']
+__all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'load_config_file', 'build_config',
+           'heldout_reward', 'add_data_args', 'task_from_args', 'plain_weights', 'save_final', 'add_eval_parser',
+           'cmd_eval', 'cmd_train', 'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query',
+           'cmd_options', 'run', 'main']
 
 # %% ../nbs/80_cli.ipynb #cac70cfe
 def _algorithms() -> dict:
@@ -47,34 +49,12 @@ def _coerce(text: str):
     except json.JSONDecodeError: return text
 
 def load_config_file(path) -> dict:
-    "A YAML or JSON mapping from a file, with a clear error for anything else."
-    p = Path(path)
-    if not p.exists(): raise FileNotFoundError(f"config file {p} does not exist")
-    text = p.read_text()
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml; data = yaml.safe_load(text)
-        else: data = json.loads(text)
-    except Exception as e: raise ValueError(f"config file {p} could not be parsed ({type(e).__name__}: {e}); use YAML (.yaml/.yml) or JSON") from None
-    if data is None: data = {}
-    if not isinstance(data, dict): raise ValueError(f"config file {p} must hold a mapping of config fields, got {type(data).__name__}")
-    return data
+    "A YAML or JSON mapping from a file, with a clear error for anything else (see 27_config_files)."
+    return read_config_file(path)
 
 def build_config(config_cls, overrides: dict):
-    "Instantiate a config dataclass, rejecting unknown keys with a suggestion."
-    valid = [f.name for f in dataclasses.fields(config_cls)]
-    for k in overrides:
-        if k not in valid:
-            close = difflib.get_close_matches(k, valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown config key {k!r} for {config_cls.__name__}.{hint} Valid keys: {', '.join(valid)}")
-    floats = {f.name for f in dataclasses.fields(config_cls) if "float" in str(f.type)}
-    return config_cls(**{k: (_float_text(v) if k in floats else v) for k, v in overrides.items()})
-
-def _float_text(v):
-    "YAML 1.1 reads 5e-6 (no dot) as a string: such a value becomes the float it spells; anything else is left to the config's check."
-    try: return float(v) if isinstance(v, str) else v
-    except ValueError: return v
+    "Instantiate a config dataclass, rejecting unknown keys with a suggestion (see 27_config_files)."
+    return config_from_dict(config_cls, overrides)
 
 # %% ../nbs/80_cli.ipynb #3aaf33cc
 def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -> dict:
@@ -91,6 +71,94 @@ def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -
     return {"mean": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(len(r))), "n": int(len(r)), **extra,
             "completion_len": [float(c.lengths.float().mean()) for c in comps], "example": [c.texts[0] for c in comps]}
 
+# %% ../nbs/80_cli.ipynb #263f7e9d
+def add_data_args(p: argparse.ArgumentParser):
+    "The options that name your own data and functions (train and eval)."
+    p.add_argument("--dataset", help="your rows: a JSONL/JSON/CSV/Parquet file or a saved datasets directory")
+    p.add_argument("--eval-dataset", help="held-out rows (default: a saved dataset's test/validation split, else none)")
+    p.add_argument("--reward", help="your reward as FILE.py:NAME or module:NAME; it gets the rows as batch_items=")
+    p.add_argument("--formatters", help="FILE.py:NAME[,NAME...], one shared or one per agent (default: the row's prompt)")
+    p.add_argument("--num-agents", type=int, help="agents on your data (default 2)")
+    p.add_argument("--transition", help="FILE.py:NAME making each next turn's prompts (2 turns unless --set num_turns=)")
+
+def task_from_args(args) -> Task:
+    "The built-in task of --task, or a task from --dataset/--reward/--formatters/--num-agents/--transition."
+    keys = ("reward", "formatters", "transition", "eval_dataset")
+    own = [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None)]
+    if not getattr(args, "dataset", None):
+        if own: raise ValueError(f"{', '.join(own)} need --dataset PATH (your rows); or drop them and use --task")
+        task = get_task(args.task or "length_ratio")
+        if args.num_agents is not None and args.num_agents != task.num_agents:
+            raise ValueError(f"--num-agents {args.num_agents}: task '{task.name}' has {task.num_agents} agents; "
+                             "drop --num-agents")
+        return task
+    if args.task: raise ValueError("give either --task NAME or --dataset PATH, not both")
+    if not args.reward:
+        raise ValueError("--dataset needs --reward FILE.py:NAME (or module:NAME): the function scoring joint responses")
+    from comlrl_nb.own_data import own_task
+    return own_task(args.dataset, args.reward, args.formatters, args.num_agents or 2, args.transition,
+                    args.eval_dataset, name=Path(args.dataset).stem)
+
+# %% ../nbs/80_cli.ipynb #e0666561
+FINAL_DIR = "final"
+
+@contextlib.contextmanager
+def plain_weights(models):
+    "Let GGUF-loaded models (the embedded one) save: their weights are plain tensors, only the gguf marker blocks it."
+    marked = [(m, m.hf_quantizer, m.config.__dict__.pop("quantization_config", None)) for m in models
+              if type(getattr(m, "hf_quantizer", None)).__name__ == "GgufHfQuantizer"]
+    for m, _, _ in marked: m.hf_quantizer = None
+    try: yield
+    finally:
+        for m, q, qc in marked:
+            m.hf_quantizer = q
+            if qc is not None: m.config.quantization_config = qc
+
+def save_final(trainer, output_dir) -> Path:
+    "Write the trained agents to <output_dir>/final/agent_i/ (each a model directory with its tokenizer)."
+    with plain_weights(trainer.agents): return Path(trainer.save_model(Path(output_dir) / FINAL_DIR))
+
+def add_eval_parser(sub):
+    e = sub.add_parser("eval", help="evaluate saved agents (or a model) on a task or your rows; prints one JSON line",
+                       description="Sample agents on rows; print one JSON line: mean, se, n (pass@k for code tasks).")
+    e.add_argument("--agents", help="a directory of saved agents (agent_0/, agent_1/, ...), e.g. <output_dir>/final")
+    e.add_argument("--model", help="one model for every agent instead: embedded | tiny | PATH | hub id")
+    e.add_argument("--task", help=f"a built-in task ({', '.join(TASKS)}); default length_ratio unless --dataset")
+    e.add_argument("--split", default="eval", choices=("eval", "train", "all"), help="the task's rows (default eval)")
+    add_data_args(e)
+    e.add_argument("--samples", type=int, help="joint responses per row (default: the config's num_generations)")
+    e.add_argument("--max-rows", type=int, help="evaluate only the first N rows")
+    e.add_argument("--algo", default="magrpo", help="whose config holds the sampling settings (default magrpo)")
+    e.add_argument("--config", help="YAML or JSON file of config fields (sampling settings)")
+    e.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override single config fields")
+
+# %% ../nbs/80_cli.ipynb #cd4b7eee
+def _run_config(agents) -> dict:
+    "The config a run saved in <output_dir>/report.json when `agents` is its final/ folder."
+    rep = Path(agents).parent / "report.json" if agents else None
+    return json.loads(rep.read_text()).get("config", {}) if rep is not None and rep.is_file() else {}
+
+def cmd_eval(args) -> dict:
+    "The `eval` command: agents, rows and sampling settings from the flags; the summary as one JSON line on stdout."
+    if bool(args.agents) == bool(args.model):
+        raise ValueError("give the agents to evaluate: --agents DIR (saved agents) or --model SPEC")
+    if args.agents and not Path(args.agents).is_dir(): raise FileNotFoundError(f"--agents {args.agents}: no such directory")
+    cfg_cls, _ = _check_algo(args.algo)
+    task, user = task_from_args(args), _overrides(args)
+    names = {f.name for f in dataclasses.fields(cfg_cls)}
+    run_cfg = {k: v for k, v in _run_config(args.agents).items() if k in names and k not in ("output_dir", "num_agents")}
+    preset = _algo_overrides(args.algo, cfg_cls, task, args.model or "saved", user)
+    cfg = build_config(cfg_cls, {**preset, **run_cfg, "num_agents": task.num_agents, **user})
+    splits = {"eval": task.eval_dataset, "train": task.train_dataset, "all": task.train_dataset + task.eval_dataset}
+    rows = task.train_dataset if args.dataset else splits[args.split]
+    rows = rows[:args.max_rows] if args.max_rows else rows
+    from comlrl_nb.evaluate import evaluate_agents
+    with contextlib.redirect_stdout(sys.stderr):          # stdout carries only the JSON line
+        res = evaluate_agents(task, args.agents or args.model, items=rows, args=cfg, num_samples=args.samples)
+    res = {**res, "task": task.name, "agents": args.agents or args.model}
+    print(json.dumps(res))
+    return res
+
 # %% ../nbs/80_cli.ipynb #a62572e7
 def _parser() -> argparse.ArgumentParser:
     tasks = ", ".join(sorted(TASKS))
@@ -104,12 +172,15 @@ def _parser() -> argparse.ArgumentParser:
                     "  run `comlrl-nb options --algo magrpo` to list them with defaults")
     t.add_argument("--algo", default="magrpo", help=f"one of {', '.join(ALGORITHMS)} (default magrpo)")
     t.add_argument("--model", default="embedded", help="embedded | tiny | PATH | hub id (default embedded)")
-    t.add_argument("--task", default="length_ratio", help=f"one of {tasks} (default length_ratio)")
+    t.add_argument("--task", help=f"one of {tasks} (default length_ratio); or your own rows with --dataset")
     t.add_argument("--config", help="YAML or JSON file of config fields (applied over the preset)")
     t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override single config fields")
     t.add_argument("--output-dir", help="where metrics.jsonl, plots and checkpoints go (default runs/<algo>)")
     t.add_argument("--heldout-samples", type=int, default=25, help="joint responses per held-out item, before and after (0 skips)")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output directory")
+    t.add_argument("--no-final", action="store_true", help="do not write the trained agents to <output_dir>/final/agent_i/")
+    add_data_args(t)
+    add_eval_parser(sub)
     o = sub.add_parser("options", help="list an algorithm's config fields with their defaults")
     o.add_argument("--algo", default="magrpo")
     r = sub.add_parser("readme", help="regenerate README.md from nbs/index.ipynb")
@@ -172,7 +243,7 @@ def _algo_overrides(algo: str, cfg_cls, task, model: str, user: dict) -> dict:
 def cmd_train(args) -> dict:
     "The `train` command: build config, task and trainer; measure held-out reward before/after; train; report."
     cfg_cls, trainer_cls = _check_algo(args.algo)
-    task = get_task(args.task); user = _overrides(args)
+    task = task_from_args(args); user = _overrides(args)
     ov = {**_algo_overrides(args.algo, cfg_cls, task, args.model, user), "num_agents": task.num_agents,
           "output_dir": args.output_dir or f"runs/{args.algo}", **user}
     cfg = build_config(cfg_cls, ov)
@@ -180,9 +251,10 @@ def cmd_train(args) -> dict:
     print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output {out.resolve()}")
     t0 = time.perf_counter()
     extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
+    if task.eval_logger is not None: extra.update(eval_logger=task.eval_logger, eval_aggregator=task.eval_aggregator)
     P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents   # models trained
     trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P), reward_func=task.reward_func, formatters=task.formatters,
-                          args=cfg, train_dataset=task.train_dataset, eval_dataset=task.eval_dataset, **extra)
+                          args=cfg, train_dataset=task.train_dataset, eval_dataset=task.eval_dataset or None, **extra)
     print(f"[comlrl-nb] agents loaded in {time.perf_counter() - t0:.1f}s")
     from comlrl_nb.api import scrub_secrets
     report = {"algo": args.algo, "task": task.name, "model": args.model, "config": scrub_secrets(dataclasses.asdict(cfg))}
@@ -197,6 +269,7 @@ def cmd_train(args) -> dict:
     if measure:
         report["heldout_after"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
         print(f"[comlrl-nb] held-out reward after training:  {_fmt(report['heldout_after'])}")
+    if not args.no_final: report["final_agents"] = str(save_final(trainer, out))
     report["total_seconds"] = time.perf_counter() - t0
     atomic_write_json(out / "report.json", report)
     print(f"[comlrl-nb] trained {state['global_batch']} batches in {report['train_seconds']:.0f}s "
@@ -262,6 +335,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "train": cmd_train(args); return 0
     if args.command == "options": return cmd_options(args)
     if args.command == "readme": return cmd_readme(args)
+    if args.command == "eval": cmd_eval(args); return 0
     if args.command == "comparator-query": return cmd_comparator_query(args)
     if args.command == "site":
         from comlrl_nb.site import cmd_site

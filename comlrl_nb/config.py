@@ -4,7 +4,7 @@
 
 # %% ../nbs/26_config.ipynb #74718266
 from __future__ import annotations
-import dataclasses, os
+import contextlib, dataclasses, os
 from abc import ABCMeta
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence
@@ -13,20 +13,20 @@ import torch
 from .core import check_bool, check_choice, check_number, config_error, resolve_device, resolve_dtype
 
 # %% auto #0
-__all__ = ['GROUPS', 'RL_ALGORITHMS', 'group', 'validates', 'check_devices', 'TrainerConfig', 'validate_groups', 'check_unused',
-           'compose', 'config_groups', 'options_rows', 'format_options', 'TeamFields', 'validate_team', 'DeviceFields',
-           'validate_devices', 'ScheduleFields', 'validate_schedule', 'SamplingFields', 'validate_sampling',
-           'GenerationFields', 'validate_generations', 'TurnFields', 'validate_turns', 'MultiTurnFields',
-           'validate_multi_turn', 'JointFields', 'validate_joint', 'BufferFields', 'validate_buffer', 'RolloutFields',
-           'validate_rollout', 'AdvantageFields', 'validate_advantage', 'BaselineFields', 'validate_baseline',
-           'EvalFields', 'validate_evaluation', 'ReferenceKLFields', 'validate_reference_kl', 'RunFields',
-           'validate_run', 'TaskFields', 'validate_task', 'LoggingFields', 'validate_logging', 'CheckpointFields',
-           'validate_checkpointing', 'CriticFields', 'validate_critic', 'ValueHeadFields', 'validate_value_heads',
-           'PreferenceFields', 'validate_preference', 'DPOFields', 'validate_dpo', 'CollaborationFields',
-           'validate_collaboration', 'EnvStepFields', 'validate_env_steps', 'count_env_steps', 'RLBackendFields',
-           'validate_rl_backend', 'RewardModelFields', 'validate_reward_model', 'IterationFields', 'validate_iterative',
-           'reward_range_to_log', 'reward_distributions', 'ComparatorFields', 'validate_comparator', 'ReplayFields',
-           'validate_replay', 'ComparatorAPIFields', 'validate_comparator_api']
+__all__ = ['GROUPS', 'RL_ALGORITHMS', 'group', 'validates', 'check_devices', 'TrainerConfig', 'float_text_to_float',
+           'validate_groups', 'check_unused', 'compose', 'config_groups', 'options_rows', 'format_options',
+           'TeamFields', 'validate_team', 'DeviceFields', 'validate_devices', 'ScheduleFields', 'validate_schedule',
+           'SamplingFields', 'validate_sampling', 'GenerationFields', 'validate_generations', 'TurnFields',
+           'validate_turns', 'MultiTurnFields', 'validate_multi_turn', 'JointFields', 'validate_joint', 'BufferFields',
+           'validate_buffer', 'RolloutFields', 'validate_rollout', 'AdvantageFields', 'validate_advantage',
+           'BaselineFields', 'validate_baseline', 'EvalFields', 'validate_evaluation', 'ReferenceKLFields',
+           'validate_reference_kl', 'RunFields', 'validate_run', 'TaskFields', 'validate_task', 'LoggingFields',
+           'validate_logging', 'CheckpointFields', 'validate_checkpointing', 'CriticFields', 'validate_critic',
+           'ValueHeadFields', 'validate_value_heads', 'PreferenceFields', 'validate_preference', 'DPOFields',
+           'validate_dpo', 'CollaborationFields', 'validate_collaboration', 'EnvStepFields', 'validate_env_steps',
+           'count_env_steps', 'RLBackendFields', 'validate_rl_backend', 'RewardModelFields', 'validate_reward_model',
+           'IterationFields', 'validate_iterative', 'reward_range_to_log', 'reward_distributions', 'ComparatorFields',
+           'validate_comparator', 'ReplayFields', 'validate_replay', 'ComparatorAPIFields', 'validate_comparator_api']
 
 # %% ../nbs/26_config.ipynb #27310ef2
 GROUPS: dict = {}           # name -> group class, in declaration order
@@ -82,9 +82,17 @@ class TrainerConfig(metaclass=ABCMeta):
 
     def __post_init__(self):
         owner = type(self).__name__
+        float_text_to_float(self)
         validate_groups(self, owner, self.config_groups)
         check_unused(self, owner)
         for chk in self.config_checks: chk(self, owner)
+
+def float_text_to_float(c):
+    "YAML 1.1 reads 5e-6 (no dot) as a string: a float field holding a numeric string gets the float it spells."
+    for f in fields(c):
+        v = getattr(c, f.name)
+        if isinstance(v, str) and "float" in str(f.type):
+            with contextlib.suppress(ValueError): setattr(c, f.name, float(v.strip()))
 
 def validate_groups(c, owner: str, groups):
     "Run the validator of each group in `groups` on `c` (errors are prefixed with `owner`)."

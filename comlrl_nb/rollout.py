@@ -4,6 +4,7 @@
 
 # %% ../nbs/20_rollout.ipynb #aec6074f
 from __future__ import annotations
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -11,8 +12,8 @@ import torch
 from .generation import compose_joint, joint_indices
 
 # %% auto #0
-__all__ = ['Node', 'TransitionError', 'call_transition', 'grow_tree', 'compute_returns', 'make_roots', 'tree_counts',
-           'tree_layout', 'plot_tree']
+__all__ = ['Node', 'TransitionError', 'accepts_keyword', 'call_transition', 'grow_tree', 'compute_returns', 'make_roots',
+           'tree_counts', 'tree_layout', 'plot_tree']
 
 # %% ../nbs/20_rollout.ipynb #e5c6a406
 @dataclass
@@ -30,19 +31,27 @@ class Node:
     returns: torch.Tensor = None               # [J] look-ahead returns G_j
     terminated: bool = False                   # stopped early (mean reward above the threshold)
     handle: Any = None                         # opaque data of the generator (e.g. token ids for the update)
+    batch_item: Any = None                     # the task item (row) itself, for transitions that accept it
 
 # %% ../nbs/20_rollout.ipynb #4a93566a
 class TransitionError(ValueError):
     "An external transition broke its contract or raised."
 
+def accepts_keyword(fn: Callable, name: str) -> bool:
+    "Whether `fn` names a parameter `name` that can be passed by keyword (**kwargs alone does not count: it may forward)."
+    try: ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError): return False
+    return any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in ps)
+
 def call_transition(fn: Callable, prompt: str, agent_completions: list, num_agents: int,
-                    prompt_history: list, response_history: list) -> list[str]:
-    "Call an external transition and check it returned one prompt string per agent."
+                    prompt_history: list, response_history: list, batch_item=None) -> list[str]:
+    "Call an external transition (with `batch_item=`, the task item, when it accepts it); check it returned one prompt per agent."
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    extra = {"batch_item": batch_item} if batch_item is not None and accepts_keyword(fn, "batch_item") else {}
     try:
         out = fn(prompt=prompt, agent_completions=list(agent_completions), num_agents=num_agents,
                  prompt_history_per_agent=[list(h) for h in prompt_history],
-                 response_history_per_agent=[list(h) for h in response_history])
+                 response_history_per_agent=[list(h) for h in response_history], **extra)
     except TransitionError: raise
     except Exception as e: raise TransitionError(f"external transition '{name}' raised {type(e).__name__}: {e}") from e
     if isinstance(out, str) or not isinstance(out, (list, tuple)):
@@ -75,9 +84,9 @@ def grow_tree(roots: list[Node], num_turns: int, k: int, mode: str, generate: Ca
                 comps = [parts[i][j] for i in range(n)]
                 rh = [h + [comps[i]] for i, h in enumerate(node.response_history)]    # this branch's responses so far
                 raw = call_transition(transition, item_prompts[node.item] if item_prompts else node.prompts[0], comps, n,
-                                      node.prompt_history, rh)
+                                      node.prompt_history, rh, node.batch_item)
                 child = Node(node.item, t + 1, node.path + (j,), [next_prompt(node.item, i, raw[i]) if next_prompt else raw[i] for i in range(n)],
-                             [h + [raw[i]] for i, h in enumerate(node.prompt_history)], rh)
+                             [h + [raw[i]] for i, h in enumerate(node.prompt_history)], rh, batch_item=node.batch_item)
                 node.children[j] = child; nxt.append(child)
         frontier = nxt
     return levels
@@ -95,7 +104,7 @@ def make_roots(items: Sequence[Any], prompts_per_agent: Sequence[Sequence[str]])
     "One root per item; prompts_per_agent[i][b] is agent i's first prompt for item b."
     n = len(prompts_per_agent)
     return [Node(b, 0, (), [prompts_per_agent[i][b] for i in range(n)], [[prompts_per_agent[i][b]] for i in range(n)],
-                 [[] for _ in range(n)]) for b in range(len(items))]
+                 [[] for _ in range(n)], batch_item=items[b]) for b in range(len(items))]
 
 # %% ../nbs/20_rollout.ipynb #bd52204a
 def tree_counts(num_agents: int, k: int, num_turns: int, mode: str = "aligned") -> dict:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 # %% auto #0
-__all__ = ['TOPICS', 'TASKS', 'length_ratio_reward', 'Task', 'length_ratio_task', 'lazy_task', 'get_task']
+__all__ = ['TOPICS', 'TASKS', 'TASK_SUCCESS', 'length_ratio_reward', 'Task', 'length_ratio_task', 'pass_at_k',
+           'pass_at_k_summary', 'lazy_task', 'get_task']
 
 # %% ../nbs/05_tasks.ipynb #6729e9d1
 TOPICS = ["volcanoes", "the moon", "bicycles", "coffee", "honeybees", "rainbows", "glaciers", "the printing press",
@@ -34,6 +35,9 @@ class Task:
     description: str = ""
     external_transition: Optional[Callable] = None   # multi-turn tasks: builds each next turn's prompts
     num_turns: int = 1                                # the number of turns the task is designed for
+    success_func: Optional[Callable] = None           # (completions per agent..., batch_items) -> bools: solved? (pass@k)
+    eval_logger: Optional[Callable] = None            # trainer eval hooks (e.g. pass@1 of code tasks); both or neither
+    eval_aggregator: Optional[Callable] = None
 
 def _short(item): return f"Describe {item['topic']} in one short sentence."
 def _detailed(item): return f"Describe {item['topic']} in detail."
@@ -45,6 +49,24 @@ def length_ratio_task(target: float = 3.0, num_eval: int = 6) -> Task:
     reward.__name__ = reward.__qualname__ = f"length_ratio_reward(target={target})"
     return Task("length_ratio", items[:-num_eval], items[-num_eval:], [_short, _detailed], reward, 2,
                 f"agent 1 writes one short sentence, agent 2 a detailed description; reward peaks when the second is {target}x longer")
+
+# %% ../nbs/05_tasks.ipynb #8a51592e
+def pass_at_k(n: int, c: int, k: int) -> float:
+    "Unbiased pass@k of one item with n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."
+    for v, nm in ((n, "n"), (c, "c"), (k, "k")):
+        if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"pass_at_k: {nm} must be an integer, got "
+                                                                          f"{v!r}")
+    if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k: return 1.0
+    return 1.0 - math.prod(1.0 - k / m for m in range(n - c + 1, n + 1))
+
+def pass_at_k_summary(correct: Sequence[Sequence[bool]], ks: Sequence[int] = (1,)) -> dict:
+    "Mean pass@k over items, given each item's list of per-sample correctness; k larger than the samples are left out."
+    if not correct: raise ValueError("pass_at_k_summary needs at least one item")
+    n = min(len(c) for c in correct)
+    return {f"pass@{k}": sum(pass_at_k(len(c), sum(map(bool, c)),
+                                       k) for c in correct) / len(correct) for k in ks if 1 <= k <= n}
 
 # %% ../nbs/05_tasks.ipynb #e945e4c8
 def lazy_task(module: str, builder: str) -> Callable[..., Task]:
@@ -58,9 +80,17 @@ def lazy_task(module: str, builder: str) -> Callable[..., Task]:
 
 TASKS: dict[str, Callable[..., Task]] = {"length_ratio": length_ratio_task,
                                          "code": lazy_task("comlrl_nb.envs.code", "code_task"),
-                                         "writing": lazy_task("comlrl_nb.envs.writing", "writing_task")}
+                                         "writing": lazy_task("comlrl_nb.envs.writing", "writing_task"),
+                                         "humaneval": lazy_task("comlrl_nb.envs.humaneval", "humaneval_task")}
+
+#: success tests (for pass@k) of registered tasks whose builder does not set `success_func`: name -> (module, function)
+TASK_SUCCESS = {"code": ("comlrl_nb.envs.humaneval", "code_success")}
 
 def get_task(name: str, **options) -> Task:
     "Build a registered task by name."
     if name not in TASKS: raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
-    return TASKS[name](**options)
+    task = TASKS[name](**options)
+    if task.success_func is None and name in TASK_SUCCESS:
+        import importlib
+        task.success_func = getattr(importlib.import_module(TASK_SUCCESS[name][0]), TASK_SUCCESS[name][1])
+    return task

@@ -251,3 +251,13 @@ def test_iterative_reward_distribution_needs_a_range_and_logs_histograms(tmp_pat
         assert 0 <= rnd[f"round/{side}_p10"] <= rnd[f"round/{side}_p50"] <= rnd[f"round/{side}_p90"] <= 1
     train = [r for r in rows if r.get("phase") == "train"]
     assert train and train[-1]["env_step"] == 2 * rnd["round/train_pairs"] * cfg.num_train_epochs     # 2 steps per pair
+
+
+def test_yaml_numeric_strings_become_floats_in_every_config():
+    "YAML 1.1 reads 5e-6 as a string: every config stores the float it spells (not the string), and refuses text."
+    from comlrl_nb import MAACConfig, MADPOConfig, MAGRPOConfig
+    for cls in (MAGRPOConfig, MAACConfig, MADPOConfig):
+        c = cls(agent_learning_rate="5e-6")
+        assert type(c.agent_learning_rate) is float and c.agent_learning_rate == 5e-6, cls.__name__
+        with pytest.raises(ValueError, match="agent_learning_rate='fast' is invalid"):
+            cls(agent_learning_rate="fast")

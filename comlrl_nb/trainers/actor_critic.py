@@ -550,7 +550,8 @@ def _transition(self: ActorCriticTrainer, e: Episode, t: int):
     "Next prompts of an unfinished episode (through the agents' formatters unless external_prompt_passthrough)."
     orig = e.item.get("prompt", e.prompts[0][0]) if isinstance(e.item, dict) else e.prompts[0][0]
     last = [r[-1] for r in e.responses]
-    try: new = call_transition(self.external_transition, orig, last, self.n, e.prompt_history, e.responses)
+    try: new = call_transition(self.external_transition, orig, last, self.n, e.prompt_history, e.responses,
+                              e.item)
     except TransitionError as err: raise TransitionError(f"{err} (after turn {t + 1} of item {e.item_id})") from err
     for i, p in enumerate(new):
         f = p if self.args.external_prompt_passthrough else self.team.format({**e.item, "prompt": p}, i)
