@@ -116,8 +116,8 @@ def advantages_widget(rewards=(0.2, 0.5, 0.9, 0.4), normalize: bool = False):
     def show(r1, r2, r3, r4, normalize):
         display(plot_advantages([r1, r2, r3, r4], normalize=normalize))
         return advantage_table([r1, r2, r3, r4], normalize=normalize)
-    sl = {f"r{k + 1}": widgets.FloatSlider(value=float(r), min=-1.0, max=2.0, step=0.05, description=f"R^{k + 1}")
-          for k, r in enumerate(rewards)}
+    sl = {f"r{k + 1}": widgets.FloatSlider(value=float(r), min=-1.0, max=2.0, step=0.05, description=f"R^{k + 1}",
+                                           continuous_update=False) for k, r in enumerate(rewards)}
     return widgets.interactive(show, **sl, normalize=widgets.Checkbox(value=bool(normalize), description="normalize"))
 
 # %% ../nbs/10_advantages.ipynb #0e750d90
