@@ -46,12 +46,14 @@ def weights_widget(lam: float = 0.5, num_datasets: int = 5):
     "Sliders for lambda and K (they act when released); `.result` holds the current weights (age order, newest first)."
     import ipywidgets as W
     from IPython.display import display
+    from comlrl_nb.advantages import off_main_shell
     def show(lam=lam, K=num_datasets):
         display(plot_weights(K, lam))         # a pyplot-free figure: JupyterLab may run this callback on another thread
         return [round(float(x), 6) for x in replay_weights(K, lam=lam)]
-    return W.interactive(show, lam=W.FloatSlider(value=lam, min=0.0, max=1.0, step=0.05, description="\u03bb (lambda)",
-                                                 continuous_update=False),
-                         K=W.IntSlider(value=num_datasets, min=1, max=10, description="K", continuous_update=False))
+    w = W.interactive(show, lam=W.FloatSlider(value=lam, min=0.0, max=1.0, step=0.05, description="\u03bb (lambda)",
+                                              continuous_update=False),
+                      K=W.IntSlider(value=num_datasets, min=1, max=10, description="K", continuous_update=False))
+    return off_main_shell(w)                  # see 10_advantages: a slider moved while cells run stays live
 
 # %% ../nbs/50_replay.ipynb #c8e8603f
 def draw_sample(datasets: Sequence[Sequence[Any]], weights: Sequence[float], size: int, rng: np.random.Generator) -> list:

@@ -53,15 +53,17 @@ def bradley_terry_widget(d: float = 0.0):
     "An `ipywidgets.interactive` with a slider for d; prints the numbers; `.result` holds `bradley_terry_numbers(d)`."
     import ipywidgets as widgets
     from IPython.display import display
+    from comlrl_nb.advantages import off_main_shell
     def show(d):
         display(plot_bradley_terry(d))
         nb = bradley_terry_numbers(d)
         print(f"d = {d:.2f}:   P(w \u227b l) = \u03c3(d) = {nb['probability']:.4f}   loss = -log \u03c3(d) = "
               f"{nb['loss']:.4f}   \u2202loss/\u2202r_w = -\u03c3(-d) = {nb['grad_w']:.4f}")
         return nb
-    return widgets.interactive(show, d=widgets.FloatSlider(value=float(d), min=-6.0, max=6.0, step=0.1,
-                                                           description="d = r_w - r_l", continuous_update=False,
-                                                           style={"description_width": "initial"}))
+    w = widgets.interactive(show, d=widgets.FloatSlider(value=float(d), min=-6.0, max=6.0, step=0.1,
+                                                        description="d = r_w - r_l", continuous_update=False,
+                                                        style={"description_width": "initial"}))
+    return off_main_shell(w)                          # see 10_advantages: a slider moved while cells run stays live
 
 # %% ../nbs/41_reward_model.ipynb #fc9adab9
 class JointRewardModel(torch.nn.Module):
