@@ -120,19 +120,18 @@ def plot_madpo_step(margins, eta: float = 0.5, span: float = 30.0):
 def madpo_widget(margins=(4.0, -1.0, -0.5), eta: float = 0.5):
     "An `ipywidgets.interactive` with sliders for three agents' margins and eta; `.result` is `madpo_step_numbers`."
     import ipywidgets as W
-    from comlrl_nb.advantages import off_main_shell
-    from IPython.display import display
+    from comlrl_nb.advantages import display_figure, off_main_shell
     if len(margins) != 3: raise ValueError(f"madpo_widget has 3 agent sliders, got {len(margins)} margins; pass three.")
     def show(d1, d2, d3, eta):
-        display(plot_madpo_step([d1, d2, d3], eta))
+        display_figure(plot_madpo_step([d1, d2, d3], eta))
         nb = madpo_step_numbers([d1, d2, d3], eta)
-        print(f"team margin {nb['team']:.2f} -> every agent's step {nb['weight']:.4f}; alone the agents would get "
-              + ", ".join(f"{a:.4f}" for a in nb["alone"]) + f"; loss {nb['loss']:.4f}")
+        alone = ", ".join(f"{a:.4f}" for a in nb["alone"])
+        print(f"team margin {nb['team']:.2f}: every agent's step {nb['weight']:.4f} (alone: {alone}), loss {nb['loss']:.4f}")
         return nb
     sl = {f"d{i + 1}": W.FloatSlider(value=float(m), min=-10.0, max=10.0, step=0.5, description=f"\u0394{i + 1}",
                                      continuous_update=False) for i, m in enumerate(margins)}
     w = W.interactive(show, **sl, eta=W.FloatSlider(value=float(eta), min=0.05, max=2.0, step=0.05,
-                                                     description="\u03b7 (dpo_beta)", continuous_update=False))
+                                                     description="\u03b7", continuous_update=False))
     return off_main_shell(w)                          # see 10_advantages: a slider moved while cells run stays live
 
 # %% ../nbs/11_losses.ipynb #4bac324c

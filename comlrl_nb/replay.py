@@ -45,10 +45,9 @@ def plot_weights(num_datasets: int, lam: float, ax=None):
 def weights_widget(lam: float = 0.5, num_datasets: int = 5):
     "Sliders for lambda and K (they act when released); `.result` holds the current weights (age order, newest first)."
     import ipywidgets as W
-    from IPython.display import display
-    from comlrl_nb.advantages import off_main_shell
+    from comlrl_nb.advantages import display_figure, off_main_shell
     def show(lam=lam, K=num_datasets):
-        display(plot_weights(K, lam))         # a pyplot-free figure: JupyterLab may run this callback on another thread
+        display_figure(plot_weights(K, lam))  # a pyplot-free figure: JupyterLab may run this callback on another thread
         return [round(float(x), 6) for x in replay_weights(K, lam=lam)]
     w = W.interactive(show, lam=W.FloatSlider(value=lam, min=0.0, max=1.0, step=0.05, description="\u03bb (lambda)",
                                               continuous_update=False),

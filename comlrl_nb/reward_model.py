@@ -52,10 +52,9 @@ def plot_bradley_terry(d: float = 0.0, span: float = 6.0):
 def bradley_terry_widget(d: float = 0.0):
     "An `ipywidgets.interactive` with a slider for d; prints the numbers; `.result` holds `bradley_terry_numbers(d)`."
     import ipywidgets as widgets
-    from IPython.display import display
-    from comlrl_nb.advantages import off_main_shell
+    from comlrl_nb.advantages import display_figure, off_main_shell
     def show(d):
-        display(plot_bradley_terry(d))
+        display_figure(plot_bradley_terry(d))
         nb = bradley_terry_numbers(d)
         print(f"d = {d:.2f}:   P(w \u227b l) = \u03c3(d) = {nb['probability']:.4f}   loss = -log \u03c3(d) = "
               f"{nb['loss']:.4f}   \u2202loss/\u2202r_w = -\u03c3(-d) = {nb['grad_w']:.4f}")
