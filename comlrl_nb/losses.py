@@ -92,8 +92,10 @@ def madpo_step_numbers(margins, eta: float = 0.5) -> dict:
 def plot_madpo_step(margins, eta: float = 0.5, span: float = 30.0):
     "Left: the weight curve, the team margin and each agent's margin marked. Right: each agent's step, team vs alone."
     from matplotlib.figure import Figure                   # no pyplot: safe in a widget's callback thread
-    nb = madpo_step_numbers(margins, eta); n = len(nb["margins"])
-    fig = Figure(figsize=(10, 3.6)); a1, a2 = fig.subplots(1, 2, width_ratios=[1.4, 1])
+    nb = madpo_step_numbers(margins, eta)
+    n = len(nb["margins"])
+    fig = Figure(figsize=(10, 3.6))
+    a1, a2 = fig.subplots(1, 2, width_ratios=[1.4, 1])
     xs = torch.linspace(-span, span, 601)
     a1.plot(xs, madpo_pair_weights(xs, eta), color="grey", lw=1.5, label=r"$\eta\,\sigma(-\eta\Delta)$")
     for i, (d, w) in enumerate(zip(nb["margins"], nb["alone"])):
@@ -101,14 +103,16 @@ def plot_madpo_step(margins, eta: float = 0.5, span: float = 30.0):
     a1.plot([nb["team"]], [nb["weight"]], "ko", ms=8, label=r"team: $\Delta = \sum_i \Delta_i$")
     a1.set(xlabel=r"margin $\Delta$", ylabel="weight", xlim=(-span, span), ylim=(-0.05 * eta, 1.15 * eta))
     a1.set_title(r"the shared weight $\eta\,\sigma(-\eta\Delta)$", fontsize=10)
-    a1.grid(alpha=0.3); a1.legend(fontsize=7)
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=7)
     x = torch.arange(n).float()
     colors = [f"C{i}" for i in range(n)]
     a2.bar(x - 0.2, nb["alone"], 0.4, color=colors, alpha=0.35, hatch="//",
            label=r"alone: $\eta\,\sigma(-\eta\Delta_i)$")
     a2.bar(x + 0.2, nb["steps"], 0.4, color=colors, label=r"MADPO: $-\partial L / \partial \Delta_i$")
     a2.set_xticks(x.tolist(), [f"agent {i + 1}\n" + rf"$\Delta_{i + 1}$={d:.1f}" for i, d in enumerate(nb["margins"])])
-    a2.set(ylim=(0, 1.15 * eta)); lg = a2.legend(fontsize=7, loc="upper right")
+    a2.set(ylim=(0, 1.15 * eta))
+    lg = a2.legend(fontsize=7, loc="upper right")
     for h in lg.legend_handles: h.set_facecolor("grey")
     a2.set_title(r"each agent's step on its own margin $\Delta_i$", fontsize=10)
     fig.suptitle(rf"$\eta$={eta:.2f}, team margin $\Delta$={nb['team']:.2f}: every agent's step {nb['weight']:.3f}, "
@@ -149,7 +153,8 @@ def animate_madpo_weights(history, eta: float = 0.5, interval: int = 150):
     "`FuncAnimation` of `madpo_weight_frames`: the pairs on the weight curve (left), mean margins and weight (right)."
     import matplotlib.pyplot as plt
     from matplotlib.animation import FuncAnimation
-    fr = madpo_weight_frames(history, eta); S, n = len(fr), len(fr[0]["margins"])
+    fr = madpo_weight_frames(history, eta)
+    S, n = len(fr), len(fr[0]["margins"])
     teams = torch.tensor([f["team"] for f in fr])
     lo, hi = min(teams.min().item(), 0.0) - 1, max(teams.max().item(), 0.0) + 1
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4), dpi=72)
@@ -157,19 +162,24 @@ def animate_madpo_weights(history, eta: float = 0.5, interval: int = 150):
     a1.plot(xs, madpo_pair_weights(xs, eta), color="grey", label=r"$\eta\,\sigma(-\eta\Delta)$")
     (pts,) = a1.plot(fr[0]["team"], fr[0]["weights"], "ko", ms=7, label="pairs (team margin, weight)")
     a1.set(xlabel=r"team margin $\Delta_b$", ylabel="weight", ylim=(0, 1.05 * eta))
-    a1.grid(alpha=0.3); a1.legend(fontsize=8)
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=8)
     steps = list(range(S))
     mean = lambda xs: sum(xs) / len(xs)
     for i in range(n):
         a2.plot(steps, [mean(f["margins"][i]) for f in fr], color=f"C{i}", label=rf"mean $\Delta_{i + 1}$")
     a2.plot(steps, [mean(f["team"]) for f in fr], "k", label=r"mean team $\Delta$")
-    aw = a2.twinx(); aw.plot(steps, [mean(f["weights"]) for f in fr], "r--", label="mean weight")
-    aw.set_ylabel("mean weight", color="r"); aw.set_ylim(0, 1.05 * eta)
+    aw = a2.twinx()
+    aw.plot(steps, [mean(f["weights"]) for f in fr], "r--", label="mean weight")
+    aw.set(ylabel="mean weight", ylim=(0, 1.05 * eta))
     cur = a2.axvline(0, color="grey", lw=1)
-    a2.set(xlabel="step", ylabel="margin"); a2.legend(fontsize=7, loc="lower right")
+    a2.set(xlabel="step", ylabel="margin")
+    a2.legend(fontsize=7, loc="lower right")
     def draw(s):
-        pts.set_data(fr[s]["team"], fr[s]["weights"]); cur.set_xdata([s, s])
+        pts.set_data(fr[s]["team"], fr[s]["weights"])
+        cur.set_xdata([s, s])
         a1.set_title(f"step {s + 1}/{S}: mean weight {mean(fr[s]['weights']):.3f}", fontsize=10)
         return pts, cur
-    draw(0); fig.tight_layout()
+    draw(0)
+    fig.tight_layout()
     return FuncAnimation(fig, draw, frames=S, interval=interval)

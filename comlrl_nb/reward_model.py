@@ -34,7 +34,8 @@ def plot_bradley_terry(d: float = 0.0, span: float = 6.0):
     "Probability, loss and gradient over d in [-span, span], the current d marked; fixed axes that hold every point."
     from matplotlib.figure import Figure                  # no pyplot: safe in a widget's callback thread
     xs = torch.linspace(-span, span, 241)
-    fig = Figure(figsize=(7, 3.4)); ax = fig.subplots()
+    fig = Figure(figsize=(7, 3.4))
+    ax = fig.subplots()
     ax.plot(xs, torch.sigmoid(xs), label=r"$P(w \succ l) = \sigma(d)$")
     ax.plot(xs, -torch.nn.functional.logsigmoid(xs), label=r"loss $-\log\sigma(d)$")
     ax.plot(xs, -torch.sigmoid(-xs), label=r"$\partial\,\mathrm{loss} / \partial r_w = -\sigma(-d)$")
@@ -46,7 +47,9 @@ def plot_bradley_terry(d: float = 0.0, span: float = 6.0):
     ax.set(xlabel=r"score difference $d = r_w - r_l$", xlim=(-span - 0.3, span + 0.3), ylim=(-1.2, top))
     ax.set_title(rf"$d$ = {d:.2f}:  $\sigma(d)$ = {nb['probability']:.3f},  loss = {nb['loss']:.3f},  "
                  rf"$\partial\,\mathrm{{loss}}/\partial r_w$ = {nb['grad_w']:.3f}", fontsize=10)
-    ax.grid(alpha=0.3); ax.legend(fontsize=8, loc="upper center"); fig.tight_layout()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center")
+    fig.tight_layout()
     return fig
 
 def bradley_terry_widget(d: float = 0.0):
