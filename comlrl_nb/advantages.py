@@ -11,7 +11,8 @@ import torch
 
 # %% auto #0
 __all__ = ['ADVANTAGE_MODES', 'check_advantage_mode', 'baselines', 'node_advantages', 'penalized_returns', 'advantage_stats',
-           'advantage_table', 'plot_advantages', 'advantages_widget', 'baseline_frames', 'animate_baselines']
+           'advantage_table', 'plot_advantages', 'display_figure', 'off_main_shell', 'advantages_widget',
+           'baseline_frames', 'animate_baselines']
 
 # %% ../nbs/10_advantages.ipynb #08611de4
 ADVANTAGE_MODES = ("mean", "raw", "rloo", "max")
@@ -108,17 +109,34 @@ def plot_advantages(rewards, normalize: bool = True, ax=None):
     return ax.figure
 
 # %% ../nbs/10_advantages.ipynb #cab95b85
+def display_figure(fig):
+    "Display a pyplot-free `Figure` as a PNG: needs neither pyplot nor its inline backend, and works from any thread."
+    import io
+    from IPython.display import Image, display
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    display(Image(buf.getvalue()))
+
+def off_main_shell(*widgets):
+    "Let the browser's messages for `widgets` (and their children) go to the shell it chose, not back to the main shell."
+    for x in widgets:
+        comm = getattr(x, "comm", None)
+        if comm is not None and "_reply_subshell_id" in vars(comm):   # ipykernel >= 7 remembers the last shell
+            del comm._reply_subshell_id
+        off_main_shell(*getattr(x, "children", ()))
+    return widgets[0] if len(widgets) == 1 else widgets
+
 def advantages_widget(rewards=(0.2, 0.5, 0.9, 0.4), normalize: bool = False):
     "An `ipywidgets.interactive` with sliders `r1..r4` and a `normalize` checkbox; `.result` is the `advantage_table`."
     import ipywidgets as widgets
-    from IPython.display import display
     if len(rewards) != 4: raise ValueError(f"advantages_widget has 4 sliders, got {len(rewards)} rewards.")
     def show(r1, r2, r3, r4, normalize):
-        display(plot_advantages([r1, r2, r3, r4], normalize=normalize))
+        display_figure(plot_advantages([r1, r2, r3, r4], normalize=normalize))
         return advantage_table([r1, r2, r3, r4], normalize=normalize)
-    sl = {f"r{k + 1}": widgets.FloatSlider(value=float(r), min=-1.0, max=2.0, step=0.05, description=f"R^{k + 1}")
-          for k, r in enumerate(rewards)}
-    return widgets.interactive(show, **sl, normalize=widgets.Checkbox(value=bool(normalize), description="normalize"))
+    sl = {f"r{k + 1}": widgets.FloatSlider(value=float(r), min=-1.0, max=2.0, step=0.05, description=f"R^{k + 1}",
+                                           continuous_update=False) for k, r in enumerate(rewards)}
+    w = widgets.interactive(show, **sl, normalize=widgets.Checkbox(value=bool(normalize), description="normalize"))
+    return off_main_shell(w)
 
 # %% ../nbs/10_advantages.ipynb #0e750d90
 def baseline_frames(num_frames: int = 24, K: int = 4, seed: int = 0) -> list[dict]:

@@ -9,7 +9,8 @@ import torch
 
 # %% auto #0
 __all__ = ['reinforce_loss', 'check_finite_loss', 'bradley_terry_prob', 'bradley_terry_loss', 'team_margin', 'madpo_loss',
-           'madpo_pair_weights']
+           'madpo_pair_weights', 'madpo_step_numbers', 'plot_madpo_step', 'madpo_widget', 'madpo_weight_frames',
+           'animate_madpo_weights']
 
 # %% ../nbs/11_losses.ipynb #5fc11e9f
 def reinforce_loss(seq_logps: torch.Tensor, advantages) -> torch.Tensor:
@@ -69,3 +70,116 @@ def madpo_loss(margins_per_agent, beta: float = 0.1, agent: int | None = None) -
 def madpo_pair_weights(team: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
     "Per-pair gradient weight eta * sigmoid(-eta * Delta) of the MADPO loss (before the 1/B of the mean)."
     return beta * torch.sigmoid(-beta * team)
+
+# %% ../nbs/11_losses.ipynb #9c7c9717
+def madpo_step_numbers(margins, eta: float = 0.5) -> dict:
+    "One pair: team margin, loss, shared weight, each agent's step -dL/dDelta_i and its weight if trained alone."
+    m = torch.as_tensor(margins, dtype=torch.float64)
+    if m.dim() != 1 or m.numel() == 0:
+        raise ValueError(f"madpo_step_numbers takes one margin per agent (a non-empty 1-d list), got shape "
+                         f"{tuple(m.shape)}.")
+    steps = []                                     # from autograd of the library's loss, not from the formula
+    for i in range(len(m)):
+        ms = [x.clone()[None].requires_grad_(j == i) for j, x in enumerate(m)]     # one pair: [1] per agent
+        loss = madpo_loss(ms, eta, agent=i)
+        steps.append(-torch.autograd.grad(loss, ms[i])[0].item())
+    team = m.sum()
+    return {"margins": m.tolist(), "team": team.item(), "loss": loss.item(),
+            "weight": madpo_pair_weights(team, eta).item(), "steps": steps,
+            "alone": madpo_pair_weights(m, eta).tolist()}
+
+# %% ../nbs/11_losses.ipynb #2439d46f
+def plot_madpo_step(margins, eta: float = 0.5, span: float = 30.0):
+    "Left: the weight curve, the team margin and each agent's margin marked. Right: each agent's step, team vs alone."
+    from matplotlib.figure import Figure                   # no pyplot: safe in a widget's callback thread
+    nb = madpo_step_numbers(margins, eta)
+    n = len(nb["margins"])
+    fig = Figure(figsize=(10, 3.6))
+    a1, a2 = fig.subplots(1, 2, width_ratios=[1.4, 1])
+    xs = torch.linspace(-span, span, 601)
+    a1.plot(xs, madpo_pair_weights(xs, eta), color="grey", lw=1.5, label=r"$\eta\,\sigma(-\eta\Delta)$")
+    for i, (d, w) in enumerate(zip(nb["margins"], nb["alone"])):
+        a1.plot([d], [w], "o", mfc="none", mec=f"C{i}", mew=2, ms=9, label=rf"agent {i + 1} alone: $\Delta_{i + 1}$")
+    a1.plot([nb["team"]], [nb["weight"]], "ko", ms=8, label=r"team: $\Delta = \sum_i \Delta_i$")
+    a1.set(xlabel=r"margin $\Delta$", ylabel="weight", xlim=(-span, span), ylim=(-0.05 * eta, 1.15 * eta))
+    a1.set_title(r"the shared weight $\eta\,\sigma(-\eta\Delta)$", fontsize=10)
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=7)
+    x = torch.arange(n).float()
+    colors = [f"C{i}" for i in range(n)]
+    a2.bar(x - 0.2, nb["alone"], 0.4, color=colors, alpha=0.35, hatch="//",
+           label=r"alone: $\eta\,\sigma(-\eta\Delta_i)$")
+    a2.bar(x + 0.2, nb["steps"], 0.4, color=colors, label=r"MADPO: $-\partial L / \partial \Delta_i$")
+    a2.set_xticks(x.tolist(), [f"agent {i + 1}\n" + rf"$\Delta_{i + 1}$={d:.1f}" for i, d in enumerate(nb["margins"])])
+    a2.set(ylim=(0, 1.15 * eta))
+    lg = a2.legend(fontsize=7, loc="upper right")
+    for h in lg.legend_handles: h.set_facecolor("grey")
+    a2.set_title(r"each agent's step on its own margin $\Delta_i$", fontsize=10)
+    fig.suptitle(rf"$\eta$={eta:.2f}, team margin $\Delta$={nb['team']:.2f}: every agent's step {nb['weight']:.3f}, "
+                 f"loss {nb['loss']:.3f}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/11_losses.ipynb #552ee77a
+def madpo_widget(margins=(4.0, -1.0, -0.5), eta: float = 0.5):
+    "An `ipywidgets.interactive` with sliders for three agents' margins and eta; `.result` is `madpo_step_numbers`."
+    import ipywidgets as W
+    from comlrl_nb.advantages import display_figure, off_main_shell
+    if len(margins) != 3: raise ValueError(f"madpo_widget has 3 agent sliders, got {len(margins)} margins; pass three.")
+    def show(d1, d2, d3, eta):
+        display_figure(plot_madpo_step([d1, d2, d3], eta))
+        nb = madpo_step_numbers([d1, d2, d3], eta)
+        alone = ", ".join(f"{a:.4f}" for a in nb["alone"])
+        print(f"team margin {nb['team']:.2f}: every agent's step {nb['weight']:.4f} (alone: {alone}), loss {nb['loss']:.4f}")
+        return nb
+    sl = {f"d{i + 1}": W.FloatSlider(value=float(m), min=-10.0, max=10.0, step=0.5, description=f"\u0394{i + 1}",
+                                     continuous_update=False) for i, m in enumerate(margins)}
+    w = W.interactive(show, **sl, eta=W.FloatSlider(value=float(eta), min=0.05, max=2.0, step=0.05,
+                                                     description="\u03b7", continuous_update=False))
+    return off_main_shell(w)                          # see 10_advantages: a slider moved while cells run stays live
+
+# %% ../nbs/11_losses.ipynb #4bac324c
+def madpo_weight_frames(history, eta: float = 0.5) -> list[dict]:
+    "Per step of a run: the agents' margins [n, B], team margins [B], pair weights eta*sigma(-eta*Delta) [B] (lists)."
+    H = torch.as_tensor(history, dtype=torch.float64)
+    if H.dim() != 3 or 0 in H.shape:
+        raise ValueError(f"history must be margins of shape [steps, num_agents, num_pairs], got {tuple(H.shape)}.")
+    team = H.sum(1)
+    return [{"step": s, "margins": H[s].tolist(), "team": team[s].tolist(),
+             "weights": madpo_pair_weights(team[s], eta).tolist()} for s in range(H.shape[0])]
+
+# %% ../nbs/11_losses.ipynb #8b8e095c
+def animate_madpo_weights(history, eta: float = 0.5, interval: int = 150):
+    "`FuncAnimation` of `madpo_weight_frames`: the pairs on the weight curve (left), mean margins and weight (right)."
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import FuncAnimation
+    fr = madpo_weight_frames(history, eta)
+    S, n = len(fr), len(fr[0]["margins"])
+    teams = torch.tensor([f["team"] for f in fr])
+    lo, hi = min(teams.min().item(), 0.0) - 1, max(teams.max().item(), 0.0) + 1
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4), dpi=72)
+    xs = torch.linspace(lo, hi, 300)
+    a1.plot(xs, madpo_pair_weights(xs, eta), color="grey", label=r"$\eta\,\sigma(-\eta\Delta)$")
+    (pts,) = a1.plot(fr[0]["team"], fr[0]["weights"], "ko", ms=7, label="pairs (team margin, weight)")
+    a1.set(xlabel=r"team margin $\Delta_b$", ylabel="weight", ylim=(0, 1.05 * eta))
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=8)
+    steps = list(range(S))
+    mean = lambda xs: sum(xs) / len(xs)
+    for i in range(n):
+        a2.plot(steps, [mean(f["margins"][i]) for f in fr], color=f"C{i}", label=rf"mean $\Delta_{i + 1}$")
+    a2.plot(steps, [mean(f["team"]) for f in fr], "k", label=r"mean team $\Delta$")
+    aw = a2.twinx()
+    aw.plot(steps, [mean(f["weights"]) for f in fr], "r--", label="mean weight")
+    aw.set(ylabel="mean weight", ylim=(0, 1.05 * eta))
+    cur = a2.axvline(0, color="grey", lw=1)
+    a2.set(xlabel="step", ylabel="margin")
+    a2.legend(fontsize=7, loc="lower right")
+    def draw(s):
+        pts.set_data(fr[s]["team"], fr[s]["weights"])
+        cur.set_xdata([s, s])
+        a1.set_title(f"step {s + 1}/{S}: mean weight {mean(fr[s]['weights']):.3f}", fontsize=10)
+        return pts, cur
+    draw(0)
+    fig.tight_layout()
+    return FuncAnimation(fig, draw, frames=S, interval=interval)

@@ -31,25 +31,28 @@ def replay_weights(num_datasets: int, mode: str = "lambda_decay", lam: Optional[
 
 # %% ../nbs/50_replay.ipynb #71209578
 def plot_weights(num_datasets: int, lam: float, ax=None):
-    "Bar chart of lambda-decay weights by dataset age (oldest left, newest right); built without pyplot (thread-safe in widgets)."
+    "Bar chart of lambda-decay weights by dataset age (oldest left, newest right); no pyplot (thread-safe in widgets)."
     from comlrl_nb.engine import new_figure
     w = replay_weights(num_datasets, lam=lam)
     if ax is None: _, ax = new_figure((6, 3), 1)
     ages = np.arange(num_datasets)[::-1]
-    ax.bar([f"a={a}" for a in ages], w[::-1], color="#4c72b0")
-    ax.set(ylim=(0, 1.05), ylabel="weight w_a", title=f"lambda_decay, lambda={lam:.2f}, K={num_datasets} (newest right)")
+    ax.bar([f"$a$={a}" for a in ages], w[::-1], color="#4c72b0")
+    ax.set(ylim=(0, 1.05), ylabel=r"weight $w_a = \lambda^a / \sum_b \lambda^b$",
+           title=rf"lambda_decay, $\lambda$ = {lam:.2f}, $K$ = {num_datasets} (newest right)")
     ax.grid(axis="y", alpha=0.3); ax.figure.tight_layout()
     return ax.figure
 
 def weights_widget(lam: float = 0.5, num_datasets: int = 5):
-    "Sliders for lambda and K; `.result` holds the current weights (age order, newest first)."
+    "Sliders for lambda and K (they act when released); `.result` holds the current weights (age order, newest first)."
     import ipywidgets as W
-    from IPython.display import display
+    from comlrl_nb.advantages import display_figure, off_main_shell
     def show(lam=lam, K=num_datasets):
-        display(plot_weights(K, lam))         # a pyplot-free figure: JupyterLab may run this callback on another thread
+        display_figure(plot_weights(K, lam))  # a pyplot-free figure: JupyterLab may run this callback on another thread
         return [round(float(x), 6) for x in replay_weights(K, lam=lam)]
-    return W.interactive(show, lam=W.FloatSlider(value=lam, min=0.0, max=1.0, step=0.05, description="lambda"),
-                         K=W.IntSlider(value=num_datasets, min=1, max=10, description="K"))
+    w = W.interactive(show, lam=W.FloatSlider(value=lam, min=0.0, max=1.0, step=0.05, description="\u03bb (lambda)",
+                                              continuous_update=False),
+                      K=W.IntSlider(value=num_datasets, min=1, max=10, description="K", continuous_update=False))
+    return off_main_shell(w)                  # see 10_advantages: a slider moved while cells run stays live
 
 # %% ../nbs/50_replay.ipynb #c8e8603f
 def draw_sample(datasets: Sequence[Sequence[Any]], weights: Sequence[float], size: int, rng: np.random.Generator) -> list:

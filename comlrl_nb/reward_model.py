@@ -31,27 +31,41 @@ def bradley_terry_numbers(d: float) -> dict:
             "loss": float(bradley_terry_loss(t[None], torch.zeros(1))), "grad_w": float(-torch.sigmoid(-t))}
 
 def plot_bradley_terry(d: float = 0.0, span: float = 6.0):
-    "Probability, loss and gradient as functions of d, with the current d marked."
-    import matplotlib.pyplot as plt
+    "Probability, loss and gradient over d in [-span, span], the current d marked; fixed axes that hold every point."
+    from matplotlib.figure import Figure                  # no pyplot: safe in a widget's callback thread
     xs = torch.linspace(-span, span, 241)
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig = Figure(figsize=(7, 3.4))
+    ax = fig.subplots()
     ax.plot(xs, torch.sigmoid(xs), label=r"$P(w \succ l) = \sigma(d)$")
     ax.plot(xs, -torch.nn.functional.logsigmoid(xs), label=r"loss $-\log\sigma(d)$")
-    ax.plot(xs, -torch.sigmoid(-xs), label=r"$\partial$loss$/\partial r_w = -\sigma(-d)$")
+    ax.plot(xs, -torch.sigmoid(-xs), label=r"$\partial\,\mathrm{loss} / \partial r_w = -\sigma(-d)$")
     nb = bradley_terry_numbers(d)
-    for k in ("probability", "loss", "grad_w"): ax.plot([d], [nb[k]], "ko", ms=4)
-    ax.axvline(d, color="grey", lw=0.8); ax.set(xlabel=r"score difference $d = r_w - r_l$", ylim=(-1.1, 3.5))
-    ax.grid(alpha=0.3); ax.legend(fontsize=8, loc="upper center"); fig.tight_layout()
+    for k, c in zip(("probability", "loss", "grad_w"), ("C0", "C1", "C2")):
+        ax.plot([d], [nb[k]], "o", color=c, mec="k", ms=7)
+    top = span + math.log1p(math.exp(-span)) + 0.5        # the largest loss on the axis, plus room
+    ax.axvline(d, color="grey", lw=0.8)
+    ax.set(xlabel=r"score difference $d = r_w - r_l$", xlim=(-span - 0.3, span + 0.3), ylim=(-1.2, top))
+    ax.set_title(rf"$d$ = {d:.2f}:  $\sigma(d)$ = {nb['probability']:.3f},  loss = {nb['loss']:.3f},  "
+                 rf"$\partial\,\mathrm{{loss}}/\partial r_w$ = {nb['grad_w']:.3f}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center")
+    fig.tight_layout()
     return fig
 
 def bradley_terry_widget(d: float = 0.0):
-    "An `ipywidgets.interactive` with a slider `d`; `.result` holds `bradley_terry_numbers(d)`."
-    import ipywidgets as widgets, matplotlib.pyplot as plt
-    from IPython.display import display
+    "An `ipywidgets.interactive` with a slider for d; prints the numbers; `.result` holds `bradley_terry_numbers(d)`."
+    import ipywidgets as widgets
+    from comlrl_nb.advantages import display_figure, off_main_shell
     def show(d):
-        fig = plot_bradley_terry(d); display(fig); plt.close(fig)
-        return bradley_terry_numbers(d)
-    return widgets.interactive(show, d=widgets.FloatSlider(value=float(d), min=-6.0, max=6.0, step=0.1, description="r_w - r_l"))
+        display_figure(plot_bradley_terry(d))
+        nb = bradley_terry_numbers(d)
+        print(f"d = {d:.2f}:   P(w \u227b l) = \u03c3(d) = {nb['probability']:.4f}   loss = -log \u03c3(d) = "
+              f"{nb['loss']:.4f}   \u2202loss/\u2202r_w = -\u03c3(-d) = {nb['grad_w']:.4f}")
+        return nb
+    w = widgets.interactive(show, d=widgets.FloatSlider(value=float(d), min=-6.0, max=6.0, step=0.1,
+                                                        description="d = r_w - r_l", continuous_update=False,
+                                                        style={"description_width": "initial"}))
+    return off_main_shell(w)                          # see 10_advantages: a slider moved while cells run stays live
 
 # %% ../nbs/41_reward_model.ipynb #fc9adab9
 class JointRewardModel(torch.nn.Module):

@@ -63,7 +63,7 @@ def test_widget_static_fallback(site):
     page = (out / "10_advantages.html").read_text()
     assert "interactive(children" not in page and "widget-view+json" not in page and "widget-state" not in page
     i = page.index("Interactive widget, shown as a snapshot")
-    assert "R^1 = 1.5" in page[i:i + 2000] and "normalize = True" in page[i:i + 2000]   # the state the notebook left
+    assert "R^1 = 0.2" in page[i:i + 2000] and "normalize = False" in page[i:i + 2000]  # the widget's opening state
     assert "data:image/png;base64," in page[i:i + 5000]                             # the picture right below it
 
 
