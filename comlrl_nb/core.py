@@ -94,6 +94,12 @@ def _best_of(fn, device: torch.device, reps: int) -> float:
 def bf16_probe(device: str | torch.device = "cpu", reps: int = 3) -> tuple[float, float]:
     "Best-of-`reps` seconds of one Linear forward+backward on `device`: (fp32, bf16 autocast); global RNG untouched."
     dev = torch.device(device); rows, width = (4096, 4096) if dev.type == "cuda" else (128, 512)
+    threads = torch.get_num_threads()
+    if dev.type == "cpu": torch.set_num_threads(1)                # the kind of arithmetic, not thread contention
+    try: return _bf16_probe(dev, rows, width, reps)
+    finally: torch.set_num_threads(threads)
+
+def _bf16_probe(dev: torch.device, rows: int, width: int, reps: int) -> tuple[float, float]:
     with torch.inference_mode(False), torch.enable_grad():        # callable from inside generation's no_grad
         g = torch.Generator().manual_seed(0)
         x = torch.randn(rows, width, generator=g).to(dev)
