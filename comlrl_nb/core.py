@@ -82,13 +82,15 @@ def cpu_flags(path: str | os.PathLike = "/proc/cpuinfo") -> set[str]:
     return set()
 
 # %% ../nbs/00_core.ipynb #a1f0c004
-def _best_of(fn, device: torch.device, reps: int) -> float:
-    best = math.inf
+def _best_of(fn, device: torch.device, reps: int, budget: float = math.inf) -> float:
+    "Best wall seconds of up to `reps` calls; stops early once `budget` seconds are spent (after the first call)."
+    best, start = math.inf, time.perf_counter()
     for _ in range(reps):
         if device.type == "cuda": torch.cuda.synchronize(device)
         t = time.perf_counter(); fn()
         if device.type == "cuda": torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t)
+        if time.perf_counter() - start > budget: break
     return best
 
 def bf16_probe(device: str | torch.device = "cpu", reps: int = 3) -> tuple[float, float]:
@@ -108,11 +110,9 @@ def _bf16_probe(dev: torch.device, rows: int, width: int, reps: int) -> tuple[fl
             with torch.autocast(dev.type, dtype=dt or torch.bfloat16, enabled=dt is not None):
                 y = torch.nn.functional.linear(x, w)
             y.float().square().mean().backward()
-        step(None)
-        warm = _best_of(lambda: step(torch.bfloat16), dev, 1)  # the first bf16 call also builds its kernels
+        step(None); step(torch.bfloat16)                          # warm-up: the first bf16 call builds its kernels
         fp32 = _best_of(lambda: step(None), dev, reps)
-        if warm > 20 * fp32: return fp32, warm                    # emulated: do not spend more time on it
-        return fp32, _best_of(lambda: step(torch.bfloat16), dev, reps)
+        return fp32, _best_of(lambda: step(torch.bfloat16), dev, reps, budget=max(0.05, 10 * reps * fp32))
 
 # %% ../nbs/00_core.ipynb #a1f0c006
 def choose_autocast(device: str | torch.device | None = None, flags: Iterable[str] | None = None, probe=bf16_probe,
