@@ -17,6 +17,10 @@ Per model it prints and records:
   magrpo  one MAGRPO batch for 2 agents (B prompts x K samples): time/batch, generate, score (log-prob forward),
           backward + step, and peak GPU memory
   lora    the same batch with 2 LoRA adapter agents over one base (peft), for memory and time against full copies
+  trainers  every algorithm of `comlrl-nb train --algo` (MAGRPO, MAREINFORCE, MARLOO, MAReMax, MAAC, IAC, MADPO,
+          MARLHF and the two iterative ones) for one epoch of 2 batches on the first model's shape, with
+          autocast_dtype="auto" (the precision the probe picked is recorded): train() wall, the last batch's time,
+          peak GPU memory; a trainer that fails is recorded with its error and the rest go on
 """
 
 from __future__ import annotations
@@ -145,6 +149,51 @@ def magrpo_bench(shape, device, B, K, T, lora: bool):
     return res
 
 
+def trainers_bench(shape, device, B, K, T, algos=None):
+    "One short train() per algorithm (2 batches of B prompts x K samples, T new tokens), 2 agents, random weights."
+    from comlrl_nb.cli import ALGORITHMS, _algorithms
+    from comlrl_nb.core import auto_precision
+    from comlrl_nb.engine import read_metrics
+    vocab = SHAPES[shape][1]["vocab_size"]
+    tok = word_tokenizer(vocab)
+    g = torch.Generator().manual_seed(2)
+    items = [{"prompt": " ".join(f"w{int(x)}" for x in torch.randint(2, vocab, (24,), generator=g))} for _ in range(2 * B)]
+    reward = lambda *cs: [float(len(c[j]) % 7) for c in cs[:1] for j in range(len(c))]
+    prec = auto_precision(device)
+    print(f"  trainers {shape}: autocast_dtype='auto' -> {prec[0] or 'float32'} ({prec[1]})", flush=True)
+    rows = []
+    for algo in (algos or ALGORITHMS):
+        cfg_cls, trainer_cls = _algorithms()[algo]
+        names = {f.name for f in __import__("dataclasses").fields(cfg_cls)}
+        want = dict(num_agents=2, num_generations=K, max_new_tokens=T, temperature=1.0, top_p=0.95, top_k=50,
+                    num_train_epochs=1, eval_interval=0, rollout_batch_size=B, rollout_buffer_size=B, train_batch_size=B,
+                    early_termination_threshold=None, autocast_dtype="auto", agent_devices=str(device),
+                    output_dir=tempfile.mkdtemp(prefix=f"gpu_{algo}_"), progress_bar=False, save_steps=-1, save_plot=False)
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+        kw = dict(agents=[build(shape, device, seed=0), build(shape, device, seed=1)], tokenizer=tok)
+        if algo in ("maac", "iac"): kw["critic_model"], kw["critic_tokenizer"] = build(shape, device, seed=2), tok
+        if algo in ("marlhf", "marlhf_iter"): kw.update(reward_model=build(shape, device, seed=3), reward_tokenizer=tok)
+        res = {"algo": algo, "model": shape, "rows_per_agent": B * K, "new_tokens": T}
+        try:
+            cfg = cfg_cls(**{k: v for k, v in want.items() if k in names})
+            tr = trainer_cls(reward_func=reward, args=cfg, train_dataset=items, eval_dataset=items[:B], **kw)
+            t0 = time.perf_counter(); state = tr.train(); sync(device); wall = time.perf_counter() - t0
+            recs = [r for r in read_metrics(os.path.join(cfg.output_dir, "metrics.jsonl")) if "time/batch" in r]
+            peak = torch.cuda.max_memory_allocated() / 2**30 if torch.device(device).type == "cuda" else float("nan")
+            res.update(train_s=round(wall, 2), batches=int(state.get("global_batch", len(recs))), peak_gpu_gib=round(peak, 2),
+                       last_batch_s=round(recs[-1]["time/batch"], 3) if recs else None)
+            print(f"  trainer {algo:12s} {shape}: train() {wall:.2f}s, {res['batches']} batches, last batch "
+                  f"{res['last_batch_s']}s, peak {res['peak_gpu_gib']} GiB", flush=True)
+            del tr
+        except Exception as e:                                      # record it, keep the others
+            res["error"] = f"{type(e).__name__}: {e}"[:300]
+            print(f"  trainer {algo:12s} {shape}: FAILED {res['error']}", flush=True)
+        rows.append(res)
+        del kw
+    return {"precision": {"autocast_dtype": prec[0], "reason": prec[1]}, "runs": rows}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -152,6 +201,8 @@ def main() -> None:
     p.add_argument("--small", action="store_true", help="tiny shapes and lengths: a smoke test of the code path")
     p.add_argument("--out", default=None, help="write every result as JSON here")
     p.add_argument("--shape", default=None, help="B,K,T,repeats override (prompts, samples per prompt, new tokens, timed calls)")
+    p.add_argument("--trainers", default="all", help="algorithms for the every-trainer pass ('all', 'none' or a comma list)")
+    p.add_argument("--trainer-shape", default=None, help="B,K,T of the every-trainer pass (default 4,4,64; --small 2,2,8)")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     models = ["small"] if a.small else a.models.split(",")
@@ -168,6 +219,13 @@ def main() -> None:
                 res["magrpo"].append(magrpo_bench(shape, a.device, B, K, T, lora))
             except ImportError as e:                                  # peft missing: say so, keep the rest
                 print(f"  magrpo {shape} lora skipped: {e}", flush=True)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+    if a.trainers != "none":
+        tB, tK, tT = (2, 2, 8) if a.small else (4, 4, 64)
+        if a.trainer_shape: tB, tK, tT = (int(x) for x in a.trainer_shape.split(","))
+        res["trainers"] = trainers_bench(models[0], a.device, tB, tK, tT, None if a.trainers == "all" else a.trainers.split(","))
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)

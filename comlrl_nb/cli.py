@@ -4,21 +4,21 @@
 
 # %% ../nbs/80_cli.ipynb #356783ff
 from __future__ import annotations
-import argparse, contextlib, dataclasses, difflib, json, math, re, sys, time
+import argparse, contextlib, dataclasses, difflib, json, math, re, sys, threading, time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from .core import atomic_write_json, logger, setup_logging
+from .core import apply_threads, atomic_write_json, auto_precision, logger, resolve_device, setup_logging
 from .config_files import config_from_dict, read_config_file
 from .tasks import TASKS, Task, get_task
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'load_config_file', 'build_config',
-           'heldout_reward', 'add_data_args', 'task_from_args', 'plain_weights', 'save_final', 'add_eval_parser',
-           'cmd_eval', 'cmd_train', 'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query',
-           'cmd_options', 'run', 'main']
+           'heldout_reward', 'paired_change', 'hardware_choice', 'Stopwatch', 'warm_plotting', 'FirstBatchEstimate',
+           'add_data_args', 'task_from_args', 'plain_weights', 'save_final', 'add_eval_parser', 'cmd_eval', 'cmd_train',
+           'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query', 'cmd_options', 'run', 'main']
 
 # %% ../nbs/80_cli.ipynb #cac70cfe
 def _algorithms() -> dict:
@@ -35,10 +35,11 @@ ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac", "madp
               "centralized_magrpo")
 PREFERENCE_ALGOS = ("madpo", "marlhf", "madpo_iter", "marlhf_iter")
 
-#: The CPU preset of the main job (2 cores, SmolLM2-135M, a few minutes).
-CPU_PRESET = dict(num_train_epochs=2, num_generations=4, max_new_tokens=40, temperature=0.8, top_p=0.95, top_k=50,
-                  agent_learning_rate=2e-5, rollout_batch_size=4, rollout_buffer_size=4, train_batch_size=2,
-                  eval_interval=0, logging_steps=1, use_chat_template=True, autocast_dtype="bfloat16", save_steps=-1)
+#: The CPU preset of the main job (SmolLM2-135M, <= 5 minutes on 2 cores with or without native bf16): one pass over the
+#: 24 training topics (6 batches of 4 x K=4, two AdamW steps per agent each) at twice the old rate, 32 new tokens.
+CPU_PRESET = dict(num_train_epochs=1, num_generations=4, max_new_tokens=32, temperature=0.8, top_p=0.95, top_k=50,
+                  agent_learning_rate=4e-5, rollout_batch_size=4, rollout_buffer_size=4, train_batch_size=2,
+                  eval_interval=0, logging_steps=1, use_chat_template=True, autocast_dtype="auto", save_steps=-1)
 TINY_PRESET = dict(num_train_epochs=2, max_new_tokens=12, agent_learning_rate=1e-2, rollout_batch_size=4,
                    rollout_buffer_size=4, train_batch_size=4, eval_interval=0, logging_steps=1, save_steps=-1, temperature=1.0)
 
@@ -69,7 +70,64 @@ def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -
         ro = trainer.rollout(items, list(range(len(items))), "heldout", k=K)
         r, comps = ro["rewards"].flatten().numpy(), ro["comps"]
     return {"mean": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(len(r))), "n": int(len(r)), **extra,
-            "completion_len": [float(c.lengths.float().mean()) for c in comps], "example": [c.texts[0] for c in comps]}
+            "completion_len": [float(c.lengths.float().mean()) for c in comps], "example": [c.texts[0] for c in comps],
+            "rewards": [round(float(x), 5) for x in r]}
+
+def paired_change(before: dict, after: dict) -> dict:
+    "After minus before, response by response: both draw with the same sampling keys, so the pairs share their noise."
+    d = np.asarray(after["rewards"]) - np.asarray(before["rewards"])
+    return {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))), "n": int(len(d))}
+
+# %% ../nbs/80_cli.ipynb #b2e0c002
+def _run_device(cfg) -> torch.device:
+    "The device of the first agent: `agent_devices` (one or a list) when set, else the default device."
+    d = getattr(cfg, "agent_devices", None)
+    return resolve_device(d[0] if isinstance(d, (list, tuple)) and d else d)
+
+def hardware_choice(cfg, threads: Optional[int] = None) -> dict:
+    "Resolve `autocast_dtype` ('auto' by probing) and, on a CPU, the torch thread count; log both, return the record."
+    dev = _run_device(cfg); ac = getattr(cfg, "autocast_dtype", None)
+    dt, why = auto_precision(dev) if ac == "auto" else (ac, "set in the config" if ac else "fp32: set in the config")
+    if dev.type == "cpu" or threads is not None: k, kwhy = apply_threads(threads, dt)
+    else: k, kwhy = torch.get_num_threads(), f"torch's default (agents on {dev.type})"
+    return {"device": str(dev), "precision": {"autocast_dtype": dt, "reason": why},
+            "threads": {"threads": k, "reason": kwhy}}
+
+# %% ../nbs/80_cli.ipynb #b2e0c004
+class Stopwatch:
+    "Wall and CPU seconds of named phases (`with sw('train'): ...`), for `report.json`."
+    def __init__(self): self.phases = {}
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        w, c = time.perf_counter(), time.process_time()
+        try: yield
+        finally:
+            self.phases[name] = {"wall_s": round(time.perf_counter() - w, 2), "cpu_s": round(time.process_time() - c, 2)}
+
+def warm_plotting() -> threading.Thread:
+    "Import matplotlib's Figure and Agg canvas in a daemon thread (~0.35 s of CPU) while the models load."
+    def imp():
+        import matplotlib.figure, matplotlib.backends.backend_agg  # noqa: F401
+    t = threading.Thread(target=imp, daemon=True, name="comlrl_nb-warm-plot"); t.start()
+    return t
+
+class FirstBatchEstimate(threading.Thread):
+    "Watch `metrics.jsonl` and, once this run's first batch is there, print how long the rest should take."
+    def __init__(self, path, total_batches: int, after_s: float = 0.0, say=print):
+        super().__init__(daemon=True)
+        self.path, self.total, self.after_s, self.say = Path(path), total_batches, after_s, say
+        self.t0, self.done, self.message = time.time(), threading.Event(), None
+    def run(self):
+        while True:
+            stopping = self.done.wait(0.25)                 # a run that ends within one poll still gets its line
+            try: fresh = self.path.stat().st_mtime >= self.t0 and self.path.read_text().strip()
+            except OSError: fresh = False
+            if fresh:
+                first = time.time() - self.t0; left = first * (self.total - 1) + self.after_s
+                self.message = (f"[comlrl-nb] first batch took {first:.0f}s: about {left / 60:.1f} min left "
+                                f"({self.total - 1} batches{' and the held-out check' if self.after_s else ''})")
+                self.say(self.message)
+            if fresh or stopping: return
 
 # %% ../nbs/80_cli.ipynb #263f7e9d
 def add_data_args(p: argparse.ArgumentParser):
@@ -181,6 +239,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-final", action="store_true", help="do not write the trained agents to <output_dir>/final/agent_i/")
     add_data_args(t)
     add_eval_parser(sub)
+    t.add_argument("--threads", type=int, help="torch CPU threads (default: $COMLRL_NB_THREADS, else chosen by a probe)")
     o = sub.add_parser("options", help="list an algorithm's config fields with their defaults")
     o.add_argument("--algo", default="magrpo")
     r = sub.add_parser("readme", help="regenerate README.md from nbs/index.ipynb")
@@ -249,33 +308,60 @@ def cmd_train(args) -> dict:
     cfg = build_config(cfg_cls, ov)
     out = Path(cfg.output_dir); out.mkdir(parents=True, exist_ok=True)
     print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output {out.resolve()}")
-    t0 = time.perf_counter()
+    t0, sw = time.perf_counter(), Stopwatch()
+    hw = hardware_choice(cfg, args.threads)
+    print(f"[comlrl-nb] precision {hw['precision']['autocast_dtype'] or 'float32'} ({hw['precision']['reason']}); "
+          f"{hw['threads']['threads']} thread(s) ({hw['threads']['reason']})")
+    if getattr(cfg, "save_plot", False): warm_plotting()             # the end-of-run plot then only draws
     extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
     if task.eval_logger is not None: extra.update(eval_logger=task.eval_logger, eval_aggregator=task.eval_aggregator)
     P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents   # models trained
-    trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P), reward_func=task.reward_func, formatters=task.formatters,
-                          args=cfg, train_dataset=task.train_dataset, eval_dataset=task.eval_dataset or None, **extra)
-    print(f"[comlrl-nb] agents loaded in {time.perf_counter() - t0:.1f}s")
+    with sw("load"):
+        trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P), reward_func=task.reward_func,
+                              formatters=task.formatters, args=cfg, train_dataset=task.train_dataset,
+                              eval_dataset=task.eval_dataset or None, **extra)
+    print(f"[comlrl-nb] agents loaded in {sw.phases['load']['wall_s']:.1f}s")
     from comlrl_nb.api import scrub_secrets
-    report = {"algo": args.algo, "task": task.name, "model": args.model, "config": scrub_secrets(dataclasses.asdict(cfg))}
+    report = {"algo": args.algo, "task": task.name, "model": args.model, **hw,
+              "config": scrub_secrets(dataclasses.asdict(cfg))}
     from comlrl_nb.trainers.reinforce import MAGRPOTrainer
-    measure = args.heldout_samples > 0 and cfg.num_turns == 1 and (isinstance(trainer, MAGRPOTrainer)
-                                                               or hasattr(trainer, "central_sample"))   # tree rollouts
+    measure = args.heldout_samples > 0 and bool(task.eval_dataset) and cfg.num_turns == 1 and (
+        isinstance(trainer, MAGRPOTrainer) or hasattr(trainer, "central_sample"))    # tree rollouts
     if measure and not args.resume:
-        report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
+        with sw("heldout_before"):
+            report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
         print(f"[comlrl-nb] held-out reward before training: {_fmt(report['heldout_before'])}")
-    t1 = time.perf_counter(); state = trainer.train(resume_from_checkpoint=True if args.resume else None)
-    report["train_seconds"] = time.perf_counter() - t1
+    n_batches = 0 if args.resume else _num_batches(cfg, task)        # fresh runs: print an estimate after batch 1
+    est = FirstBatchEstimate(out / "metrics.jsonl", n_batches, sw.phases.get("heldout_before", {}).get("wall_s", 0.0))
+    if n_batches: est.start()
+    try:
+        with sw("train"): state = trainer.train(resume_from_checkpoint=True if args.resume else None)
+    finally:
+        est.done.set()
+        if n_batches: est.join(1.0)
+    report["train_seconds"] = sw.phases["train"]["wall_s"]
     if measure:
-        report["heldout_after"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
+        with sw("heldout_after"):
+            report["heldout_after"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
         print(f"[comlrl-nb] held-out reward after training:  {_fmt(report['heldout_after'])}")
+        if "heldout_before" in report:
+            ch = report["heldout_change"] = paired_change(report["heldout_before"], report["heldout_after"])
+            print(f"[comlrl-nb] change (paired by sampling key): {ch['mean']:+.3f} +/- {ch['se']:.3f} (n={ch['n']})")
     if not args.no_final: report["final_agents"] = str(save_final(trainer, out))
+    from comlrl_nb.engine import wait_for_plots
+    wait_for_plots()                                                  # a trainer may draw its plot in the background
     report["total_seconds"] = time.perf_counter() - t0
+    report["timing"] = sw.phases
     atomic_write_json(out / "report.json", report)
     print(f"[comlrl-nb] trained {state['global_batch']} batches in {report['train_seconds']:.0f}s "
           f"(total {report['total_seconds']:.0f}s)\n[comlrl-nb] metrics: {Path(state['metrics_path']).resolve()}\n"
           f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: {(out / 'report.json').resolve()}")
     return report
+
+def _num_batches(cfg, task) -> int:
+    "Batches in a run of this config on this task (epochs x ceil(items / rollout batch)); 0 if the config lacks them."
+    n, b = getattr(cfg, "num_train_epochs", 0), getattr(cfg, "rollout_batch_size", 0)
+    return n * math.ceil(len(task.train_dataset) / b) if n and b else 0
 
 def _fmt(h: dict) -> str:
     return f"{h['mean']:.3f} +/- {h['se']:.3f} (n={h['n']}, mean completion lengths {[round(x, 1) for x in h['completion_len']]})"

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #7f0d09be
 from __future__ import annotations
-import contextlib, hashlib, json, logging, math, os, random, tempfile
+import contextlib, hashlib, json, logging, math, os, random, tempfile, time
 from numbers import Real
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['logger', 'setup_logging', 'seed_everything', 'derive_seed', 'keyed_generator', 'resolve_device', 'resolve_dtype',
-           'autocast', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'check_choice', 'check_number',
-           'check_bool', 'config_error', 'as_list']
+__all__ = ['logger', 'BF16_CPU_FLAGS', 'setup_logging', 'seed_everything', 'derive_seed', 'keyed_generator', 'resolve_device',
+           'resolve_dtype', 'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'thread_probe',
+           'choose_threads', 'apply_threads', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
+           'check_choice', 'check_number', 'check_bool', 'config_error', 'as_list']
 
 # %% ../nbs/00_core.ipynb #1cfea104
 logger = logging.getLogger("comlrl_nb")
@@ -68,11 +69,134 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> Optional[torch.dtype]:
     if dtype not in _DTYPES: raise ValueError(f"dtype {dtype!r} is not known; use one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
 
+# %% ../nbs/00_core.ipynb #a1f0c002
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")   # x86 AVX512-BF16, x86 AMX, ARMv8.6 BF16
+
+def cpu_flags(path: str | os.PathLike = "/proc/cpuinfo") -> set[str]:
+    "The CPU's feature flags as the kernel lists them (x86 `flags`, ARM `Features`); empty where unknown (macOS)."
+    try: lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError: return set()
+    for line in lines:
+        key, _, val = line.partition(":")
+        if key.strip() in ("flags", "Features"): return set(val.split())
+    return set()
+
+# %% ../nbs/00_core.ipynb #a1f0c004
+def _best_of(fn, device: torch.device, reps: int, budget: float = math.inf) -> float:
+    "Best wall seconds of up to `reps` calls; stops early once `budget` seconds are spent (after the first call)."
+    best, start = math.inf, time.perf_counter()
+    for _ in range(reps):
+        if device.type == "cuda": torch.cuda.synchronize(device)
+        t = time.perf_counter(); fn()
+        if device.type == "cuda": torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+        if time.perf_counter() - start > budget: break
+    return best
+
+def bf16_probe(device: str | torch.device = "cpu", reps: int = 3) -> tuple[float, float]:
+    "Best-of-`reps` seconds of one Linear forward+backward on `device`: (fp32, bf16 autocast); global RNG untouched."
+    dev = torch.device(device); rows, width = (4096, 4096) if dev.type == "cuda" else (128, 512)
+    threads = torch.get_num_threads()
+    if dev.type == "cpu": torch.set_num_threads(1)                # the kind of arithmetic, not thread contention
+    try: return _bf16_probe(dev, rows, width, reps)
+    finally: torch.set_num_threads(threads)
+
+def _bf16_probe(dev: torch.device, rows: int, width: int, reps: int) -> tuple[float, float]:
+    with torch.inference_mode(False), torch.enable_grad():        # callable from inside generation's no_grad
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(rows, width, generator=g).to(dev)
+        w = (torch.randn(width, width, generator=g) / width ** 0.5).to(dev).requires_grad_()
+        def step(dt):
+            with torch.autocast(dev.type, dtype=dt or torch.bfloat16, enabled=dt is not None):
+                y = torch.nn.functional.linear(x, w)
+            y.float().square().mean().backward()
+        step(None); step(torch.bfloat16)                          # warm-up: the first bf16 call builds its kernels
+        fp32 = _best_of(lambda: step(None), dev, reps)
+        return fp32, _best_of(lambda: step(torch.bfloat16), dev, reps, budget=max(0.05, 10 * reps * fp32))
+
+# %% ../nbs/00_core.ipynb #a1f0c006
+def choose_autocast(device: str | torch.device | None = None, flags: Iterable[str] | None = None, probe=bf16_probe,
+                    margin: float = 1.2) -> tuple[Optional[str], str]:
+    "`autocast_dtype='auto'` on `device`: ('bfloat16', why) if bf16 is native and probes faster, else (None, why)."
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        with torch.cuda.device(dev): native = torch.cuda.is_bf16_supported(including_emulation=False)
+        if not native: return None, f"fp32: {name} has no native bf16"
+    elif dev.type == "cpu":
+        have = sorted(set(cpu_flags() if flags is None else flags) & set(BF16_CPU_FLAGS))
+        if not have: return None, "fp32: the CPU lists no bf16 instructions (avx512_bf16, amx_bf16), bf16 is emulated"
+        name = "CPU with " + ", ".join(have)
+    else: return None, f"fp32: no bf16 probe for device type {dev.type!r}"
+    fp32, bf16 = probe(dev)
+    msg = f"{name}; probe Linear fwd+bwd fp32 {fp32 * 1e3:.2f} ms vs bf16 {bf16 * 1e3:.2f} ms ({fp32 / bf16:.1f}x)"
+    return ("bfloat16", f"bf16: {msg}") if fp32 >= margin * bf16 else (None, f"fp32: bf16 is not faster here ({msg})")
+
+# %% ../nbs/00_core.ipynb #a1f0c008
+_AUTO_PRECISION: dict[str, tuple[Optional[str], str]] = {}
+
+def auto_precision(device: str | torch.device | None = None) -> tuple[Optional[str], str]:
+    "`choose_autocast` once per device for this process (the choice and its reason are logged the first time)."
+    key = str(resolve_device(device))
+    if key not in _AUTO_PRECISION:
+        _AUTO_PRECISION[key] = choose_autocast(key)
+        logger.info(f"autocast_dtype='auto' on {key} -> {_AUTO_PRECISION[key][1]}")
+    return _AUTO_PRECISION[key]
+
 def autocast(device: torch.device | str, dtype: str | torch.dtype | None):
-    "bf16/fp16 autocast on `device` when `dtype` is given, else a no-op context."
-    dt = resolve_dtype(dtype)
+    "bf16/fp16 autocast on `device` when `dtype` is given ('auto': chosen by `auto_precision`), else a no-op context."
+    dt = resolve_dtype(auto_precision(device)[0] if isinstance(dtype, str) and dtype == "auto" else dtype)
     if dt is None or dt == torch.float32: return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=dt)
+
+# %% ../nbs/00_core.ipynb #a1f0c011
+def thread_probe(threads: int, dtype=None, rows: int = 16, width: int = 576, hidden: int = 1536,
+                 layers: int = 2) -> float:
+    "Seconds of a decode-like stack of small matmuls (a 135M model's MLP shape) run with `threads` torch threads."
+    old = torch.get_num_threads(); torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, generator=g) / 30 for s in ((rows, width), (hidden, width), (width, hidden)))
+    try:
+        with torch.no_grad(), autocast("cpu", dtype):
+            t = time.perf_counter()
+            for _ in range(layers): y = torch.nn.functional.linear(torch.nn.functional.linear(x, w1).relu(), w2)
+            return time.perf_counter() - t
+    finally: torch.set_num_threads(old)
+
+def _usable_cores() -> int:
+    try: return len(os.sched_getaffinity(0))
+    except AttributeError: return os.cpu_count() or 1
+
+# %% ../nbs/00_core.ipynb #a1f0c012
+def choose_threads(threads: int | None = None, dtype=None, probe=thread_probe, cores: int | None = None,
+                   reps: int = 3, margin: float = 1.25, budget: float = 0.2,
+                   load: float | None = None) -> tuple[int, str]:
+    "Torch threads for this CPU and why: `threads`, else $COMLRL_NB_THREADS, else 1 vs all cores by a short probe."
+    env = os.environ.get("COMLRL_NB_THREADS", "").strip()
+    if threads is None and env:
+        if not env.isdigit(): raise ValueError(f"COMLRL_NB_THREADS={env!r} is invalid: set a number >= 1, or unset it")
+        threads, why = int(env), "set by COMLRL_NB_THREADS"
+    else: why = "set by the caller"
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads={threads!r} is invalid: use a whole number >= 1, or leave it unset to probe")
+    if threads is not None: return threads, why
+    n = cores or _usable_cores()
+    if n <= 1: return 1, "one usable core"
+    load = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else (load or 0.0)
+    if load >= n - 0.5: return 1, f"the CPU is busy (load average {load:.1f} on {n} cores): more threads would wait"
+    times, t0 = {1: [], n: []}, time.perf_counter()
+    for r in range(reps + 1):                         # interleaved, so a burst of load hits both; round 0 warms up
+        for k in times: times[k].append(probe(k, dtype))
+        if time.perf_counter() - t0 > budget: break   # out of time: a slow first round counts against more threads
+    t = {k: float(np.median(v[1:] or v)) for k, v in times.items()}
+    pick = n if t[1] >= margin * t[n] else 1
+    return pick, f"probe: 1 thread {t[1] * 1e3:.2f} ms, {n} threads {t[n] * 1e3:.2f} ms (more need {margin}x)"
+
+def apply_threads(threads: int | None = None, dtype=None) -> tuple[int, str]:
+    "`choose_threads`, then `torch.set_num_threads` with the choice; logs it and returns (threads, reason)."
+    k, why = choose_threads(threads, dtype)
+    torch.set_num_threads(k); logger.info(f"torch threads: {k} ({why})")
+    return k, why
 
 # %% ../nbs/00_core.ipynb #35b9e3e2
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -18,7 +18,8 @@ from .core import atomic_write_json, logger, seed_everything
 # %% auto #0
 __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
            'set_rng_state', 'CheckpointManager', 'start_run', 'eval_count', 'stop_after', 'run_epochs', 'batches_ahead',
-           'keep_ahead', 'Sampler', 'new_figure', 'plot_run', 'Run', 'SampleBuffers']
+           'keep_ahead', 'Sampler', 'new_figure', 'plot_run', 'plot_run_background', 'wait_for_plots', 'Run',
+           'SampleBuffers']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -355,9 +356,26 @@ def plot_run(metrics, out_png=None, title: str = "training run"):
         a2.plot([p[0] for p in pts], [p[1] for p in pts], ".-", alpha=0.7, label=k.split("/")[0])
     a2.set(xlabel="batch", ylabel="policy loss", title="per-agent loss"); a2.grid(alpha=0.3)
     if a2.lines: a2.legend(fontsize=8)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.065, right=0.99, bottom=0.12, top=0.92, wspace=0.24)   # fixed: tight_layout costs a draw
     if out_png is not None: fig.savefig(out_png, dpi=110)
     return fig
+
+# %% ../nbs/25_engine.ipynb #c3e0d002
+_PLOTS: list = []
+
+def plot_run_background(metrics, out_png, title: str = "training run"):
+    "`plot_run(metrics, out_png, title)` in a thread (records read now); returns the thread; errors are logged."
+    import threading
+    rows = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
+    def draw():
+        try: plot_run(rows, out_png, title)
+        except Exception as e: logger.warning(f"could not draw the run plot {out_png}: {e}")
+    t = threading.Thread(target=draw, name="comlrl_nb-plot"); t.start(); _PLOTS.append(t)
+    return t
+
+def wait_for_plots(timeout: float | None = None) -> None:
+    "Block until every background plot of this process is written."
+    while _PLOTS: _PLOTS.pop().join(timeout)
 
 # %% ../nbs/25_engine.ipynb #c5e2fe25
 class Run:
