@@ -326,7 +326,8 @@ def cmd_train(args) -> dict:
               "config": scrub_secrets(dataclasses.asdict(cfg))}
     from comlrl_nb.trainers.reinforce import MAGRPOTrainer
     measure = args.heldout_samples > 0 and bool(task.eval_dataset) and cfg.num_turns == 1 and (
-        isinstance(trainer, MAGRPOTrainer) or hasattr(trainer, "central_sample"))    # tree rollouts
+        isinstance(trainer, MAGRPOTrainer)                                      # tree rollouts, or one actor
+        or (getattr(cfg, "collaboration_mode", None) == "centralized" and hasattr(trainer, "central_sample")))
     if measure and not args.resume:
         with sw("heldout_before"):
             report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)

@@ -115,6 +115,9 @@ class PreferenceRounds:
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
     def evaluate(self, num_samples: Optional[int] = None) -> dict: return MAGRPOTrainer.evaluate(self, num_samples)
+    def save_model(self, output_dir) -> Path:
+        "Write each trained agent and its tokenizer to output_dir/agent_<i>/."
+        return self.team.save_pretrained(output_dir)
 
 # %% ../../nbs/53_iterative.ipynb #d7a0b003
 @patch

@@ -116,6 +116,9 @@ class MARLHFTrainer:
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
+    def save_model(self, output_dir) -> Path:
+        "Write each trained agent and its tokenizer to output_dir/agent_<i>/."
+        return self.team.save_pretrained(output_dir)
 
 # %% ../../nbs/43_marlhf.ipynb #c4a1b001
 def backend_config(backend, args):
