@@ -168,7 +168,9 @@ def trainers_bench(shape, device, B, K, T, algos=None):
         want = dict(num_agents=2, num_generations=K, max_new_tokens=T, temperature=1.0, top_p=0.95, top_k=50,
                     num_train_epochs=1, eval_interval=0, rollout_batch_size=B, rollout_buffer_size=B, train_batch_size=B,
                     early_termination_threshold=None, autocast_dtype="auto", agent_devices=str(device),
-                    output_dir=tempfile.mkdtemp(prefix=f"gpu_{algo}_"), progress_bar=False, save_steps=-1, save_plot=False)
+                    output_dir=tempfile.mkdtemp(prefix=f"gpu_{algo}_"), progress_bar=False, save_steps=-1, save_plot=False,
+                    preference_num_candidates=K, preference_pairs_per_sample=1, num_iterations=2,  # preference ones: small
+                    reward_train_batch_size=B)
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
         kw = dict(agents=[build(shape, device, seed=0), build(shape, device, seed=1)], tokenizer=tok)
