@@ -58,7 +58,7 @@ def centralized_comparator(c, owner: str):
     if c.collaboration_mode != "centralized": return
     if c.comparator_centralized_agent_index != 0:
         raise config_error(owner, f"comparator_centralized_agent_index={c.comparator_centralized_agent_index} but "
-                                  "collaboration_mode='centralized' has one actor, index 0: use "
+                                  "collaboration_mode='centralized' has one actor (actor index 0): use "
                                   "comparator_centralized_agent_index=0")
     c.comparator_generation_mode = "centralized"
 
