@@ -72,9 +72,9 @@ def test_rounds_train_the_actor_on_raw_joint_texts(tmp_path):
     for r in recs:
         c = r["centralized"]
         assert r["winner_completions"] == halves(c["winner"], 2) and r["loser_completions"] == halves(c["loser"], 2)
-        assert c["prompt"] == tr._central_prompt(ITEMS[0])[1] or c["prompt"] in [tr._central_prompt(it)[1] for it in ITEMS]
-        assert vowels(*[[x] for x in r["winner_completions"]])[0] == r["target_raw_reward" if r["winner_side"] == "agents"
-                                                                       else "comparator_raw_reward"]
+        assert c["prompt"] in [tr._central_prompt(it)[1] for it in ITEMS]
+        side = "target_raw_reward" if r["winner_side"] == "agents" else "comparator_raw_reward"
+        assert vowels(*[[x] for x in r["winner_completions"]])[0] == r[side]
     assert tr.state["optimizer_steps"] == [out["global_batch"]]
     assert tr.state["env_step"] == 2 * sum(r["round/train_pairs"] for r in out["rounds"])
     ev = tr.evaluate()
@@ -98,16 +98,18 @@ def test_resume_after_a_stop_gives_the_same_weights(tmp_path, policy):
     again = central_iter(tmp_path / "b", **kw)
     again.train(resume_from_checkpoint=True)
     for f in ("iteration_0001.json", "iteration_0002.json", "iteration_0003.json"):
-        assert (tmp_path / "a" / "preference_replay" / f).read_bytes() == (tmp_path / "b" / "preference_replay" / f).read_bytes()
+        a, b = (tmp_path / d / "preference_replay" / f for d in ("a", "b"))
+        assert a.read_bytes() == b.read_bytes()
     assert all(torch.equal(a, b) for a, b in zip(full.agents[0].parameters(), again.agents[0].parameters()))
 
 
 def test_adapter_builds_the_prompt_and_parses_with_the_item(tmp_path):
     ad = HalvesAdapter()
     tr = central_iter(tmp_path, trainer_kw={"centralized_comparator_adapter": ad}, num_iterations=1)
-    assert tr._central_prompt(ITEMS[1])[1] == "joint 1: Write a story | Write a story".replace("Write a story", "Explain physics")
+    assert tr._central_prompt(ITEMS[1])[1] == "joint 1: Explain physics | Explain physics"
     tr.train()
-    assert {r["centralized"]["prompt"] for r in tr.pairs} <= {f"joint {it['id']}: {it['prompt']} | {it['prompt']}" for it in ITEMS}
+    joint = {f"joint {it['id']}: {it['prompt']} | {it['prompt']}" for it in ITEMS}
+    assert {r["centralized"]["prompt"] for r in tr.pairs} <= joint
     assert set(ad.parsed_items) == {0, 1, 2}                # the actor's and the comparator's completions, per item
     for r in tr.pairs:
         it = next(i for i in ITEMS if r["centralized"]["prompt"].startswith(f"joint {i['id']}:"))
@@ -159,3 +161,10 @@ def test_adapter_drives_a_centralized_comparator_of_decentralized_agents(tmp_pat
     assert st["unparsed_candidates"] == 0 and sorted(set(ad.parsed_items)) == [0, 1, 2]
     assert all("centralized" not in r for r in recs)         # the agents are per-role models: no joint text to keep
     assert any(r["winner_side"] == "comparator" and r["winner_completions"] == ["abcd", "efgh"] for r in recs)
+
+
+def test_a_comparator_that_never_parses_names_the_actor_hooks(tmp_path):
+    from comlrl_nb.comparators import CentralizedParseError
+    tr = central_iter(tmp_path, trainer_kw={}, num_iterations=1)     # tagged default; the tiny model writes no tags
+    with pytest.raises(CentralizedParseError, match="centralized_parser= or centralized_comparator_adapter="):
+        tr.train()

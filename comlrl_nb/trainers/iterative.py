@@ -240,7 +240,8 @@ def _actor_candidates(self: PreferenceRounds, nu: int, chunk: list, ids: list, K
 def _joint_texts(self: PreferenceRounds, b: int, k: int, agents_win: bool, comps, cs, K: int, Kc: int) -> dict:
     "Centralized: a record's `centralized` field (the actor's prompt, both sides' raw joint texts); else nothing."
     if self.args.collaboration_mode != "centralized": return {}
-    mine, theirs = (comps[0].raw[b * K + k], bool(comps[0].ended[b * K + k])), (cs.raw[b * Kc + k], cs.raw_ended[b * Kc + k])
+    mine = (comps[0].raw[b * K + k], bool(comps[0].ended[b * K + k]))
+    theirs = (cs.raw[b * Kc + k], cs.raw_ended[b * Kc + k])
     (w, weos), (l, leos) = (mine, theirs) if agents_win else (theirs, mine)
     return {"centralized": {"prompt": comps[0].actor_prompts[b], "winner": w, "loser": l, "winner_eos": weos,
                             "loser_eos": leos}}
@@ -375,7 +376,12 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
             for k, v in st.items(): acc[k] = acc.get(k, 0 if not isinstance(v, list) else []) + v
     finally: self.comparator.end_round()
     if a.comparator_generation_mode == "centralized" and acc["unparsed"] == acc["comparator_responses"] > 0:
-        raise centralized_parse_error(self.n, acc["comparator_responses"], acc["examples"])
+        err = centralized_parse_error(self.n, acc["comparator_responses"], acc["examples"])
+        if a.collaboration_mode == "centralized":          # parsed like the actor: say how to change both
+            err.args = (f"{err} (collaboration_mode='centralized': centralized_parser= or "
+                        "centralized_comparator_adapter= sets the format of the actor's and the comparator's "
+                        "completions)",)
+        raise err
     return records, {**_round_stats(acc, len(ds), len(records)), **reward_distributions(
         self._reward_range, target_raw=acc["target_raw"], comparator_raw=acc["comparator_raw"])}
 

@@ -160,8 +160,9 @@ def check_adapter(args, adapter, builder=None, parser=None):
     missing = [m for m in ("build_prompt", "parse_completion") if not callable(getattr(adapter, m, None))]
     if missing:
         raise TypeError(f"centralized_comparator_adapter ({type(adapter).__name__}) lacks {', '.join(missing)}: pass "
-                        "an object with build_prompt(batch_item, agent_prompts) -> str and parse_completion(completion, "
-                        "batch_item, num_agents) -> list of strings, e.g. TaggedCentralizedComparatorAdapter()")
+                        "an object with build_prompt(batch_item, agent_prompts) -> str and "
+                        "parse_completion(completion, batch_item, num_agents) -> list of strings, e.g. "
+                        "TaggedCentralizedComparatorAdapter()")
 
 def adapter_hooks(adapter) -> tuple[Callable, Callable]:
     "An adapter as (builder(role_prompts, item), parser(text, n, item)); its parse error means 'does not parse'."
