@@ -285,7 +285,7 @@ def test_madpo_errors_and_reference_free(tmp_path, caplog):
         MADPOConfig(joint_mode="crossed")
     with pytest.raises(TypeError, match="args must be a MADPOConfig"):
         MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MARLHFConfig())
-    with pytest.raises(ValueError, match="trains 1 model\\(s\\) for 2 roles"):
+    with pytest.raises(ValueError, match="exactly one actor for all 2 roles"):
         MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MADPOConfig(collaboration_mode="centralized"))
     with caplog.at_level(logging.WARNING, logger="comlrl_nb"):
         tr = madpo(tmp_path, reference_kl_enabled=True)

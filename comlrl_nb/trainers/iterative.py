@@ -25,13 +25,14 @@ from ..reward_model import _pair_texts
 from ..team import Team
 from ..engine import MetricsLogger, Run, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
-from .madpo import (MADPOConfig, FromTeam, check_task, default_args, dpo_metrics, madpo_args,
-                                      madpo_update)
+from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
+                                      dpo_metrics, madpo_args, madpo_update)
 from .marlhf import MARLHFConfig, make_policy_trainer, make_reward_model
 
 # %% auto #0
-__all__ = ['ITERATIVE_GROUPS', 'IterativeFields', 'config_record', 'MADPOIterConfig', 'MARLHFIterConfig', 'PreferenceRounds',
-           'MADPOIterTrainer', 'RunEntries', 'plot_rounds', 'MARLHFIterTrainer']
+__all__ = ['ITERATIVE_GROUPS', 'IterativeFields', 'centralized_comparator', 'config_record', 'MADPOIterConfig',
+           'MARLHFIterConfig', 'PreferenceRounds', 'MADPOIterTrainer', 'RecordingGenerator', 'RunEntries',
+           'plot_rounds', 'MARLHFIterTrainer']
 
 # %% ../../nbs/53_iterative.ipynb #3288bfe8
 from ..config import (ComparatorAPIFields, ComparatorFields, IterationFields, ReplayFields, TrainerConfig,
@@ -46,14 +47,20 @@ class IterativeFields:
 
 # %% ../../nbs/53_iterative.ipynb #3842eade
 def _madpo_iter_relations(c, owner: str):
-    "What iterative MADPO cannot do: score with a reward model, or train one centralized actor."
+    "What iterative MADPO cannot do (score with a reward model); a centralized actor is also the comparator's writer."
     if c.preference_scoring_reward == "reward_model":
         raise config_error(owner, "preference_scoring_reward='reward_model' needs a fitted reward model, which only "
                                   "MARLHFIterConfig has; MADPO scores comparisons with the task reward: use 'task'")
-    if c.collaboration_mode == "centralized":
-        raise config_error(owner, "collaboration_mode='centralized' is not available in iterative MADPO (its comparisons "
-                                  "pair per-role policies with a comparator); use MADPOTrainer for one centralized actor, "
-                                  "or 'decentralized'")
+    centralized_comparator(c, owner)
+
+def centralized_comparator(c, owner: str):
+    "collaboration_mode='centralized': the comparator writes joint responses too, with the one actor's index 0."
+    if c.collaboration_mode != "centralized": return
+    if c.comparator_centralized_agent_index != 0:
+        raise config_error(owner, f"comparator_centralized_agent_index={c.comparator_centralized_agent_index} but "
+                                  "collaboration_mode='centralized' has one actor (actor index 0): use "
+                                  "comparator_centralized_agent_index=0")
+    c.comparator_generation_mode = "centralized"
 
 # %% ../../nbs/53_iterative.ipynb #7396c6d6
 def _plain(v):
@@ -132,7 +139,7 @@ def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenize
     self.replay = ReplayBuffer(self.replay_dir, a.preference_replay_mode, a.preference_replay_k,
                                a.preference_replay_lambda, a.preference_replay_sample_size, seed=a.seed,
                                validate=lambda r, where: validate_pair_record(r, n, where))
-    central = a.comparator_generation_mode == "centralized"
+    central = a.comparator_generation_mode == "centralized" and a.collaboration_mode != "centralized"
     gen_kwargs = dict(max_new_tokens=a.comparator_max_new_tokens or a.max_new_tokens * (n if central else 1),
                       temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype)
     snaps = self.output_dir / "policy_checkpoints" if a.policy_checkpoint_dir is None else Path(a.policy_checkpoint_dir)
@@ -142,7 +149,7 @@ def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenize
         comparator_tokenizer=comparator_tokenizer, model_config=model_config, history_k=a.comparator_history_k,
         snapshot_dir=snaps, client=comparator_client, api_config=a, generator=comparator_generator)
     self.comparator_prompt_builder, self.comparator_parser = comparator_prompt_builder, comparator_parser
-    self.state, self.rounds = {"iteration": 0, "global_batch": 0, "optimizer_steps": [0] * n}, []
+    self.state, self.rounds = {"iteration": 0, "global_batch": 0, "optimizer_steps": [0] * len(self.agents)}, []
 
 # %% ../../nbs/53_iterative.ipynb #b8782afb
 class MADPOIterTrainer(PreferenceRounds):
@@ -154,16 +161,93 @@ class MADPOIterTrainer(PreferenceRounds):
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None,
                  comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
-                 comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None):
+                 comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None,
+                 centralized_comparator_adapter=None):
         self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
-                                      centralized_parser)
+                                      centralized_parser, centralized_comparator_adapter)
         check_task(reward_func, eval_logger, eval_aggregator)
         self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
                          eval_aggregator, wandb_config)
-        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
-        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
-                           comparator_prompt_builder, comparator_parser)
+        central = args.collaboration_mode == "centralized"
+        self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config,
+                                     1 if central else None)       # centralized: one actor model for every role
+        if central: self._setup_centralized(centralized_prompt_builder, centralized_parser,
+                                            centralized_comparator_adapter)
+        builder, parser = self._comparator_hooks(comparator_prompt_builder, comparator_parser,
+                                                 centralized_comparator_adapter)
+        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator, builder,
+                           parser)
         self._tokens = None
+
+# %% ../../nbs/53_iterative.ipynb #bc2fe657
+@patch
+def _setup_centralized(self: MADPOIterTrainer, builder=None, parser=None, adapter=None):
+    "One actor writes every role, with MADPO's hooks: its prompt builder, its parser (text, n, item), `central_sample`."
+    MADPOTrainer._setup_centralized(self, builder, parser, adapter)
+
+@patch
+def _central_prompt(self: MADPOIterTrainer, item) -> tuple: return MADPOTrainer._central_prompt(self, item)
+@patch
+def _split(self: MADPOIterTrainer, text: str, item=None): return MADPOTrainer._split(self, text, item)
+@patch
+def central_sample(self: MADPOIterTrainer, items, keys, k: int) -> dict:
+    return MADPOTrainer.central_sample(self, items, keys, k)
+
+@patch
+def evaluate(self: MADPOIterTrainer, num_samples: Optional[int] = None) -> dict:
+    "MADPO's evaluation: MAGRPO's when decentralized; centralized, the actor answers for every role (task reward)."
+    return MADPOTrainer.evaluate(self, num_samples)
+
+# %% ../../nbs/53_iterative.ipynb #4170bee6
+@patch
+def _comparator_hooks(self: PreferenceRounds, builder=None, parser=None, adapter=None) -> tuple:
+    "The comparator's prompt builder and parser: the ones given; else the adapter's, or (centralized) the actor's."
+    central = self.args.collaboration_mode == "centralized"
+    if builder is None and parser is None and adapter is not None and not central:
+        builder, parser = adapter_hooks(adapter)
+        self.comparator_parser_takes_item = True
+    elif central:                                    # the same prompt and parse as the actor's own candidates
+        self.comparator_parser_takes_item = parser is None
+        builder, parser = builder or self.build_prompt, parser or self.parse_item
+    return builder, parser
+
+@patch
+def _item_parser(self: PreferenceRounds, chunk: list, Kc: int) -> Optional[Callable]:
+    "The comparator's parser for one batch: an item-aware one (text, n, item) gets the item of each response in turn."
+    p = self.comparator_parser
+    if p is None or not getattr(self, "comparator_parser_takes_item", False): return p
+    order = iter(range(len(chunk) * Kc))                          # responses come row by row: b * Kc + j
+    return lambda text, n: p(text, n, chunk[next(order) // Kc])
+
+# %% ../../nbs/53_iterative.ipynb #d4479695
+class RecordingGenerator:
+    "A comparator generator that also keeps what it returned: the raw joint texts and their EOS flags, in order."
+    def __init__(self, gen):
+        self.gen, self.texts, self.ended, self.__name__ = gen, [], [], getattr(gen, "__name__", type(gen).__name__)
+    def __call__(self, *args):
+        out = self.gen(*args)
+        texts, ended = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
+        self.texts += list(texts)
+        self.ended += [True] * len(texts) if ended is None else [bool(e) for e in ended]
+        return out
+
+@patch
+def _actor_candidates(self: PreferenceRounds, nu: int, chunk: list, ids: list, K: int) -> tuple[list, list]:
+    "Centralized: the roles' prompts and, per role, the actor's K joint candidates split into that role's answers."
+    s = self.central_sample(chunk, [(self.args.seed, "preference", nu, j, "actor") for j in ids], K)
+    c = s["comps"]
+    return s["prompts"], [SimpleNamespace(texts=s["texts"][i], ended=c.ended, raw=c.texts, unparsed=s["unparsed"],
+                                          actor_prompts=s["actor_prompts"]) for i in range(self.n)]
+
+@patch
+def _joint_texts(self: PreferenceRounds, b: int, k: int, agents_win: bool, comps, cs, K: int, Kc: int) -> dict:
+    "Centralized: a record's `centralized` field (the actor's prompt, both sides' raw joint texts); else nothing."
+    if self.args.collaboration_mode != "centralized": return {}
+    mine = (comps[0].raw[b * K + k], bool(comps[0].ended[b * K + k]))
+    theirs = (cs.raw[b * Kc + k], cs.raw_ended[b * Kc + k])
+    (w, weos), (l, leos) = (mine, theirs) if agents_win else (theirs, mine)
+    return {"centralized": {"prompt": comps[0].actor_prompts[b], "winner": w, "loser": l, "winner_eos": weos,
+                            "loser_eos": leos}}
 
 # %% ../../nbs/53_iterative.ipynb #c638ff0f
 @patch
@@ -231,7 +315,8 @@ def _item_records(self: PreferenceRounds, nu, b, j, cmp, raw, proc, comps, cs, p
                                     raw_rewards=raws, target_raw_reward=raw[r], comparator_raw_reward=raw[J + r],
                                     iteration=nu, candidate_index=k,
                                     winner_side="agents" if agents_win else "comparator",
-                                    comparator_policy=a.comparator_policy))
+                                    comparator_policy=a.comparator_policy,
+                                    **self._joint_texts(b, k, agents_win, comps, cs, K, Kc)))
     return out, {"comparisons": len(pos), "ties": sum(proc[r] == proc[J + r] for r in pos),
                  "comparator_wins": sum(proc[J + r] > proc[r] for r in pos)}
 
@@ -242,11 +327,17 @@ def _collect_batch(self: PreferenceRounds, nu: int, chunk: list, ids: list, gen,
     a, n = self.args, self.n
     K = a.preference_num_candidates
     Kc = a.comparator_num_candidates or K
-    prompts, originals = self.team.prompts(chunk), [[self.team.format(it, i) for it in chunk] for i in range(n)]
-    comps = self._agent_candidates(nu, prompts, ids, K)
+    originals = [[self.team.format(it, i) for it in chunk] for i in range(n)]
+    if a.collaboration_mode == "centralized":                # the actor's joint candidates, split into roles
+        prompts, comps = self._actor_candidates(nu, chunk, ids, K)
+        gen = RecordingGenerator(gen)
+    else:
+        prompts = self.team.prompts(chunk)
+        comps = self._agent_candidates(nu, prompts, ids, K)
     cs = sample_comparator(gen, originals, chunk, ids, Kc, nu, a.comparator_generation_mode,
                            a.comparator_centralized_agent_index, self.comparator_prompt_builder,
-                           self.comparator_parser, wrap)
+                           self._item_parser(chunk, Kc), wrap)
+    if isinstance(gen, RecordingGenerator): cs.raw, cs.raw_ended = gen.texts, gen.ended
     cmp, raw, proc = self._score_comparisons(comps, cs, chunk, prompts, K, Kc, score)
     records, st = [], {"comparisons": 0, "ties": 0, "comparator_wins": 0, "items_without_pairs": 0}
     for b, j in enumerate(ids):
@@ -288,7 +379,12 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
             for k, v in st.items(): acc[k] = acc.get(k, 0 if not isinstance(v, list) else []) + v
     finally: self.comparator.end_round()
     if a.comparator_generation_mode == "centralized" and acc["unparsed"] == acc["comparator_responses"] > 0:
-        raise centralized_parse_error(self.n, acc["comparator_responses"], acc["examples"])
+        err = centralized_parse_error(self.n, acc["comparator_responses"], acc["examples"])
+        if a.collaboration_mode == "centralized":          # parsed like the actor: say how to change both
+            err.args = (f"{err} (collaboration_mode='centralized': centralized_parser= or "
+                        "centralized_comparator_adapter= sets the format of the actor's and the comparator's "
+                        "completions)",)
+        raise err
     return records, {**_round_stats(acc, len(ds), len(records)), **reward_distributions(
         self._reward_range, target_raw=acc["target_raw"], comparator_raw=acc["comparator_raw"])}
 
@@ -422,7 +518,7 @@ def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLo
     if not records:
         logger.warning(f"round {nu}: no training pairs; the agents are not updated this round")
         return {"train/batches": 0}
-    self.pairs, self._tokens = list(records), [tokenize_pairs(records, i, self.tokenizers[i]) for i in range(self.n)]
+    self.pairs, self._tokens = list(records), MADPOTrainer._tokenize(self, records)     # per agent, or the actor
     P, bs, rows = len(self.pairs), a.train_batch_size, []
     for epoch in range(a.num_train_epochs):
         order = np.random.default_rng(derive_seed(a.seed, "pair_order", nu, epoch)).permutation(P)

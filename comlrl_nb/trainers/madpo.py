@@ -24,9 +24,9 @@ from ..engine import MetricsLogger, Run, eval_count, plot_run
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
-__all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'pair_margins',
-           'madpo_agent_step', 'madpo_update', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry',
-           'central_candidates']
+__all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'check_adapter',
+           'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'madpo_update', 'tokenize_centralized', 'dpo_metrics',
+           'PairsEntry', 'central_candidates']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
@@ -69,9 +69,9 @@ class MADPOTrainer:
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None,
-                 centralized_prompt_builder=None, centralized_parser=None):
+                 centralized_prompt_builder=None, centralized_parser=None, centralized_comparator_adapter=None):
         self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
-                                      centralized_parser)
+                                      centralized_parser, centralized_comparator_adapter)
         self.n, central = args.num_agents, args.collaboration_mode == "centralized"
         check_task(reward_func, eval_logger, eval_aggregator)
         P = 1 if central else None                                        # one actor model for every role
@@ -85,7 +85,8 @@ class MADPOTrainer:
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * len(self.agents)}
         self.pairs, self._tokens, self.preference_sampler = [], None, None
-        if central: self._setup_centralized(centralized_prompt_builder, centralized_parser)
+        if central: self._setup_centralized(centralized_prompt_builder, centralized_parser,
+                                            centralized_comparator_adapter)
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
@@ -125,22 +126,51 @@ def check_task(reward_func, eval_logger, eval_aggregator):
         raise ValueError("eval_logger and eval_aggregator go together: pass both or neither")
 
 # %% ../../nbs/42_madpo.ipynb #b1c0a003
-def madpo_args(config_class, args, num_agents, agents, builder=None, parser=None):
+def madpo_args(config_class, args, num_agents, agents, builder=None, parser=None, adapter=None):
     "The MADPO config of a trainer: checked, centralized hooks only with the centralized mode, reference-KL off."
     args = default_args(config_class, args, num_agents, agents)
     central = args.collaboration_mode == "centralized"
     if central and hasattr(agents, "build"):
         raise ValueError("collaboration_mode='centralized' trains ONE actor model and an adapter spec builds one per "
                          "agent: pass agents=[model] or agent_model=")
+    if central and isinstance(agents, (list, tuple)) and len(agents) != 1:
+        raise ValueError(f"collaboration_mode='centralized' trains exactly one actor for all {args.num_agents} roles "
+                         f"but {len(agents)} agents were given: pass agents=[model] or agent_model=")
     if not central and (builder is not None or parser is not None):
         raise ValueError("centralized_prompt_builder= and centralized_parser= apply only with "
-                         "MADPOConfig(collaboration_mode='centralized')")
+                         f"{config_class.__name__}(collaboration_mode='centralized')")
+    check_adapter(args, adapter, builder, parser)
     check_agents(args, agents, 1 if central else args.num_agents)
     if args.reference_kl_enabled:
         logger.warning("MADPO is reference-free: reference_kl_enabled/reference_kl_coef/reference_devices add nothing "
                        "to its loss; no reference copies are made")
         args = replace(args, reference_kl_enabled=False)
     return args
+
+# %% ../../nbs/42_madpo.ipynb #bed1b965
+def check_adapter(args, adapter, builder=None, parser=None):
+    "A centralized comparator adapter: only where a model writes every role, alone, with both of its methods."
+    if adapter is None: return
+    if builder is not None or parser is not None:
+        raise ValueError("pass centralized_comparator_adapter= or centralized_prompt_builder=/centralized_parser=, "
+                         "not both (the adapter builds the prompt and parses the completions)")
+    if args.collaboration_mode != "centralized" and getattr(args, "comparator_generation_mode", None) != "centralized":
+        raise ValueError("centralized_comparator_adapter= applies only with collaboration_mode='centralized' (or, in "
+                         "the iterative trainers, comparator_generation_mode='centralized'); set one or drop it")
+    missing = [m for m in ("build_prompt", "parse_completion") if not callable(getattr(adapter, m, None))]
+    if missing:
+        raise TypeError(f"centralized_comparator_adapter ({type(adapter).__name__}) lacks {', '.join(missing)}: pass "
+                        "an object with build_prompt(batch_item, agent_prompts) -> str and "
+                        "parse_completion(completion, batch_item, num_agents) -> list of strings, e.g. "
+                        "TaggedCentralizedComparatorAdapter()")
+
+def adapter_hooks(adapter) -> tuple[Callable, Callable]:
+    "An adapter as (builder(role_prompts, item), parser(text, n, item)); its parse error means 'does not parse'."
+    from comlrl_nb.porting import CentralizedComparatorParseError
+    def parser(text, n, item=None):
+        try: return adapter.parse_completion(text, item, n)
+        except CentralizedComparatorParseError: return None
+    return (lambda roles, item: adapter.build_prompt(item, list(roles))), parser
 
 # %% ../../nbs/42_madpo.ipynb #079becf6
 def pair_margins(model, tokenizer, tokens: list, idx, autocast_dtype=None) -> torch.Tensor:
@@ -311,9 +341,12 @@ def save_model(self: MADPOTrainer, output_dir) -> Path:
 
 # %% ../../nbs/42_madpo.ipynb #480e5585
 @patch
-def _setup_centralized(self: MADPOTrainer, builder=None, parser=None):
+def _setup_centralized(self: MADPOTrainer, builder=None, parser=None, adapter=None):
     "One actor (agents[0]) writes every role: the builder makes its prompt, the parser splits its answers."
-    self.build_prompt, self.parse = builder or centralized_prompt, parser or parse_agent_sections
+    if adapter is not None: builder, self.parse_item = adapter_hooks(adapter)       # (text, n, item)
+    else: self.parse_item = (lambda p: lambda text, n, item=None: p(text, n))(parser or parse_agent_sections)
+    self.build_prompt, self.centralized_comparator_adapter = builder or centralized_prompt, adapter
+    self.parse = lambda text, n: self.parse_item(text, n)                            # (text, n), item unknown
     self.preference_sampler = central_candidates                       # the collection samples with it
 
 @patch
@@ -327,13 +360,14 @@ def _central_prompt(self: MADPOTrainer, item) -> tuple[list[str], str]:
     return roles, self.team.chat(0, p)
 
 @patch
-def _split(self: MADPOTrainer, text: str) -> Optional[list[str]]:
-    "The parser's role responses of one joint completion (checked), or None when it does not parse."
-    parts = self.parse(text, self.n)
+def _split(self: MADPOTrainer, text: str, item=None) -> Optional[list[str]]:
+    "The parser's role responses of one joint completion of `item` (checked), or None when it does not parse."
+    f = getattr(self, "parse_item", None)
+    parts = f(text, self.n, item) if f is not None else self.parse(text, self.n)
     strings = isinstance(parts, (list, tuple)) and len(parts) == self.n and all(isinstance(x, str) for x in parts)
     if parts is not None and not strings:
-        raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings (one per role) "
-                         "or None")
+        raise ValueError(f"the centralized parser returned {parts!r}; it must return exactly {self.n} outputs "
+                         "(strings, one per role) or None (centralized_parser=, or the adapter's parse_completion)")
     return None if parts is None else list(parts)
 
 # %% ../../nbs/42_madpo.ipynb #bfd5e6a1
@@ -342,7 +376,7 @@ def central_sample(self: MADPOTrainer, items, keys, k: int) -> dict:
     "Role prompts, actor prompts, k actor completions per item and their role responses (unparsed: empty roles)."
     roles, prompts = zip(*[self._central_prompt(it) for it in items])
     c = self.team.generate(0, list(prompts), k, keys)
-    parts = [self._split(t) for t in c.texts]
+    parts = [self._split(t, items[r // k]) for r, t in enumerate(c.texts)]
     return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
             "texts": [[p[i] if p is not None else "" for p in parts] for i in range(self.n)],
             "unparsed": sum(p is None for p in parts)}

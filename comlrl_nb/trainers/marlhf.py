@@ -45,11 +45,12 @@ def _marlhf_backend_fields(c, owner: str):
                                   f"{', '.join(users)} read it); remove it or pick one of those backends")
 
 def _marlhf_collaboration(c, owner: str):
-    "comlrl 1.4.3's collaboration_mode field: one model per agent only (a centralized MARLHF actor is not built yet)."
+    "comlrl 1.4.3's collaboration_mode field: one model per agent only (its policy phase has no centralized backend)."
     if c.collaboration_mode == "centralized":
         raise config_error(owner, "collaboration_mode='centralized' (one actor writing every role) is not implemented "
-                                  "for MARLHF in comlrl_nb yet (issue 14): use 'decentralized', or MADPOTrainer with "
-                                  "collaboration_mode='centralized'")
+                                  "for MARLHF in comlrl_nb yet: its policy phase needs a centralized RL backend "
+                                  "(CentralizedMAGRPOTrainer), which this build lacks; use 'decentralized', or "
+                                  "MADPOTrainer / MADPOIterTrainer with collaboration_mode='centralized'")
 
 _MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_algorithm (magrpo: mean, mareinforce: "
                                     "raw, marloo: rloo, maremax: max)",
