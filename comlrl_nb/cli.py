@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 from .core import atomic_write_json, logger, setup_logging
+from .runs import exit_status, prepare_output_dir
 from .tasks import TASKS, get_task
 
 # %% auto #0
@@ -104,9 +105,14 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--task", default="length_ratio", help=f"one of {tasks} (default length_ratio)")
     t.add_argument("--config", help="YAML or JSON file of config fields (applied over the preset)")
     t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override single config fields")
-    t.add_argument("--output-dir", help="where metrics.jsonl, plots and checkpoints go (default runs/<algo>)")
+    t.add_argument("--output-dir", help="where metrics.jsonl, plots and checkpoints go (default: a fresh "
+                   "runs/<algo>/<timestamp>/, with runs/<algo>/latest pointing at it)")
     t.add_argument("--heldout-samples", type=int, default=25, help="joint responses per held-out item, before and after (0 skips)")
-    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output directory")
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output directory "
+                   "(without --output-dir: the newest run under runs/<algo>/)")
+    t.add_argument("--allow-config-change", nargs="*", default=[], metavar="FIELD",
+                   help="on --resume, config fields allowed to differ from the checkpoint's (the run then differs "
+                   "from an uninterrupted one)")
     o = sub.add_parser("options", help="list an algorithm's config fields with their defaults")
     o.add_argument("--algo", default="magrpo")
     r = sub.add_parser("readme", help="regenerate README.md from nbs/index.ipynb")
@@ -171,10 +177,12 @@ def cmd_train(args) -> dict:
     cfg_cls, trainer_cls = _check_algo(args.algo)
     task = get_task(args.task); user = _overrides(args)
     ov = {**_algo_overrides(args.algo, cfg_cls, task, args.model, user), "num_agents": task.num_agents,
-          "output_dir": args.output_dir or f"runs/{args.algo}", **user}
+          "output_dir": args.output_dir, **user}
     cfg = build_config(cfg_cls, ov)
-    out = Path(cfg.output_dir); out.mkdir(parents=True, exist_ok=True)
-    print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output {out.resolve()}")
+    if cfg.output_dir is not None:                       # a used or unwritable directory: refused before models load
+        prepare_output_dir(cfg.output_dir, args.algo, args.resume)
+    print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output "
+          f"{Path(cfg.output_dir).resolve() if cfg.output_dir else 'a fresh runs/' + args.algo + '/<timestamp>/'}")
     t0 = time.perf_counter()
     extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
     P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents   # models trained
@@ -188,7 +196,10 @@ def cmd_train(args) -> dict:
     if measure and not args.resume:
         report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
         print(f"[comlrl-nb] held-out reward before training: {_fmt(report['heldout_before'])}")
-    t1 = time.perf_counter(); state = trainer.train(resume_from_checkpoint=True if args.resume else None)
+    t1 = time.perf_counter()
+    state = trainer.train(resume_from_checkpoint=True if args.resume else None,
+                          allow_config_changes=tuple(args.allow_config_change))
+    out = Path(trainer.output_dir)                       # the directory the run claimed
     report["train_seconds"] = time.perf_counter() - t1
     if measure:
         report["heldout_after"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
@@ -267,5 +278,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     "Entry point of the `comlrl-nb` console script: bad input prints one line and exits with status 2."
     try: return run(argv)
+    except KeyboardInterrupt as e:                       # Ctrl-C (130) or SIGTERM (143): a checkpoint was saved
+        print(f"comlrl-nb: stopped ({type(e).__name__}); resume with --resume", file=sys.stderr)
+        return exit_status(e)
     except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as e:
         print(f"comlrl-nb: error: {e}", file=sys.stderr); return 2

@@ -413,23 +413,6 @@ def _model_name(self) -> Optional[str]:
     cfg = getattr(getattr(m, "base_model", m), "config", None) or getattr(m, "config", None)
     return (getattr(cfg, "_name_or_path", None) or getattr(cfg, "model_type", None)) or type(m).__name__
 
-_LIB_TRAIN = ("checkpoint_dir", "checkpoint_interval", "checkpoint_total_limit")
-
-def _wrap_train(cls):
-    "train() that answers the library's checkpoint arguments with where they live here (until the engine takes them)."
-    orig = cls.__dict__["train"]
-    if getattr(orig, "__comlrl_nb_ported__", False): return
-    takes = set(inspect.signature(orig).parameters)
-    def train(self, *args, **kwargs):
-        extra = [k for k in _LIB_TRAIN if k in kwargs and k not in takes]
-        if extra: raise TypeError(
-            f"{type(self).__name__}.train() does not take the library's {extra} yet; here checkpoints are set in the "
-            "config (save_steps: every N batches, save_total_limit) and written to <output_dir>/checkpoints; resume "
-            "with train(resume_from_checkpoint=<checkpoint dir> or True for the newest)")
-        return orig(self, *args, **kwargs)
-    train.__comlrl_nb_ported__, train.__wrapped__, train.__doc__ = True, orig, orig.__doc__
-    cls.train = train
-
 def install_trainer_wrappers() -> list[str]:
     "Wrap every trainer class's own `__init__` with the porting steps and add `num_agents`; returns the classes."
     done = []
@@ -438,7 +421,6 @@ def install_trainer_wrappers() -> list[str]:
         for name, cls in vars(mod).items():
             if isinstance(cls, type) and name.endswith("Trainer") and cls.__module__ == m:
                 if "__init__" in cls.__dict__: _wrap_init(cls)
-                if "train" in cls.__dict__: _wrap_train(cls)
                 if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
                 if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
                 done.append(name)

@@ -92,24 +92,14 @@ def prompts(self: Team, items: Sequence) -> list[list[str]]:
 
 # %% ../nbs/24_team.ipynb #aa1e7005
 def validate_dataset(ds, name: str, formatters: Sequence[Callable]):
-    "Fail early: the dataset must be a non-empty sequence of dicts that every formatter can read."
-    if ds is None: return
-    try: size = len(ds)
-    except TypeError:
-        raise TypeError(f"{name} must be a datasets.Dataset or a list of dicts, got {type(ds).__name__}") from None
-    if size == 0: raise ValueError(f"{name} is empty; give it at least one item")
-    item = ds[0]
-    if not isinstance(item, dict):
-        raise TypeError(f"{name}[0] is a {type(item).__name__}; items must be dicts (e.g. {{'prompt': ...}})")
-    for i, f in enumerate(formatters):
-        try: format_prompt(f, item, i)
-        except (KeyError, TypeError) as e:
-            raise type(e)(f"{name}[0], agent {i + 1}: {e.args[0] if e.args else e}") from None
+    "Fail early: every row a dict that every formatter reads (`dataset.check_dataset`); the rows (a DataFrame converted)."
+    from comlrl_nb.dataset import check_dataset
+    return check_dataset(ds, formatters, name)
 
 @patch
 def check_dataset(self: Team, ds, name: str):
-    "`validate_dataset` with this team's formatters."
-    validate_dataset(ds, name, self.formatters)
+    "`validate_dataset` with this team's formatters; the rows."
+    return validate_dataset(ds, name, self.formatters)
 
 # %% ../nbs/24_team.ipynb #b471bde2
 @patch

@@ -122,7 +122,7 @@ def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenize
     "The replay buffer, the comparator side (over the team's agents) and the round state."
     a, n = self.args, self.n
     for ds, name in ((self.train_dataset, "train_dataset"), (self.eval_dataset, "eval_dataset")):
-        self.team.check_dataset(ds, name)
+        setattr(self, name, self.team.check_dataset(ds, name))     # every row; a DataFrame becomes rows
     self.replay_dir = Path(a.preference_replay_dir) if a.preference_replay_dir is not None else \
         self.output_dir / "preference_replay"
     self.replay = ReplayBuffer(self.replay_dir, a.preference_replay_mode, a.preference_replay_k,
@@ -288,13 +288,18 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
     return records, _round_stats(acc, len(ds), len(records))
 
 # %% ../../nbs/53_iterative.ipynb #7e896bd1
+from ..engine import run_options
+
 @patch
-def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round: Optional[int] = None) -> dict:
+def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round: Optional[int] = None,
+          checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes=()) -> dict:
     "Run the rounds (or continue from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
-    run = self._start_run(resume_from_checkpoint, stop_after_round)
+    run = self._start_run(resume_from_checkpoint, stop_after_round,
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes))
     with run:                                                   # Ctrl-C: which round a resume restarts, then exit
         for nu in run.rounds(a.num_iterations):
             t0 = time.perf_counter()
@@ -356,13 +361,14 @@ def _load_round_entries(self: PreferenceRounds, s: dict):
 
 # %% ../../nbs/53_iterative.ipynb #8148ceae
 @patch
-def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int]) -> Run:
+def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int], **opts) -> Run:
     "The run, counting rounds; a fresh one warns about another run's replay files, snapshots S_0, evaluates round 0."
     parts = {"team": self.team, "rounds": RunEntries(self._round_entries, self._load_round_entries)}
     record = SimpleNamespace(**config_record(self.args))        # what a checkpoint stores: secrets hidden
     run = Run(record, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state, "iteration")
+    run.default_dir_moves = False                    # the replay and snapshot directories were set from output_dir
     run.start(resume_from_checkpoint, stop_after_round, self.args.num_iterations, f"{self.algo} rounds",
-              stop_env="COMLRL_NB_STOP_AFTER_ROUND")                  # rounds: their own variable, not the batches'
+              stop_env="COMLRL_NB_STOP_AFTER_ROUND", **opts)          # rounds: their own variable, not the batches'
     if resume_from_checkpoint: return run
     old = sorted(self.replay_dir.glob("iteration_*.json")) if self.replay_dir.exists() else []
     if old:

@@ -155,9 +155,8 @@ class MAGRPOTrainer:
         self.args, self.n = args, args.num_agents
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
         formatters = resolve_formatters(formatters, self.n)
-        for ds, nm in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
-            validate_dataset(ds, nm, formatters)
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, formatters) for ds, nm in
+                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
         self.external_transition = external_transition
         self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         P = self._num_policies(args)                              # models trained (MADPO's centralized mode: 1)
@@ -195,7 +194,7 @@ def _prompt(self: MAGRPOTrainer, item, i: int) -> str: return self.team.prompt(i
 @patch
 def _map_agents(self: MAGRPOTrainer, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
 @patch
-def _check_dataset(self: MAGRPOTrainer, ds, name: str): self.team.check_dataset(ds, name)
+def _check_dataset(self: MAGRPOTrainer, ds, name: str): return self.team.check_dataset(ds, name)   # every row
 
 # %% ../../nbs/30_reinforce.ipynb #79bd42ed
 @patch
@@ -337,14 +336,19 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     return out
 
 # %% ../../nbs/30_reinforce.ipynb #c2c37bcd
+from ..engine import run_options
+
 @patch
-def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
+          checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
     per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch)
+    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes))
     with run:                                                               # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
@@ -358,11 +362,13 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
 
 # %% ../../nbs/30_reinforce.ipynb #64472d21
 @patch
-def _start_run(self: MAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int) -> Run:
+def _start_run(self: MAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
     "The run of this trainer: checkpoints hold the team, the buffers and the sampler's cache (plus position, RNG)."
     parts = {"team": self.team, "buffers": self.buffers, "sampler": self.sampler}
     run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)")
+    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)", **opts)
+    self.output_dir = run.output_dir                        # the directory the run claimed (runs/<algo>/<time>/...)
+    return run
 
 @patch
 def _epoch_order(self: MAGRPOTrainer, epoch: int) -> np.ndarray:
