@@ -378,7 +378,7 @@ class Run:
         for k in ("epoch", "batch_in_epoch", "global_batch"): self.state.setdefault(k, 0)
         self.ckpt = self.metrics = self.bar = self.stop_at = None
         self.stopped, self.postfix, self.console_keys, self._mode = False, "turn_1/reward_mean", (), "batches"
-        self.lock = self.epoch_ckpt = self._stop = self._rng_mark = None      # issue S: see start / __enter__
+        self.lock = self.epoch_ckpt = self._stop = self._rng_mark = self._clean = None   # issue S: start, __enter__
         self.default_dir_moves, self.allow_config_changes, self.checkpoint_interval = True, (), 1
     def register(self, name: str, component):
         "Add a component to the checkpoints (it needs state_dict() -> dict and load_state_dict(dict))."
@@ -427,7 +427,7 @@ def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int
     self.bar = progress_bar(total, desc or self.algo, a.progress_bar and main, self.state[self.step_key])
     return self
 
-# %% ../nbs/25_engine.ipynb #99a5b2e2
+# %% ../nbs/25_engine.ipynb #4d4a9ea0
 from .runs import RunLock, check_resume_config, prepare_output_dir, sigterm_as_interrupt
 
 _HELD: dict = {}                         # run directories this process holds the lock of (resolved path -> RunLock)
@@ -452,7 +452,7 @@ def run_options(checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_to
                 checkpoint_total_limit=checkpoint_total_limit, allow_config_changes=tuple(allow_config_changes))
 
 
-# %% ../nbs/25_engine.ipynb #13d83858
+# %% ../nbs/25_engine.ipynb #748edf18
 def claim_output_dir(output_dir, algo: str, resume=None, root="runs"):
     "(directory, lock): `prepare_output_dir`'s checks, then the directory locked; inside a held one: (it, None)."
     if output_dir is not None and _inside_held(output_dir): return Path(output_dir), None   # a phase of this run
@@ -474,14 +474,14 @@ def release_output_dir(lock):
     lock.release()
 
 
-# %% ../nbs/25_engine.ipynb #cd6a29cd
+# %% ../nbs/25_engine.ipynb #9a9eef6c
 def config_json(cfg) -> dict:
     "A config record as JSON values (what trainer_state.json keeps and a resume compares), secrets hidden."
     from comlrl_nb.api import scrub_secrets
     return scrub_secrets(json.loads(json.dumps(dict(cfg), default=str)))
 
 
-# %% ../nbs/25_engine.ipynb #f2f9cfbb
+# %% ../nbs/25_engine.ipynb #21c929c4
 @patch
 def _claim_dir(self: Run, resume):
     "The run's directory: the config's output_dir (checked), else a fresh runs/<algo>/<timestamp>/ (resume: the newest)."
@@ -564,7 +564,7 @@ def batches(self: Run, per_epoch: int, order_fn: Callable[[int], Any],
         order = order_fn(st["epoch"])
         while st["batch_in_epoch"] < per_epoch:
             if self._stop is not None: self._stop.check()           # SIGTERM: stop here, at a batch boundary
-            self._rng_mark = rng_state()                            # what a failure in this batch saves
+            self._mark()                                            # what a failure in this batch saves
             yield order, st["batch_in_epoch"]
             if self.stopped: return
         if end_of_epoch is not None: end_of_epoch()
@@ -580,7 +580,7 @@ def end_of_batch(self: Run, record: dict, postfix: Optional[str] = None, console
     st = self.state
     st["batch_in_epoch"] += 1
     st["global_batch"] += 1
-    self._rng_mark = rng_state()                            # the batch is done: a failure from here saves this
+    self._mark()                                            # the batch is done: a failure from here saves this
     rec = {"batch": st["global_batch"], "epoch": st["epoch"], **record}
     self.stopped = end_of_batch(rec, st["global_batch"], self.metrics, self.bar, self.args.save_steps, self.save,
                                 self.stop_at, self.dist.is_main, postfix or self.postfix,
@@ -627,7 +627,7 @@ def __exit__(self: Run, kind, exc, tb) -> bool:
             self.release()
     return False
 
-# %% ../nbs/25_engine.ipynb #5b699710
+# %% ../nbs/25_engine.ipynb #adfff29b
 @patch
 def _save_on_failure(self: Run, kind, exc):
     "Ctrl-C, SIGTERM or an exception (reward, formatter, processor, logger): a checkpoint at the last finished batch."
@@ -638,10 +638,26 @@ def _save_on_failure(self: Run, kind, exc):
                               f"{done}" + ("" if self.args.save_steps >= 0 else " (none: save_steps=-1)"))
     if self.dist.enabled and not issubclass(kind, KeyboardInterrupt):
         return logger.error(f"{what} in one process of a data-parallel run: no checkpoint (the others cannot join it)")
+    if self._clean is not None and self._progress() != self._clean:
+        return logger.error(f"{what} after batch {self.state['global_batch'] + 1}'s samples were stored or during its "
+                            "update: no checkpoint of this half-done batch; the last saved checkpoint stays")
     logger.warning(f"{what}: saving a checkpoint at batch {self.state['global_batch']} before exiting; resume with "
                    "train(resume_from_checkpoint=True) / --resume")
     try: self.save(rng=self._rng_mark)
     except Exception as e: logger.error(f"could not save the checkpoint on the way out: {type(e).__name__}: {e}")
+
+
+# %% ../nbs/25_engine.ipynb #648fe5e3
+@patch
+def _progress(self: Run) -> tuple:
+    "What a batch changes before its end: the sample buffers' sizes and the optimizer steps."
+    sizes = [len(b.items) for c in self.components.values() if isinstance(c, SampleBuffers) for b in c]
+    return sizes, copy.deepcopy(self.state.get("optimizer_steps"))
+
+@patch
+def _mark(self: Run):
+    "Remember the last consistent point (a batch boundary): the random state and `_progress`."
+    self._rng_mark, self._clean = rng_state(), self._progress()
 
 
 # %% ../nbs/25_engine.ipynb #e8da5e64
