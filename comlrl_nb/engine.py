@@ -19,7 +19,7 @@ from .core import atomic_write_json, logger, seed_everything
 __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
            'set_rng_state', 'CheckpointManager', 'start_run', 'eval_count', 'stop_after', 'run_epochs', 'batches_ahead',
            'keep_ahead', 'Sampler', 'new_figure', 'plot_run', 'Run', 'SampleBuffers', 'check_checkpoint_options',
-           'run_options', 'claim_output_dir', 'release_output_dir', 'config_json']
+           'run_options', 'callback_metrics', 'claim_output_dir', 'release_output_dir', 'config_json']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -380,6 +380,7 @@ class Run:
         self.stopped, self.postfix, self.console_keys, self._mode = False, "turn_1/reward_mean", (), "batches"
         self.lock = self.epoch_ckpt = self._stop = self._rng_mark = self._clean = None   # issue S: start, __enter__
         self.default_dir_moves, self.allow_config_changes, self.checkpoint_interval = True, (), 1
+        self.metrics_callback = None                         # the library's metrics_callback(rollouts) -> {name: x}
     def register(self, name: str, component):
         "Add a component to the checkpoints (it needs state_dict() -> dict and load_state_dict(dict))."
         if not (hasattr(component, "state_dict") and hasattr(component, "load_state_dict")):
@@ -452,6 +453,21 @@ def run_options(checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_to
                 checkpoint_total_limit=checkpoint_total_limit, allow_config_changes=tuple(allow_config_changes))
 
 
+# %% ../nbs/25_engine.ipynb #671ecac6
+def callback_metrics(callback: Callable, rollouts: Sequence) -> dict:
+    "The library's metrics_callback contract: called with the batch's rollouts; a dict's numeric values are kept (as float), anything else dropped."
+    try: extra = callback(list(rollouts))
+    except Exception as e:
+        raise type(e)(f"metrics_callback raised {type(e).__name__}: {e} (it gets the batch's rollouts and returns "
+                      "{name: number})") from e
+    if not isinstance(extra, dict): return {}
+    out = {}
+    for k, v in extra.items():
+        try: out[str(k)] = float(v)
+        except (TypeError, ValueError): continue
+    return out
+
+
 # %% ../nbs/25_engine.ipynb #748edf18
 def claim_output_dir(output_dir, algo: str, resume=None, root="runs"):
     "(directory, lock): `prepare_output_dir`'s checks, then the directory locked; inside a held one: (it, None)."
@@ -484,13 +500,12 @@ def config_json(cfg) -> dict:
 # %% ../nbs/25_engine.ipynb #21c929c4
 @patch
 def _claim_dir(self: Run, resume):
-    "The run's directory: the config's output_dir (checked), else a fresh runs/<algo>/<timestamp>/ (resume: the newest)."
-    explicit = getattr(self.args, "output_dir", None)
-    if _inside_held(self.output_dir) or not self.default_dir_moves: explicit = explicit or self.output_dir
+    "The run's directory: the one given (checked), else a fresh <root>/<algo>/<timestamp>/ (resume: the newest)."
+    default = (hasattr(self.args, "output_dir") and self.args.output_dir is None and self.default_dir_moves
+               and self.output_dir.name == self.algo and not _inside_held(self.output_dir))   # the trainer's default
     d = None
     if self.dist.is_main:
-        d, self.lock = claim_output_dir(explicit, self.algo, resume, self.output_dir.parent if explicit is None
-                                        and self.output_dir.name == self.algo else "runs")
+        d, self.lock = claim_output_dir(None if default else self.output_dir, self.algo, resume, self.output_dir.parent)
     if self.dist.enabled: d = self.dist.gather(str(d) if d is not None else None)[0]   # every process: main's choice
     self.output_dir = Path(d)
 
@@ -575,12 +590,15 @@ def batches(self: Run, per_epoch: int, order_fn: Callable[[int], Any],
     if self.args.save_steps >= 0: self.save()
 
 @patch
-def end_of_batch(self: Run, record: dict, postfix: Optional[str] = None, console_keys: Sequence[str] = ()) -> bool:
-    "Move on one batch; log `record` (after batch and epoch), tick, checkpoint; True when the run stops here."
+def end_of_batch(self: Run, record: dict, postfix: Optional[str] = None, console_keys: Sequence[str] = (),
+                 rollouts: Optional[Sequence] = None) -> bool:
+    "Move on one batch; log `record` (+ metrics_callback(rollouts)), tick, checkpoint; True when the run stops here."
     st = self.state
     st["batch_in_epoch"] += 1
     st["global_batch"] += 1
     self._mark()                                            # the batch is done: a failure from here saves this
+    if rollouts is not None and self.metrics_callback is not None:
+        record = {**record, **callback_metrics(self.metrics_callback, rollouts)}
     rec = {"batch": st["global_batch"], "epoch": st["epoch"], **record}
     self.stopped = end_of_batch(rec, st["global_batch"], self.metrics, self.bar, self.args.save_steps, self.save,
                                 self.stop_at, self.dist.is_main, postfix or self.postfix,
@@ -647,7 +665,7 @@ def _save_on_failure(self: Run, kind, exc):
     except Exception as e: logger.error(f"could not save the checkpoint on the way out: {type(e).__name__}: {e}")
 
 
-# %% ../nbs/25_engine.ipynb #648fe5e3
+# %% ../nbs/25_engine.ipynb #6b107daf
 @patch
 def _progress(self: Run) -> tuple:
     "What a batch changes before its end: the sample buffers' sizes and the optimizer steps."

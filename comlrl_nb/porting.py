@@ -398,8 +398,13 @@ def _after_init(trainer):
 def _wrap_init(cls):
     orig = cls.__dict__["__init__"]
     if getattr(orig, "__comlrl_nb_ported__", False): return
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, metrics_callback=None, **kwargs):
+        if metrics_callback is not None and not callable(metrics_callback):
+            raise TypeError(f"metrics_callback must be a function of the batch's rollouts returning {{name: number}}, "
+                            f"got {type(metrics_callback).__name__}")
         orig(self, *args, **kwargs)
+        if metrics_callback is not None or not hasattr(self, "metrics_callback"):    # a subclass's init: keep it
+            self.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)
         _after_init(self)
     __init__.__comlrl_nb_ported__, __init__.__wrapped__, __init__.__doc__ = True, orig, orig.__doc__
     cls.__init__ = __init__

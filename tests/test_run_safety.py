@@ -169,3 +169,43 @@ def test_every_row_is_checked_and_a_dataframe_is_accepted(tmp_path):
     assert tr.train_dataset == PROMPTS
     tr.train()
     assert tr.state["global_batch"] == 4
+
+
+def test_metrics_callback_gets_each_batch_rollouts_and_its_numbers_are_logged(tmp_path):
+    seen = []
+
+    def cb(rollouts):
+        seen.append(len(rollouts))
+        return {"domain/count": len(rollouts), "domain/np": torch.tensor(0.5), "domain/text": "skipped"}
+
+    m, tok = make_tiny_model(seed=0)
+    cfg = MAGRPOConfig(num_agents=2, num_train_epochs=1, num_generations=2, max_new_tokens=4, rollout_batch_size=2,
+                       eval_interval=0, output_dir=str(tmp_path / "run"), progress_bar=False, save_steps=-1,
+                       save_plot=False)
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=PROMPTS,
+                       metrics_callback=cb)
+    tr.train()
+    assert seen == [4, 4]                                  # per batch: 2 items x 2 agents, one sample each
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "batch" in r]
+    assert [r["domain/count"] for r in rows] == [4.0, 4.0] and all(r["domain/np"] == 0.5 for r in rows)
+    assert not any("domain/text" in r for r in rows)
+    with pytest.raises(TypeError, match="metrics_callback must be a function"):
+        MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=PROMPTS,
+                      metrics_callback={"not": "callable"})
+
+
+def test_actor_critic_trainers_take_the_library_train_arguments_and_the_callback(tmp_path):
+    from comlrl_nb import MAACConfig, MAACTrainer
+    m, tok = make_tiny_model(seed=0)
+    critic, _ = make_tiny_model(seed=2, tokenizer=tok)
+    seen = []
+    cfg = MAACConfig(num_agents=2, num_train_epochs=2, num_generations=1, max_new_tokens=4, rollout_batch_size=2,
+                     rollout_buffer_size=2, eval_interval=0, output_dir=str(tmp_path / "run"), progress_bar=False,
+                     save_steps=-1, save_plot=False)
+    tr = MAACTrainer(agents=[m, m], tokenizer=tok, critics=[critic], reward_func=vowels, args=cfg,
+                     train_dataset=PROMPTS, metrics_callback=lambda eps: seen.append(len(eps)) or {"domain/n": len(eps)})
+    tr.train(checkpoint_dir=tmp_path / "ck", checkpoint_interval=1, checkpoint_total_limit=1)
+    assert sorted(p.name for p in (tmp_path / "ck").glob("checkpoint-*")) == ["checkpoint-2"]
+    assert seen == [2, 2, 2, 2]
+    with pytest.raises(ValueError, match="checkpoint_total_limit=0 is invalid"):
+        tr.train(checkpoint_total_limit=0)

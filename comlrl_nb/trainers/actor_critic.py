@@ -775,7 +775,7 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
             self._store(ro.episodes)
             t1, upd = time.perf_counter(), self._update_full_buffers()
             rec = self._batch_metrics(ro, upd, time.perf_counter() - t0)
-            run.end_of_batch({**rec, "time/update": time.perf_counter() - t1, **ev})
+            run.end_of_batch({**rec, "time/update": time.perf_counter() - t1, **ev}, rollouts=ro.episodes)
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/31_actor_critic.ipynb #f87eb399
@@ -787,6 +787,7 @@ def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batc
     run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
     run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)", **opts)
     self.output_dir = run.output_dir                        # the directory the run claimed
+    run.metrics_callback = getattr(self, "metrics_callback", None)
     return run
 
 @patch

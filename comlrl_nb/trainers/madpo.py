@@ -286,7 +286,8 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
             ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
             out = self._update(idx)
             m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
-            run.end_of_batch({**m, **ev}, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
+            run.end_of_batch({**m, **ev}, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"),
+                             rollouts=[self.pairs[j] for j in idx])             # metrics_callback: the batch's pairs
     return {**run.finish(plot=plot_run), "num_pairs": len(self.pairs)}
 
 # %% ../../nbs/42_madpo.ipynb #2d86b1c4
@@ -297,6 +298,7 @@ def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **o
     run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state)
     run.start(resume_from_checkpoint, stop_after_batch, 0, f"{self.algo} ({self.n} agents)", **opts)
     self.output_dir = run.output_dir                        # the directory the run claimed
+    run.metrics_callback = getattr(self, "metrics_callback", None)
     return run
 
 @patch

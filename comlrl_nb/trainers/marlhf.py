@@ -188,6 +188,7 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     opts = run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes)
     self.output_dir, lock = claim_output_dir(self.args.output_dir, self.algo, resume_from_checkpoint)
     self.policy_trainer.output_dir = self.output_dir        # the policy phase writes into this run's directory
+    self.policy_trainer.metrics_callback = getattr(self, "metrics_callback", None)    # called in the policy phase
     try: return self._train_phases(resume_from_checkpoint, stop_after_batch, opts)
     finally: release_output_dir(lock)
 

@@ -316,6 +316,7 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     a, team = self.args, self.team
     m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
     if m == 0: return {}
+    if a.num_turns > 1: return self._evaluate_turns(m)          # every turn, the transitions included
     rewards, lens, logged = [], [[] for _ in range(self.n)], []
     for s in range(0, m, a.eval_batch_size):
         ids = list(range(s, min(m, s + a.eval_batch_size)))
@@ -329,11 +330,42 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
             logged += list(self.eval_logger(agent_completions_turns=[[[t] for t in texts[i]] for i in range(self.n)],
                                             batch_items=items, prompts=prompts))
     r = np.asarray(rewards)
-    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std())}
+    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
+           "eval/turn_1/expected_return": float(r.mean())}               # one turn: the return is the reward
     out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
     if self.eval_aggregator is not None:
         out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=a.num_turns).items()})
     return out
+
+# %% ../../nbs/30_reinforce.ipynb #b4d39090
+@patch
+def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
+    "Multi-turn evaluation of the first `m` eval items: one episode each (k=1), every turn with its transition."
+    a, rew, ret, lens, logged = self.args, {}, {}, [[] for _ in range(self.n)], []
+    for s in range(0, m, a.eval_batch_size):
+        ids = list(range(s, min(m, s + a.eval_batch_size)))
+        items = [self.eval_dataset[j] for j in ids]
+        ro = self.rollout(items, ids, "eval", k=1)
+        for t, st in enumerate(ro.turns):
+            rew.setdefault(t, []).extend(st.rewards.flatten().tolist())
+            ret.setdefault(t, []).append(float(st.returns.mean()) * st.rewards.numel())
+            for i in range(self.n): lens[i] += st.lengths[i].tolist()
+        if self.eval_logger is not None:
+            chains = [[[] for _ in items] for _ in range(self.n)]        # [agent][item][turn] completion texts
+            for level in ro.levels:
+                for nd in level:
+                    for i in range(self.n): chains[i][nd.item].append(nd.completions[i][0])
+            logged += list(self.eval_logger(agent_completions_turns=chains, batch_items=items, prompts=ro.prompts))
+    out = {}
+    for t in sorted(rew):
+        k = f"eval/turn_{t + 1}"
+        out.update({f"{k}/reward_mean": float(np.mean(rew[t])), f"{k}/reward_std": float(np.std(rew[t])),
+                    f"{k}/expected_return": sum(ret[t]) / len(rew[t])})
+    out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
+    if self.eval_aggregator is not None:
+        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=a.num_turns).items()})
+    return out
+
 
 # %% ../../nbs/30_reinforce.ipynb #c2c37bcd
 from ..engine import run_options
@@ -357,7 +389,8 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
                 ro = self._rollout_batch(ids, key)                           # all processes' samples, in order
             self.buffers.add_each(ro.samples)
             losses, timing = self._timed_update()
-            run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev})
+            run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev},
+                             rollouts=[s for agent in ro.samples for s in agent])     # metrics_callback's input
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/30_reinforce.ipynb #64472d21
@@ -368,6 +401,7 @@ def _start_run(self: MAGRPOTrainer, resume_from_checkpoint, stop_after_batch, to
     run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
     run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)", **opts)
     self.output_dir = run.output_dir                        # the directory the run claimed (runs/<algo>/<time>/...)
+    run.metrics_callback = getattr(self, "metrics_callback", None)
     return run
 
 @patch
