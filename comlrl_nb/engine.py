@@ -453,7 +453,7 @@ def run_options(checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_to
                 checkpoint_total_limit=checkpoint_total_limit, allow_config_changes=tuple(allow_config_changes))
 
 
-# %% ../nbs/25_engine.ipynb #671ecac6
+# %% ../nbs/25_engine.ipynb #2ae38d0a
 def callback_metrics(callback: Callable, rollouts: Sequence) -> dict:
     "The library's metrics_callback contract: called with the batch's rollouts; a dict's numeric values are kept (as float), anything else dropped."
     try: extra = callback(list(rollouts))

@@ -337,7 +337,7 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
         out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=a.num_turns).items()})
     return out
 
-# %% ../../nbs/30_reinforce.ipynb #b4d39090
+# %% ../../nbs/30_reinforce.ipynb #0bb5b26a
 @patch
 def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
     "Multi-turn evaluation of the first `m` eval items: one episode each (k=1), every turn with its transition."
