@@ -407,7 +407,7 @@ def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int
           desc: Optional[str] = None, stop_env: str = "COMLRL_NB_STOP_AFTER_BATCH", checkpoint_dir=None,
           checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes: Sequence[str] = ()) -> Run:
-    "Claim and lock the run directory; seed; open checkpoints, metrics, trackers; restore when resuming; stop-after; bar."
+    "Claim and lock the run directory; seed; open checkpoints, metrics, trackers; restore on resume; stop-after; bar."
     a, main = self.args, self.dist.is_main
     check_checkpoint_options(checkpoint_interval, checkpoint_total_limit)           # before any work
     self._claim_dir(resume_from_checkpoint)                                         # refuse / lock before any write
@@ -441,8 +441,10 @@ def check_checkpoint_options(interval, total_limit):
     "The library's checkpoint arguments, checked before any work: ValueError naming the argument and what it takes."
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
         raise ValueError(f"checkpoint_interval={interval!r} is invalid: give a whole number of epochs >= 1")
-    if total_limit is not None and (isinstance(total_limit, bool) or not isinstance(total_limit, int) or total_limit < 1):
-        raise ValueError(f"checkpoint_total_limit={total_limit!r} is invalid: give a whole number >= 1, or None to keep all")
+    if total_limit is not None and (isinstance(total_limit, bool) or not isinstance(total_limit, int)
+                                    or total_limit < 1):
+        raise ValueError(f"checkpoint_total_limit={total_limit!r} is invalid: give a whole number >= 1, "
+                         "or None to keep all")
 
 def run_options(checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
                 allow_config_changes: Sequence[str] = ()) -> dict:
@@ -455,7 +457,7 @@ def run_options(checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_to
 
 # %% ../nbs/25_engine.ipynb #2ae38d0a
 def callback_metrics(callback: Callable, rollouts: Sequence) -> dict:
-    "The library's metrics_callback contract: called with the batch's rollouts; a dict's numeric values are kept (as float), anything else dropped."
+    "The library's metrics_callback contract: called with the batch's rollouts; a returned dict's numbers, as floats."
     try: extra = callback(list(rollouts))
     except Exception as e:
         raise type(e)(f"metrics_callback raised {type(e).__name__}: {e} (it gets the batch's rollouts and returns "

@@ -92,7 +92,7 @@ def prompts(self: Team, items: Sequence) -> list[list[str]]:
 
 # %% ../nbs/24_team.ipynb #aa1e7005
 def validate_dataset(ds, name: str, formatters: Sequence[Callable]):
-    "Fail early: every row a dict that every formatter reads (`dataset.check_dataset`); the rows (a DataFrame converted)."
+    "Fail early: every row a dict every formatter reads (`dataset.check_dataset`); the rows (a DataFrame converted)."
     from comlrl_nb.dataset import check_dataset
     return check_dataset(ds, formatters, name)
 

@@ -203,7 +203,8 @@ def test_actor_critic_trainers_take_the_library_train_arguments_and_the_callback
                      rollout_buffer_size=2, eval_interval=0, output_dir=str(tmp_path / "run"), progress_bar=False,
                      save_steps=-1, save_plot=False)
     tr = MAACTrainer(agents=[m, m], tokenizer=tok, critics=[critic], reward_func=vowels, args=cfg,
-                     train_dataset=PROMPTS, metrics_callback=lambda eps: seen.append(len(eps)) or {"domain/n": len(eps)})
+                     train_dataset=PROMPTS,
+                     metrics_callback=lambda eps: seen.append(len(eps)) or {"domain/n": len(eps)})
     tr.train(checkpoint_dir=tmp_path / "ck", checkpoint_interval=1, checkpoint_total_limit=1)
     assert sorted(p.name for p in (tmp_path / "ck").glob("checkpoint-*")) == ["checkpoint-2"]
     assert seen == [2, 2, 2, 2]

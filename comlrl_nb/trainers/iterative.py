@@ -299,7 +299,8 @@ def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round:
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
     run = self._start_run(resume_from_checkpoint, stop_after_round,
-                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes))
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
+                                        allow_config_changes))
     with run:                                                   # Ctrl-C: which round a resume restarts, then exit
         for nu in run.rounds(a.num_iterations):
             t0 = time.perf_counter()

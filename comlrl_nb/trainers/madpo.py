@@ -274,7 +274,9 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
     a, B = self.args, self.args.train_batch_size
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes))
+    run = self._start_run(resume_from_checkpoint, stop_after_batch,
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
+                                        allow_config_changes))
     if not resume_from_checkpoint: self._collect(run.metrics)            # resumed runs bring their pairs back
     if not self.pairs: return self._no_pairs(run)
     self._tokens, per_epoch = self._tokenize(self.pairs), math.ceil(len(self.pairs) / B)

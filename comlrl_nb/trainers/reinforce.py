@@ -380,7 +380,8 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
         raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
     per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
     run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
-                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes))
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
+                                        allow_config_changes))
     with run:                                                               # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
