@@ -381,6 +381,7 @@ class Run:
         self.lock = self.epoch_ckpt = self._stop = self._rng_mark = self._clean = None   # issue S: start, __enter__
         self.default_dir_moves, self.allow_config_changes, self.checkpoint_interval = True, (), 1
         self.metrics_callback = None                         # the library's metrics_callback(rollouts) -> {name: x}
+        self.on_dir = None                       # called with the claimed directory before a restore reads from it
     def register(self, name: str, component):
         "Add a component to the checkpoints (it needs state_dict() -> dict and load_state_dict(dict))."
         if not (hasattr(component, "state_dict") and hasattr(component, "load_state_dict")):
@@ -411,6 +412,7 @@ def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int
     a, main = self.args, self.dist.is_main
     check_checkpoint_options(checkpoint_interval, checkpoint_total_limit)           # before any work
     self._claim_dir(resume_from_checkpoint)                                         # refuse / lock before any write
+    if self.on_dir is not None: self.on_dir(self.output_dir)
     self.allow_config_changes, self.checkpoint_interval = tuple(allow_config_changes), checkpoint_interval
     if checkpoint_dir is not None:                         # the library's epoch checkpoints: <dir>/checkpoint-<epoch>
         self.epoch_ckpt = CheckpointManager(Path(checkpoint_dir).expanduser(), checkpoint_total_limit, self.algo,

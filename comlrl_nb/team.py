@@ -65,6 +65,9 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
                 model_config: Optional[dict] = None, num_policies: Optional[int] = None) -> Team:
     "A team built from a trainer config (num_agents roles, num_policies trained models; one per role by default)."
     refs = getattr(args, "reference_devices", None) if getattr(args, "reference_kl_enabled", False) else False
+    if getattr(args, "output_dir", None):                  # an unwritable output_dir: found before the models load
+        from comlrl_nb.runs import check_writable
+        check_writable(args.output_dir)
     return cls(agent_model, agents, args.num_agents, num_policies, tokenizer, formatters, model_config,
                args.agent_devices, args.agent_learning_rate, args.weight_decay, args.parallel_training,
                args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)})

@@ -123,10 +123,14 @@ def test_a_directory_in_use_by_another_run_is_refused(tmp_path):
 
 def test_an_unwritable_output_dir_fails_before_any_work(tmp_path):
     (tmp_path / "a_file").write_text("x")
-    tr = make(tmp_path / "a_file" / "run")
-    with pytest.raises(OSError, match="is not writable"):
-        tr.train()
-    assert tr.state["global_batch"] == 0
+    loads = []
+    import comlrl_nb.team as team
+    real = team.Team.__init__
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(team.Team, "__init__", lambda *a, **k: loads.append(1) or real(*a, **k))
+        with pytest.raises(OSError, match="is not writable"):
+            make(tmp_path / "a_file" / "run")              # at construction, before the agents are set up
+    assert loads == []
 
 
 def test_resume_with_a_changed_config_names_the_field_unless_allowed(tmp_path):
@@ -157,7 +161,7 @@ def test_invalid_checkpoint_intervals_are_rejected_before_any_work(tmp_path, int
     tr = make(tmp_path / "run")
     with pytest.raises(ValueError, match="checkpoint_interval"):
         tr.train(checkpoint_interval=interval)
-    assert not (tmp_path / "run").exists()
+    assert list((tmp_path / "run").iterdir()) == [] and tr.state["global_batch"] == 0     # nothing written
 
 
 def test_every_row_is_checked_and_a_dataframe_is_accepted(tmp_path):
@@ -210,3 +214,19 @@ def test_actor_critic_trainers_take_the_library_train_arguments_and_the_callback
     assert seen == [2, 2, 2, 2]
     with pytest.raises(ValueError, match="checkpoint_total_limit=0 is invalid"):
         tr.train(checkpoint_total_limit=0)
+
+
+def test_iterative_and_marlhf_runs_get_a_fresh_default_directory_each(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_iterative import madpo, marlhf
+    monkeypatch.chdir(tmp_path)
+    a, b = madpo("-", num_iterations=1, output_dir=None), madpo("-", num_iterations=1, output_dir=None)
+    a.train()
+    b.train()                                              # repeating a command never fails
+    da, db = Path(a.output_dir), Path(b.output_dir)
+    assert da != db and da.parent == db.parent == Path("runs/madpo_iter")
+    assert list((da / "preference_replay").glob("iteration_*.json"))   # its files inside its own directory
+    assert (Path("runs/madpo_iter/latest")).resolve() == db.resolve()
+    m = marlhf("-", num_iterations=1, output_dir=None)
+    m.train()
+    assert (Path(m.output_dir) / "reward_model").is_dir() and Path(m.output_dir).parent == Path("runs/marlhf_iter")

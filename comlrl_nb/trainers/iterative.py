@@ -367,7 +367,7 @@ def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round:
     parts = {"team": self.team, "rounds": RunEntries(self._round_entries, self._load_round_entries)}
     record = SimpleNamespace(**config_record(self.args))        # what a checkpoint stores: secrets hidden
     run = Run(record, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state, "iteration")
-    run.default_dir_moves = False                    # the replay and snapshot directories were set from output_dir
+    run.on_dir = self._use_dir                       # the replay and snapshot directories follow the claimed one
     run.start(resume_from_checkpoint, stop_after_round, self.args.num_iterations, f"{self.algo} rounds",
               stop_env="COMLRL_NB_STOP_AFTER_ROUND", **opts)          # rounds: their own variable, not the batches'
     if resume_from_checkpoint: return run
@@ -382,6 +382,16 @@ def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round:
         run.metrics.log(row, 0, console=True)
         self.rounds.append(row)
     return run
+
+# %% ../../nbs/53_iterative.ipynb #787cdd3a
+@patch
+def _use_dir(self: PreferenceRounds, d):
+    "Point the run's files at the directory the run claimed (replay files and snapshots, unless placed elsewhere)."
+    self.output_dir, a = Path(d), self.args
+    if a.preference_replay_dir is None: self.replay_dir = self.replay.dir = self.output_dir / "preference_replay"
+    snaps = getattr(self.comparator, "snapshots", None)
+    if a.policy_checkpoint_dir is None and snaps is not None: snaps.dir = self.output_dir / "policy_checkpoints"
+
 
 # %% ../../nbs/53_iterative.ipynb #42199090
 def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
