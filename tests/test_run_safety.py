@@ -230,3 +230,17 @@ def test_iterative_and_marlhf_runs_get_a_fresh_default_directory_each(tmp_path, 
     m = marlhf("-", num_iterations=1, output_dir=None)
     m.train()
     assert (Path(m.output_dir) / "reward_model").is_dir() and Path(m.output_dir).parent == Path("runs/marlhf_iter")
+
+
+def test_the_cli_writes_into_the_claimed_directory_and_refuses_a_used_one_early(tmp_path, monkeypatch, capsys):
+    from comlrl_nb.cli import main
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--model", "tiny", "--heldout-samples", "0", "--set", "num_train_epochs=1", "max_new_tokens=4",
+            "num_generations=2", "save_plot=false"]
+    assert main(argv) == 0 and main(argv) == 0                       # repeating the command never fails
+    runs = sorted(p for p in Path("runs/magrpo").iterdir() if p.name != "latest")
+    assert len(runs) == 2 and all((d / "report.json").is_file() and (d / "metrics.jsonl").is_file() for d in runs)
+    capsys.readouterr()
+    assert main([*argv, "--output-dir", str(runs[0])]) == 2
+    err = capsys.readouterr()
+    assert "already holds another run" in err.err and "agents loaded" not in err.out     # refused before models load
