@@ -13,6 +13,7 @@ import torch
 from .core import apply_threads, atomic_write_json, auto_precision, logger, resolve_device, setup_logging
 from .config_files import config_from_dict, read_config_file
 from .tasks import TASKS, Task, get_task
+from .runs import exit_status, prepare_output_dir
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'load_config_file', 'build_config',
@@ -112,15 +113,16 @@ def warm_plotting() -> threading.Thread:
     return t
 
 class FirstBatchEstimate(threading.Thread):
-    "Watch `metrics.jsonl` and, once this run's first batch is there, print how long the rest should take."
+    "Watch `metrics.jsonl` (a path, or a function giving it) and, after this run's first batch, print the time left."
     def __init__(self, path, total_batches: int, after_s: float = 0.0, say=print):
         super().__init__(daemon=True)
-        self.path, self.total, self.after_s, self.say = Path(path), total_batches, after_s, say
+        self.path, self.total, self.after_s, self.say = path, total_batches, after_s, say
         self.t0, self.done, self.message = time.time(), threading.Event(), None
     def run(self):
         while True:
             stopping = self.done.wait(0.25)                 # a run that ends within one poll still gets its line
-            try: fresh = self.path.stat().st_mtime >= self.t0 and self.path.read_text().strip()
+            path = Path(self.path() if callable(self.path) else self.path)
+            try: fresh = path.stat().st_mtime >= self.t0 and path.read_text().strip()
             except OSError: fresh = False
             if fresh:
                 first = time.time() - self.t0; left = first * (self.total - 1) + self.after_s
@@ -233,9 +235,14 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--task", help=f"one of {tasks} (default length_ratio); or your own rows with --dataset")
     t.add_argument("--config", help="YAML or JSON file of config fields (applied over the preset)")
     t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override single config fields")
-    t.add_argument("--output-dir", help="where metrics.jsonl, plots and checkpoints go (default runs/<algo>)")
+    t.add_argument("--output-dir", help="where metrics.jsonl, plots and checkpoints go (default: a fresh "
+                   "runs/<algo>/<timestamp>/, with runs/<algo>/latest pointing at it)")
     t.add_argument("--heldout-samples", type=int, default=25, help="joint responses per held-out item, before and after (0 skips)")
-    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output directory")
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output directory "
+                   "(without --output-dir: the newest run under runs/<algo>/)")
+    t.add_argument("--allow-config-change", nargs="*", default=[], metavar="FIELD",
+                   help="on --resume, config fields allowed to differ from the checkpoint's (the run then differs "
+                   "from an uninterrupted one)")
     t.add_argument("--no-final", action="store_true", help="do not write the trained agents to <output_dir>/final/agent_i/")
     add_data_args(t)
     add_eval_parser(sub)
@@ -304,10 +311,12 @@ def cmd_train(args) -> dict:
     cfg_cls, trainer_cls = _check_algo(args.algo)
     task = task_from_args(args); user = _overrides(args)
     ov = {**_algo_overrides(args.algo, cfg_cls, task, args.model, user), "num_agents": task.num_agents,
-          "output_dir": args.output_dir or f"runs/{args.algo}", **user}
+          "output_dir": args.output_dir, **user}
     cfg = build_config(cfg_cls, ov)
-    out = Path(cfg.output_dir); out.mkdir(parents=True, exist_ok=True)
-    print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output {out.resolve()}")
+    if cfg.output_dir is not None:                       # a used or unwritable directory: refused before models load
+        prepare_output_dir(cfg.output_dir, args.algo, args.resume)
+    print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output "
+          f"{Path(cfg.output_dir).resolve() if cfg.output_dir else 'a fresh runs/' + args.algo + '/<timestamp>/'}")
     t0, sw = time.perf_counter(), Stopwatch()
     hw = hardware_choice(cfg, args.threads)
     print(f"[comlrl-nb] precision {hw['precision']['autocast_dtype'] or 'float32'} ({hw['precision']['reason']}); "
@@ -333,13 +342,17 @@ def cmd_train(args) -> dict:
             report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
         print(f"[comlrl-nb] held-out reward before training: {_fmt(report['heldout_before'])}")
     n_batches = 0 if args.resume else _num_batches(cfg, task)        # fresh runs: print an estimate after batch 1
-    est = FirstBatchEstimate(out / "metrics.jsonl", n_batches, sw.phases.get("heldout_before", {}).get("wall_s", 0.0))
+    est = FirstBatchEstimate(lambda: Path(trainer.output_dir) / "metrics.jsonl", n_batches,
+                             sw.phases.get("heldout_before", {}).get("wall_s", 0.0))
     if n_batches: est.start()
     try:
-        with sw("train"): state = trainer.train(resume_from_checkpoint=True if args.resume else None)
+        with sw("train"):
+            state = trainer.train(resume_from_checkpoint=True if args.resume else None,
+                                  allow_config_changes=tuple(args.allow_config_change))
     finally:
         est.done.set()
         if n_batches: est.join(1.0)
+    out = Path(trainer.output_dir)                       # the directory the run claimed
     report["train_seconds"] = sw.phases["train"]["wall_s"]
     if measure:
         with sw("heldout_after"):
@@ -432,5 +445,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     "Entry point of the `comlrl-nb` console script: bad input prints one line and exits with status 2."
     try: return run(argv)
+    except KeyboardInterrupt as e:                       # Ctrl-C (130) or SIGTERM (143): a checkpoint was saved
+        print(f"comlrl-nb: stopped ({type(e).__name__}); resume with --resume", file=sys.stderr)
+        return exit_status(e)
     except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as e:
         print(f"comlrl-nb: error: {e}", file=sys.stderr); return 2

@@ -19,7 +19,8 @@ from .core import atomic_write_json, logger, seed_everything
 __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogger', 'progress_bar', 'end_of_batch', 'rng_state',
            'set_rng_state', 'CheckpointManager', 'start_run', 'eval_count', 'stop_after', 'run_epochs', 'batches_ahead',
            'keep_ahead', 'Sampler', 'new_figure', 'plot_run', 'plot_run_background', 'wait_for_plots', 'Run',
-           'SampleBuffers']
+           'SampleBuffers', 'check_checkpoint_options', 'run_options', 'callback_metrics', 'claim_output_dir',
+           'release_output_dir', 'config_json']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -143,8 +144,10 @@ import re                                      # (CheckpointManager only; kept h
 class CheckpointManager:
     "Atomic, pruned training checkpoints under `root` (one directory per saved batch); only its own directories are touched."
     PATTERN = re.compile(r"checkpoint-(\d+)")
-    def __init__(self, root, total_limit: int | None = None, algo: str = "", num_agents: int | None = None):
+    def __init__(self, root, total_limit: int | None = None, algo: str = "", num_agents: int | None = None,
+                 width: int = 7):
         self.root, self.total_limit, self.algo, self.num_agents = Path(root), total_limit, algo, num_agents
+        self.width = width                    # digits of the number: 7 (checkpoint-0000012) or 0 (checkpoint-12)
     def complete(self) -> list[Path]:
         "Complete checkpoints (ours: checkpoint-<number> with trainer_state.json), oldest first; other directories are ignored."
         if not self.root.exists(): return []
@@ -182,7 +185,8 @@ def _fsync_dir(d: Path):
 
 def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | None = None) -> Path:
     "Write `state` (torch-serializable) as checkpoint-<batch>; at every instant a complete checkpoint exists; prune old ones."
-    final = self.root / f"checkpoint-{batch:07d}"; tmp = self.root / f".checkpoint-{batch:07d}.tmp"
+    num = f"{batch:0{self.width}d}"
+    final, tmp = self.root / f"checkpoint-{num}", self.root / f".checkpoint-{num}.tmp"
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
     torch.save(state, tmp / "state.pt")
     with open(tmp / "state.pt", "rb") as f: os.fsync(f.fileno())
@@ -191,7 +195,7 @@ def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | No
     _fsync_dir(tmp)
     if final.exists() and _swap(tmp, final): shutil.rmtree(tmp, ignore_errors=True)     # the new one took the old one's place
     elif final.exists():                                  # no atomic swap: old aside, new in, old gone (see _recover)
-        old = self.root / f".checkpoint-{batch:07d}.old"
+        old = self.root / f".checkpoint-{num}.old"
         shutil.rmtree(old, ignore_errors=True); os.replace(final, old); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
     else: os.replace(tmp, final)
     _fsync_dir(self.root)
@@ -392,6 +396,10 @@ class Run:
         for k in ("epoch", "batch_in_epoch", "global_batch"): self.state.setdefault(k, 0)
         self.ckpt = self.metrics = self.bar = self.stop_at = None
         self.stopped, self.postfix, self.console_keys, self._mode = False, "turn_1/reward_mean", (), "batches"
+        self.lock = self.epoch_ckpt = self._stop = self._rng_mark = self._clean = None   # issue S: start, __enter__
+        self.default_dir_moves, self.allow_config_changes, self.checkpoint_interval = True, (), 1
+        self.metrics_callback = None                         # the library's metrics_callback(rollouts) -> {name: x}
+        self.on_dir = None                       # called with the claimed directory before a restore reads from it
     def register(self, name: str, component):
         "Add a component to the checkpoints (it needs state_dict() -> dict and load_state_dict(dict))."
         if not (hasattr(component, "state_dict") and hasattr(component, "load_state_dict")):
@@ -415,22 +423,120 @@ class SampleBuffers(list):
 # %% ../nbs/25_engine.ipynb #8c5726d8
 @patch
 def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None, total: int = 0,
-          desc: Optional[str] = None, stop_env: str = "COMLRL_NB_STOP_AFTER_BATCH") -> Run:
-    "Seed; open checkpoints, metrics and trackers; restore when resuming; the stop-after batch; the progress bar."
+          desc: Optional[str] = None, stop_env: str = "COMLRL_NB_STOP_AFTER_BATCH", checkpoint_dir=None,
+          checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes: Sequence[str] = ()) -> Run:
+    "Claim and lock the run directory; seed; open checkpoints, metrics, trackers; restore on resume; stop-after; bar."
     a, main = self.args, self.dist.is_main
+    check_checkpoint_options(checkpoint_interval, checkpoint_total_limit)           # before any work
+    self._claim_dir(resume_from_checkpoint)                                         # refuse / lock before any write
+    if self.on_dir is not None: self.on_dir(self.output_dir)
+    self.allow_config_changes, self.checkpoint_interval = tuple(allow_config_changes), checkpoint_interval
+    if checkpoint_dir is not None:                         # the library's epoch checkpoints: <dir>/checkpoint-<epoch>
+        self.epoch_ckpt = CheckpointManager(Path(checkpoint_dir).expanduser(), checkpoint_total_limit, self.algo,
+                                            self.num_agents, width=0)
     seed_everything(a.seed)
-    # issue S plugs in here: refuse or lock the output directory (comlrl_nb.runs) before anything is written
     self.ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.num_agents)
     self.metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config if main else None,
                                  a.tensorboard and main)
     if resume_from_checkpoint:
         self.restore(resume_from_checkpoint)
         if main: self._truncate_metrics()
-    elif main and self.metrics.path.exists(): self.metrics.path.unlink()
+    elif main and self.lock is None and self.metrics.path.exists(): self.metrics.path.unlink()   # nested: ours
     self.dist.barrier()
     self.stop_at, self.stopped = stop_after(stop_after_batch, stop_env), False     # rounds: ..._STOP_AFTER_ROUND
     self.bar = progress_bar(total, desc or self.algo, a.progress_bar and main, self.state[self.step_key])
     return self
+
+# %% ../nbs/25_engine.ipynb #4d4a9ea0
+from .runs import RunLock, check_resume_config, prepare_output_dir, sigterm_as_interrupt
+
+_HELD: dict = {}                         # run directories this process holds the lock of (resolved path -> RunLock)
+
+def _inside_held(d) -> bool:
+    d = Path(d).resolve()
+    return any(d == h or h in d.parents for h in _HELD)
+
+def check_checkpoint_options(interval, total_limit):
+    "The library's checkpoint arguments, checked before any work: ValueError naming the argument and what it takes."
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ValueError(f"checkpoint_interval={interval!r} is invalid: give a whole number of epochs >= 1")
+    if total_limit is not None and (isinstance(total_limit, bool) or not isinstance(total_limit, int)
+                                    or total_limit < 1):
+        raise ValueError(f"checkpoint_total_limit={total_limit!r} is invalid: give a whole number >= 1, "
+                         "or None to keep all")
+
+def run_options(checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+                allow_config_changes: Sequence[str] = ()) -> dict:
+    "train()'s checkpoint arguments (the library's, plus allow_config_changes) checked, as `Run.start` keywords."
+    check_checkpoint_options(checkpoint_interval, checkpoint_total_limit)
+    if isinstance(allow_config_changes, str): allow_config_changes = (allow_config_changes,)
+    return dict(checkpoint_dir=checkpoint_dir, checkpoint_interval=checkpoint_interval,
+                checkpoint_total_limit=checkpoint_total_limit, allow_config_changes=tuple(allow_config_changes))
+
+
+# %% ../nbs/25_engine.ipynb #2ae38d0a
+def callback_metrics(callback: Callable, rollouts: Sequence) -> dict:
+    "The library's metrics_callback contract: called with the batch's rollouts; a returned dict's numbers, as floats."
+    try: extra = callback(list(rollouts))
+    except Exception as e:
+        raise type(e)(f"metrics_callback raised {type(e).__name__}: {e} (it gets the batch's rollouts and returns "
+                      "{name: number})") from e
+    if not isinstance(extra, dict): return {}
+    out = {}
+    for k, v in extra.items():
+        try: out[str(k)] = float(v)
+        except (TypeError, ValueError): continue
+    return out
+
+
+# %% ../nbs/25_engine.ipynb #748edf18
+def claim_output_dir(output_dir, algo: str, resume=None, root="runs"):
+    "(directory, lock): `prepare_output_dir`'s checks, then the directory locked; inside a held one: (it, None)."
+    if output_dir is not None and _inside_held(output_dir): return Path(output_dir), None   # a phase of this run
+    fresh = not resume
+    if output_dir is None and resume not in (None, False, True):          # a checkpoint path: its run's directory
+        p = Path(resume)
+        if p.parent.name == "checkpoints": output_dir = p.parent.parent
+        else: fresh = True                                                # the library's checkpoint_dir: a new run
+    d = prepare_output_dir(output_dir, algo, not fresh, root)
+    lock = RunLock(d)
+    lock.acquire()
+    _HELD[d.resolve()] = lock
+    return d, lock
+
+def release_output_dir(lock):
+    "Let go of a directory `claim_output_dir` locked (None: nothing to do)."
+    if lock is None: return
+    _HELD.pop(lock.path.parent.resolve(), None)
+    lock.release()
+
+
+# %% ../nbs/25_engine.ipynb #9a9eef6c
+def config_json(cfg) -> dict:
+    "A config record as JSON values (what trainer_state.json keeps and a resume compares), secrets hidden."
+    from comlrl_nb.api import scrub_secrets
+    return scrub_secrets(json.loads(json.dumps(dict(cfg), default=str)))
+
+
+# %% ../nbs/25_engine.ipynb #21c929c4
+@patch
+def _claim_dir(self: Run, resume):
+    "The run's directory: the one given (checked), else a fresh <root>/<algo>/<timestamp>/ (resume: the newest)."
+    default = (hasattr(self.args, "output_dir") and self.args.output_dir is None and self.default_dir_moves
+               and self.output_dir.name == self.algo and not _inside_held(self.output_dir))   # the trainer's default
+    d = None
+    if self.dist.is_main:
+        d, self.lock = claim_output_dir(None if default else self.output_dir, self.algo, resume, self.output_dir.parent)
+    if self.dist.enabled: d = self.dist.gather(str(d) if d is not None else None)[0]   # every process: main's choice
+    self.output_dir = Path(d)
+
+@patch
+def release(self: Run):
+    "Let go of the run directory's lock (finish and a failed run call this; safe twice)."
+    release_output_dir(self.lock)
+    self.lock = None
+
 
 # %% ../nbs/25_engine.ipynb #ebb5291e
 @patch
@@ -442,7 +548,7 @@ def _truncate_metrics(self: Run):
     atomic_write_text(self.metrics.path, "".join(json.dumps(r) + "\n" for r in rows))
 
 @patch
-def checkpoint(self: Run) -> dict:
+def checkpoint(self: Run, rng: Optional[dict] = None) -> dict:
     "The checkpoint: every registered component's entries, then the position, the random state and the config."
     state = {}
     for name, comp in self.components.items():
@@ -451,15 +557,17 @@ def checkpoint(self: Run) -> dict:
         if clash: raise ValueError(f"component {name!r} reuses checkpoint entries {clash}; give it another key")
         state.update(sd)
     cfg = asdict(self.args) if is_dataclass(self.args) else dict(vars(self.args))
-    return {**state, "state": copy.deepcopy(self.state), "rng": rng_state(), "config": cfg}
+    return {**state, "state": copy.deepcopy(self.state), "rng": rng or rng_state(), "config": cfg}
 
 # %% ../nbs/25_engine.ipynb #5c35ba8c
 @patch
-def save(self: Run):
-    "Write a checkpoint of the registered components at the current position (main process; all wait)."
-    state = self.checkpoint()
+def save(self: Run, rng: Optional[dict] = None, epoch: bool = False):
+    "Write a checkpoint at the current position (main process; all wait); `epoch`: the library's checkpoint_dir one."
+    state = self.checkpoint(rng)
     if self.dist.is_main:
-        p = self.ckpt.save(self.state[self.step_key], state, self.checkpoint_info())
+        info = {**self.checkpoint_info(), "config": config_json(state["config"])}   # compared when resuming
+        num = self.state["epoch" if epoch and self.step_key == "global_batch" else self.step_key]
+        p = (self.epoch_ckpt if epoch else self.ckpt).save(num, state, info)
         logger.info(f"checkpoint saved: {p}")
     self.dist.barrier()
 
@@ -473,6 +581,9 @@ def checkpoint_info(self: Run) -> dict:
 def restore(self: Run, which=True) -> Path:
     "Load a checkpoint (a path, or True for the newest) into every component, the position and the random state."
     p, s = self.ckpt.load(which)
+    if s.get("config") is not None:                        # a changed config would not continue the same run
+        current = config_json(asdict(self.args) if is_dataclass(self.args) else vars(self.args))
+        check_resume_config(config_json(s["config"]), current, self.allow_config_changes)
     for comp in self.components.values(): comp.load_state_dict(s)
     self.state.clear()
     self.state.update(s["state"])                           # in place: the trainer holds the same dict
@@ -489,19 +600,27 @@ def batches(self: Run, per_epoch: int, order_fn: Callable[[int], Any],
     while st["epoch"] < self.args.num_train_epochs:
         order = order_fn(st["epoch"])
         while st["batch_in_epoch"] < per_epoch:
+            if self._stop is not None: self._stop.check()           # SIGTERM: stop here, at a batch boundary
+            self._mark()                                            # what a failure in this batch saves
             yield order, st["batch_in_epoch"]
             if self.stopped: return
         if end_of_epoch is not None: end_of_epoch()
         st["epoch"] += 1
         st["batch_in_epoch"] = 0
+        if self.epoch_ckpt is not None and (st["epoch"] % self.checkpoint_interval == 0
+                                            or st["epoch"] == self.args.num_train_epochs): self.save(epoch=True)
     if self.args.save_steps >= 0: self.save()
 
 @patch
-def end_of_batch(self: Run, record: dict, postfix: Optional[str] = None, console_keys: Sequence[str] = ()) -> bool:
-    "Move on one batch; log `record` (after batch and epoch), tick, checkpoint; True when the run stops here."
+def end_of_batch(self: Run, record: dict, postfix: Optional[str] = None, console_keys: Sequence[str] = (),
+                 rollouts: Optional[Sequence] = None) -> bool:
+    "Move on one batch; log `record` (+ metrics_callback(rollouts)), tick, checkpoint; True when the run stops here."
     st = self.state
     st["batch_in_epoch"] += 1
     st["global_batch"] += 1
+    self._mark()                                            # the batch is done: a failure from here saves this
+    if rollouts is not None and self.metrics_callback is not None:
+        record = {**record, **callback_metrics(self.metrics_callback, rollouts)}
     rec = {"batch": st["global_batch"], "epoch": st["epoch"], **record}
     self.stopped = end_of_batch(rec, st["global_batch"], self.metrics, self.bar, self.args.save_steps, self.save,
                                 self.stop_at, self.dist.is_main, postfix or self.postfix,
@@ -514,11 +633,13 @@ def rounds(self: Run, n: int):
     "Rounds saved + 1 .. n; after each: the position, a checkpoint (unless save_steps=-1), a tick, stop-after."
     st, self._mode = self.state, "rounds"
     while st[self.step_key] < n:
+        if self._stop is not None: self._stop.check()
         nu = st[self.step_key] + 1
         yield nu
         st[self.step_key] = nu
         asked = self.stop_at is not None and nu >= self.stop_at
         if self.args.save_steps >= 0 or asked: self.save()
+        if self.epoch_ckpt is not None and (nu % self.checkpoint_interval == 0 or nu == n): self.save(epoch=True)
         self.bar.update(1)
         if asked and nu < n:
             logger.info(f"stopping after round {nu} as asked; resume with train(resume_from_checkpoint=True)")
@@ -528,23 +649,56 @@ def rounds(self: Run, n: int):
 # %% ../nbs/25_engine.ipynb #3d523bb7
 @patch
 def __enter__(self: Run) -> Run:
-    # issue S plugs in here: install the SIGTERM handler (comlrl_nb.runs); __exit__ removes it
+    "SIGTERM now stops the run at the next batch (or round) boundary, as Ctrl-C does; __exit__ restores the handler."
+    self._sigterm = sigterm_as_interrupt(defer=True)
+    self._stop = self._sigterm.__enter__()
     return self
 
 @patch
 def __exit__(self: Run, kind, exc, tb) -> bool:
-    if kind is KeyboardInterrupt:
-        if self._mode == "batches":
-            logger.warning(f"interrupted: saving a checkpoint at batch {self.state['global_batch']} before exiting")
-            self.save()
-        else:
-            done = self.state[self.step_key]
-            logger.warning(f"interrupted in round {done + 1}: resuming restarts that round from the "
-                           f"checkpoint of round {done}"
-                           + ("" if self.args.save_steps >= 0 else " (none: save_steps=-1)"))
-        self.bar.close()
-        self.metrics.close()
+    try:
+        if kind is not None and issubclass(kind, (KeyboardInterrupt, Exception)): self._save_on_failure(kind, exc)
+    finally:
+        if self._sigterm is not None: self._sigterm.__exit__(None, None, None)
+        self._sigterm = self._stop = None
+        if kind is not None:
+            self.bar.close()
+            self.metrics.close()
+            self.release()
     return False
+
+# %% ../nbs/25_engine.ipynb #adfff29b
+@patch
+def _save_on_failure(self: Run, kind, exc):
+    "Ctrl-C, SIGTERM or an exception (reward, formatter, processor, logger): a checkpoint at the last finished batch."
+    what = "interrupted" if issubclass(kind, KeyboardInterrupt) else f"{kind.__name__} ({exc})"
+    if self._mode != "batches":
+        done = self.state[self.step_key]
+        return logger.warning(f"{what} in round {done + 1}: resuming restarts that round from the checkpoint of round "
+                              f"{done}" + ("" if self.args.save_steps >= 0 else " (none: save_steps=-1)"))
+    if self.dist.enabled and not issubclass(kind, KeyboardInterrupt):
+        return logger.error(f"{what} in one process of a data-parallel run: no checkpoint (the others cannot join it)")
+    if self._clean is not None and self._progress() != self._clean:
+        return logger.error(f"{what} after batch {self.state['global_batch'] + 1}'s samples were stored or during its "
+                            "update: no checkpoint of this half-done batch; the last saved checkpoint stays")
+    logger.warning(f"{what}: saving a checkpoint at batch {self.state['global_batch']} before exiting; resume with "
+                   "train(resume_from_checkpoint=True) / --resume")
+    try: self.save(rng=self._rng_mark)
+    except Exception as e: logger.error(f"could not save the checkpoint on the way out: {type(e).__name__}: {e}")
+
+
+# %% ../nbs/25_engine.ipynb #6b107daf
+@patch
+def _progress(self: Run) -> tuple:
+    "What a batch changes before its end: the sample buffers' sizes and the optimizer steps."
+    sizes = [len(b.items) for c in self.components.values() if isinstance(c, SampleBuffers) for b in c]
+    return sizes, copy.deepcopy(self.state.get("optimizer_steps"))
+
+@patch
+def _mark(self: Run):
+    "Remember the last consistent point (a batch boundary): the random state and `_progress`."
+    self._rng_mark, self._clean = rng_state(), self._progress()
+
 
 # %% ../nbs/25_engine.ipynb #e8da5e64
 @patch
@@ -557,4 +711,5 @@ def finish(self: Run, plot: Optional[Callable] = None, png: str = "training_curv
         try: (plot or plot_run)(self.metrics.path, self.output_dir / png, title or f"{self.algo}: reward per batch")
         except Exception as e: logger.warning(f"could not draw the run plot: {e}")
     self.dist.barrier()
+    self.release()
     return {**self.state, "stopped": self.stopped, "metrics_path": str(self.metrics.path)}

@@ -398,8 +398,13 @@ def _after_init(trainer):
 def _wrap_init(cls):
     orig = cls.__dict__["__init__"]
     if getattr(orig, "__comlrl_nb_ported__", False): return
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, metrics_callback=None, **kwargs):
+        if metrics_callback is not None and not callable(metrics_callback):
+            raise TypeError(f"metrics_callback must be a function of the batch's rollouts returning {{name: number}}, "
+                            f"got {type(metrics_callback).__name__}")
         orig(self, *args, **kwargs)
+        if metrics_callback is not None or not hasattr(self, "metrics_callback"):    # a subclass's init: keep it
+            self.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)
         _after_init(self)
     __init__.__comlrl_nb_ported__, __init__.__wrapped__, __init__.__doc__ = True, orig, orig.__doc__
     cls.__init__ = __init__
@@ -413,23 +418,6 @@ def _model_name(self) -> Optional[str]:
     cfg = getattr(getattr(m, "base_model", m), "config", None) or getattr(m, "config", None)
     return (getattr(cfg, "_name_or_path", None) or getattr(cfg, "model_type", None)) or type(m).__name__
 
-_LIB_TRAIN = ("checkpoint_dir", "checkpoint_interval", "checkpoint_total_limit")
-
-def _wrap_train(cls):
-    "train() that answers the library's checkpoint arguments with where they live here (until the engine takes them)."
-    orig = cls.__dict__["train"]
-    if getattr(orig, "__comlrl_nb_ported__", False): return
-    takes = set(inspect.signature(orig).parameters)
-    def train(self, *args, **kwargs):
-        extra = [k for k in _LIB_TRAIN if k in kwargs and k not in takes]
-        if extra: raise TypeError(
-            f"{type(self).__name__}.train() does not take the library's {extra} yet; here checkpoints are set in the "
-            "config (save_steps: every N batches, save_total_limit) and written to <output_dir>/checkpoints; resume "
-            "with train(resume_from_checkpoint=<checkpoint dir> or True for the newest)")
-        return orig(self, *args, **kwargs)
-    train.__comlrl_nb_ported__, train.__wrapped__, train.__doc__ = True, orig, orig.__doc__
-    cls.train = train
-
 def install_trainer_wrappers() -> list[str]:
     "Wrap every trainer class's own `__init__` with the porting steps and add `num_agents`; returns the classes."
     done = []
@@ -438,7 +426,6 @@ def install_trainer_wrappers() -> list[str]:
         for name, cls in vars(mod).items():
             if isinstance(cls, type) and name.endswith("Trainer") and cls.__module__ == m:
                 if "__init__" in cls.__dict__: _wrap_init(cls)
-                if "train" in cls.__dict__: _wrap_train(cls)
                 if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
                 if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
                 done.append(name)

@@ -65,6 +65,9 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
                 model_config: Optional[dict] = None, num_policies: Optional[int] = None) -> Team:
     "A team built from a trainer config (num_agents roles, num_policies trained models; one per role by default)."
     refs = getattr(args, "reference_devices", None) if getattr(args, "reference_kl_enabled", False) else False
+    if getattr(args, "output_dir", None):                  # an unwritable output_dir: found before the models load
+        from comlrl_nb.runs import check_writable
+        check_writable(args.output_dir)
     return cls(agent_model, agents, args.num_agents, num_policies, tokenizer, formatters, model_config,
                args.agent_devices, args.agent_learning_rate, args.weight_decay, args.parallel_training,
                args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)})
@@ -92,24 +95,14 @@ def prompts(self: Team, items: Sequence) -> list[list[str]]:
 
 # %% ../nbs/24_team.ipynb #aa1e7005
 def validate_dataset(ds, name: str, formatters: Sequence[Callable]):
-    "Fail early: the dataset must be a non-empty sequence of dicts that every formatter can read."
-    if ds is None: return
-    try: size = len(ds)
-    except TypeError:
-        raise TypeError(f"{name} must be a datasets.Dataset or a list of dicts, got {type(ds).__name__}") from None
-    if size == 0: raise ValueError(f"{name} is empty; give it at least one item")
-    item = ds[0]
-    if not isinstance(item, dict):
-        raise TypeError(f"{name}[0] is a {type(item).__name__}; items must be dicts (e.g. {{'prompt': ...}})")
-    for i, f in enumerate(formatters):
-        try: format_prompt(f, item, i)
-        except (KeyError, TypeError) as e:
-            raise type(e)(f"{name}[0], agent {i + 1}: {e.args[0] if e.args else e}") from None
+    "Fail early: every row a dict every formatter reads (`dataset.check_dataset`); the rows (a DataFrame converted)."
+    from comlrl_nb.dataset import check_dataset
+    return check_dataset(ds, formatters, name)
 
 @patch
 def check_dataset(self: Team, ds, name: str):
-    "`validate_dataset` with this team's formatters."
-    validate_dataset(ds, name, self.formatters)
+    "`validate_dataset` with this team's formatters; the rows."
+    return validate_dataset(ds, name, self.formatters)
 
 # %% ../nbs/24_team.ipynb #b471bde2
 @patch

@@ -163,9 +163,6 @@ def test_two_turn_magrpo_project(magrpo_run):
     assert r["evals"], "no evaluation was logged"
 
 
-@pytest.mark.xfail(strict=True, reason="MAGRPO evaluates turn 1 only (issue 14, item 7): the transition does not run "
-                                       "at evaluation, the eval_logger sees one turn, no eval/turn_2/*; lands with the "
-                                       "MAGRPO restructure (h-r)")
 def test_two_turn_magrpo_evaluates_every_turn(magrpo_run):
     assert set(magrpo_run["eval_turns"]) == {2}
     assert all(r.get("eval/turn_2/items_reached") == 1.0 for r in magrpo_run["evals"])

@@ -185,7 +185,7 @@ def test_variant_defaults(tmp_path):
     (dict(eval_logger=lambda **k: []), "eval_logger and eval_aggregator go together"),
     (dict(reward_func=None), "reward_func is required"),
     (dict(train_dataset=[]), "train_dataset is empty"),
-    (dict(train_dataset=[{"question": "x"}]), "train_dataset[0], agent 1"),
+    (dict(train_dataset=[{"question": "x"}]), "train_dataset[0] (row 1 of 1): formatter of agent 1"),
     (dict(train_dataset=["just a string"]), "items must be dicts"),
     (dict(formatters=[str, str, str]), "got 3 formatters for 2 agents"),
 ])

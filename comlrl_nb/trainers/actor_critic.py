@@ -319,9 +319,8 @@ class ActorCriticTrainer:
         self.args, self.n = args, args.num_agents
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
         formatters = resolve_formatters(formatters, self.n)
-        for ds, nm in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
-            validate_dataset(ds, nm, formatters)
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, formatters) for ds, nm in
+                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
         self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.external_transition, self.model_config = external_transition, model_config
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
@@ -814,14 +813,20 @@ def _batch_metrics(self: ActorCriticTrainer, ro: Episodes, upd: dict, wall: floa
     return m
 
 # %% ../../nbs/31_actor_critic.ipynb #f88efb4b
+from ..engine import run_options
+
 @patch
-def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
+          checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
     per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch)
+    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
+                                        allow_config_changes))
     with run:                                                               # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
@@ -831,17 +836,20 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
             self._store(ro.episodes)
             t1, upd = time.perf_counter(), self._update_full_buffers()
             rec = self._batch_metrics(ro, upd, time.perf_counter() - t0)
-            run.end_of_batch({**rec, "time/update": time.perf_counter() - t1, **ev})
+            run.end_of_batch({**rec, "time/update": time.perf_counter() - t1, **ev}, rollouts=ro.episodes)
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/31_actor_critic.ipynb #f87eb399
 @patch
-def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batch, total: int) -> Run:
+def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
     "The run: checkpoints hold the team, the critics, both kinds of buffers and the sampler's cache."
     parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
              "sampler": self.sampler}
     run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)")
+    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)", **opts)
+    self.output_dir = run.output_dir                        # the directory the run claimed
+    run.metrics_callback = getattr(self, "metrics_callback", None)
+    return run
 
 @patch
 def _rollout_batch(self: ActorCriticTrainer, ids, round_key) -> Episodes:

@@ -133,7 +133,7 @@ def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenize
     "The replay buffer, the comparator side (over the team's agents) and the round state."
     a, n = self.args, self.n
     for ds, name in ((self.train_dataset, "train_dataset"), (self.eval_dataset, "eval_dataset")):
-        self.team.check_dataset(ds, name)
+        setattr(self, name, self.team.check_dataset(ds, name))     # every row; a DataFrame becomes rows
     self.replay_dir = Path(a.preference_replay_dir) if a.preference_replay_dir is not None else \
         self.output_dir / "preference_replay"
     self.replay = ReplayBuffer(self.replay_dir, a.preference_replay_mode, a.preference_replay_k,
@@ -389,13 +389,19 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
         self._reward_range, target_raw=acc["target_raw"], comparator_raw=acc["comparator_raw"])}
 
 # %% ../../nbs/53_iterative.ipynb #7e896bd1
+from ..engine import run_options
+
 @patch
-def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round: Optional[int] = None) -> dict:
+def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round: Optional[int] = None,
+          checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes=()) -> dict:
     "Run the rounds (or continue from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
-    run = self._start_run(resume_from_checkpoint, stop_after_round)
+    run = self._start_run(resume_from_checkpoint, stop_after_round,
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
+                                        allow_config_changes))
     with run:                                                   # Ctrl-C: which round a resume restarts, then exit
         for nu in run.rounds(a.num_iterations):
             t0 = time.perf_counter()
@@ -457,13 +463,14 @@ def _load_round_entries(self: PreferenceRounds, s: dict):
 
 # %% ../../nbs/53_iterative.ipynb #8148ceae
 @patch
-def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int]) -> Run:
+def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int], **opts) -> Run:
     "The run, counting rounds; a fresh one warns about another run's replay files, snapshots S_0, evaluates round 0."
     parts = {"team": self.team, "rounds": RunEntries(self._round_entries, self._load_round_entries)}
     record = SimpleNamespace(**config_record(self.args))        # what a checkpoint stores: secrets hidden
     run = Run(record, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state, "iteration")
+    run.on_dir = self._use_dir                       # the replay and snapshot directories follow the claimed one
     run.start(resume_from_checkpoint, stop_after_round, self.args.num_iterations, f"{self.algo} rounds",
-              stop_env="COMLRL_NB_STOP_AFTER_ROUND")                  # rounds: their own variable, not the batches'
+              stop_env="COMLRL_NB_STOP_AFTER_ROUND", **opts)          # rounds: their own variable, not the batches'
     if resume_from_checkpoint: return run
     old = sorted(self.replay_dir.glob("iteration_*.json")) if self.replay_dir.exists() else []
     if old:
@@ -476,6 +483,16 @@ def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round:
         run.metrics.log(row, 0, console=True)
         self.rounds.append(row)
     return run
+
+# %% ../../nbs/53_iterative.ipynb #787cdd3a
+@patch
+def _use_dir(self: PreferenceRounds, d):
+    "Point the run's files at the directory the run claimed (replay files and snapshots, unless placed elsewhere)."
+    self.output_dir, a = Path(d), self.args
+    if a.preference_replay_dir is None: self.replay_dir = self.replay.dir = self.output_dir / "preference_replay"
+    snaps = getattr(self.comparator, "snapshots", None)
+    if a.policy_checkpoint_dir is None and snaps is not None: snaps.dir = self.output_dir / "policy_checkpoints"
+
 
 # %% ../../nbs/53_iterative.ipynb #42199090
 def plot_rounds(metrics, out_png=None, title: str = "iterative training"):

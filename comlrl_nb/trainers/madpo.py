@@ -78,8 +78,8 @@ class MADPOTrainer:
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, P)
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
         self.oracle = resolve_oracle(oracle, self.n, self.reward_fn, args.reward_batched)
-        self.team.check_dataset(train_dataset, "train_dataset")
-        self.team.check_dataset(eval_dataset, "eval_dataset")
+        train_dataset = self.team.check_dataset(train_dataset, "train_dataset")      # every row; DataFrame -> rows
+        eval_dataset = self.team.check_dataset(eval_dataset, "eval_dataset")
         self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
         self.eval_logger, self.eval_aggregator, self.ref_agents = eval_logger, eval_aggregator, None
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
@@ -295,13 +295,19 @@ class PairsEntry:
     def load_state_dict(self, state: dict): self.trainer.pairs = list(state["pairs"])
 
 # %% ../../nbs/42_madpo.ipynb #40b3548a
+from ..engine import run_options
+
 @patch
-def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
+          checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes=()) -> dict:
     "Collect preference pairs, then run MADPO over them for num_train_epochs (or resume); returns the final state."
     a, B = self.args, self.args.train_batch_size
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
-    run = self._start_run(resume_from_checkpoint, stop_after_batch)
+    run = self._start_run(resume_from_checkpoint, stop_after_batch,
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
+                                        allow_config_changes))
     if not resume_from_checkpoint: self._collect(run.metrics)            # resumed runs bring their pairs back
     if not self.pairs: return self._no_pairs(run)
     self._tokens, per_epoch = self._tokenize(self.pairs), math.ceil(len(self.pairs) / B)
@@ -314,16 +320,20 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
             out = self._update(idx)
             m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
             m.update(count_env_steps(a, self.state, len(idx)))            # env_step: comlrl's step axis
-            run.end_of_batch({**m, **ev}, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"))
+            run.end_of_batch({**m, **ev}, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"),
+                             rollouts=[self.pairs[j] for j in idx])             # metrics_callback: the batch's pairs
     return {**run.finish(plot=plot_run), "num_pairs": len(self.pairs)}
 
 # %% ../../nbs/42_madpo.ipynb #2d86b1c4
 @patch
-def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch) -> Run:
+def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **opts) -> Run:
     "The run of this trainer: its checkpoints hold the team and the pairs (plus the position and the random state)."
     parts = {"team": self.team, "pairs": PairsEntry(self)}
     run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state)
-    return run.start(resume_from_checkpoint, stop_after_batch, 0, f"{self.algo} ({self.n} agents)")
+    run.start(resume_from_checkpoint, stop_after_batch, 0, f"{self.algo} ({self.n} agents)", **opts)
+    self.output_dir = run.output_dir                        # the directory the run claimed
+    run.metrics_callback = getattr(self, "metrics_callback", None)
+    return run
 
 @patch
 def _no_pairs(self: MADPOTrainer, run: Run) -> dict:

@@ -114,6 +114,7 @@ class MARLHFTrainer:
                                                   backend_kwargs)
         self.team = self.policy_trainer.team               # the backend's agents collect the pairs
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
+        self.train_dataset, self.eval_dataset = self.policy_trainer.train_dataset, self.policy_trainer.eval_dataset
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
@@ -192,11 +193,25 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
     return summary
 
 # %% ../../nbs/43_marlhf.ipynb #74536699
+from ..engine import claim_output_dir, release_output_dir, run_options
+
 @patch
-def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
+          checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes=()) -> dict:
     "Collect pairs, fit and freeze the reward model, train the policies on it; returns the backend's final state."
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
+    opts = run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes)
+    self.output_dir, lock = claim_output_dir(self.args.output_dir, self.algo, resume_from_checkpoint)
+    self.policy_trainer.output_dir = self.output_dir        # the policy phase writes into this run's directory
+    self.policy_trainer.metrics_callback = getattr(self, "metrics_callback", None)    # called in the policy phase
+    try: return self._train_phases(resume_from_checkpoint, stop_after_batch, opts)
+    finally: release_output_dir(lock)
+
+@patch
+def _train_phases(self: MARLHFTrainer, resume_from_checkpoint, stop_after_batch, opts: dict) -> dict:
+    "The collection and reward fit (unless resumed past them), then the policy phase."
     resume_from_checkpoint = self._resume_reward_phase(resume_from_checkpoint)   # None: collect and fit again
     if resume_from_checkpoint is None:
         seed_everything(self.args.seed)
@@ -207,7 +222,8 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
                            "fitting a reward model or updating the policies")
             return {"num_pairs": 0, "stopped": False, "global_batch": 0, "collection": stats}
         self.fit_reward_model()
-    out = self.policy_trainer.train(resume_from_checkpoint=resume_from_checkpoint, stop_after_batch=stop_after_batch)
+    out = self.policy_trainer.train(resume_from_checkpoint=resume_from_checkpoint, stop_after_batch=stop_after_batch,
+                                    **opts)
     return {**out, "num_pairs": len(self.pairs)}
 
 @patch

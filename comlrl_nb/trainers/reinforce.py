@@ -155,9 +155,8 @@ class MAGRPOTrainer:
         self.args, self.n = args, args.num_agents
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
         formatters = resolve_formatters(formatters, self.n)
-        for ds, nm in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
-            validate_dataset(ds, nm, formatters)
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, formatters) for ds, nm in
+                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
         self.external_transition = external_transition
         self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         P = self._num_policies(args)                              # models trained (MADPO's centralized mode: 1)
@@ -195,7 +194,7 @@ def _prompt(self: MAGRPOTrainer, item, i: int) -> str: return self.team.prompt(i
 @patch
 def _map_agents(self: MAGRPOTrainer, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
 @patch
-def _check_dataset(self: MAGRPOTrainer, ds, name: str): self.team.check_dataset(ds, name)
+def _check_dataset(self: MAGRPOTrainer, ds, name: str): return self.team.check_dataset(ds, name)   # every row
 
 # %% ../../nbs/30_reinforce.ipynb #79bd42ed
 @patch
@@ -317,6 +316,7 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     a, team = self.args, self.team
     m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
     if m == 0: return {}
+    if a.num_turns > 1: return self._evaluate_turns(m)          # every turn, the transitions included
     rewards, lens, logged = [], [[] for _ in range(self.n)], []
     for s in range(0, m, a.eval_batch_size):
         ids = list(range(s, min(m, s + a.eval_batch_size)))
@@ -330,21 +330,58 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
             logged += list(self.eval_logger(agent_completions_turns=[[[t] for t in texts[i]] for i in range(self.n)],
                                             batch_items=items, prompts=prompts))
     r = np.asarray(rewards)
-    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std())}
+    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
+           "eval/turn_1/expected_return": float(r.mean())}               # one turn: the return is the reward
     out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
     if self.eval_aggregator is not None:
         out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=a.num_turns).items()})
     return out
 
-# %% ../../nbs/30_reinforce.ipynb #c2c37bcd
+# %% ../../nbs/30_reinforce.ipynb #0bb5b26a
 @patch
-def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
+    "Multi-turn evaluation of the first `m` eval items: one episode each (k=1), every turn with its transition."
+    a, rew, ret, lens, logged = self.args, {}, {}, [[] for _ in range(self.n)], []
+    for s in range(0, m, a.eval_batch_size):
+        ids = list(range(s, min(m, s + a.eval_batch_size)))
+        items = [self.eval_dataset[j] for j in ids]
+        ro = self.rollout(items, ids, "eval", k=1)
+        for t, st in enumerate(ro.turns):
+            rew.setdefault(t, []).extend(st.rewards.flatten().tolist())
+            ret.setdefault(t, []).append(float(st.returns.mean()) * st.rewards.numel())
+            for i in range(self.n): lens[i] += st.lengths[i].tolist()
+        if self.eval_logger is not None:
+            chains = [[[] for _ in items] for _ in range(self.n)]        # [agent][item][turn] completion texts
+            for level in ro.levels:
+                for nd in level:
+                    for i in range(self.n): chains[i][nd.item].append(nd.completions[i][0])
+            logged += list(self.eval_logger(agent_completions_turns=chains, batch_items=items, prompts=ro.prompts))
+    out = {}
+    for t in sorted(rew):
+        k = f"eval/turn_{t + 1}"
+        out.update({f"{k}/reward_mean": float(np.mean(rew[t])), f"{k}/reward_std": float(np.std(rew[t])),
+                    f"{k}/expected_return": sum(ret[t]) / len(rew[t])})
+    out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
+    if self.eval_aggregator is not None:
+        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=a.num_turns).items()})
+    return out
+
+
+# %% ../../nbs/30_reinforce.ipynb #c2c37bcd
+from ..engine import run_options
+
+@patch
+def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
+          checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
     per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch)
+    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
+                                        allow_config_changes))
     with run:                                                               # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
@@ -353,16 +390,20 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
                 ro = self._rollout_batch(ids, key)                           # all processes' samples, in order
             self.buffers.add_each(ro.samples)
             losses, timing = self._timed_update()
-            run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev})
+            run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev},
+                             rollouts=[s for agent in ro.samples for s in agent])     # metrics_callback's input
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/30_reinforce.ipynb #64472d21
 @patch
-def _start_run(self: MAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int) -> Run:
+def _start_run(self: MAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
     "The run of this trainer: checkpoints hold the team, the buffers and the sampler's cache (plus position, RNG)."
     parts = {"team": self.team, "buffers": self.buffers, "sampler": self.sampler}
     run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)")
+    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)", **opts)
+    self.output_dir = run.output_dir                        # the directory the run claimed (runs/<algo>/<time>/...)
+    run.metrics_callback = getattr(self, "metrics_callback", None)
+    return run
 
 @patch
 def _epoch_order(self: MAGRPOTrainer, epoch: int) -> np.ndarray:
