@@ -20,7 +20,7 @@ from ..losses import check_finite_loss, reinforce_loss
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..distributed import DistContext
 from ..team import Team, team_attr, validate_dataset
-from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run
+from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, run_options
 from ..config import CollaborationFields, TrainerConfig, compose
 from .reinforce import MAGRPOConfig, Sample
 
@@ -63,9 +63,9 @@ class CentralizedMAGRPOTrainer:
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
         self.build_prompt = centralized_prompt_builder or centralized_prompt
         self.parse = centralized_parser or parse_agent_sections
-        for ds, nm in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
-            validate_dataset(ds, nm, resolve_formatters(formatters, self.n))
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        fs = resolve_formatters(formatters, self.n)                      # every row checked once, named on error
+        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, fs) for ds, nm in
+                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
         self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, num_policies=1)
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
@@ -247,13 +247,17 @@ def evaluate(self: CentralizedMAGRPOTrainer, num_samples: Optional[int] = None) 
 
 # %% ../../nbs/32_centralized.ipynb #362631f6
 @patch
-def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None) -> dict:
+def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
+          checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
+          allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     a = self.args
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
     per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch)
+    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
+                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
+                                        allow_config_changes))
     with run:                                                               # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_buffer(flush=True)):
             t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
@@ -263,16 +267,20 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
             t1 = time.perf_counter()
             losses = self._update_buffer()
             m = self._batch_metrics(ro, losses, time.perf_counter() - t0)
-            run.end_of_batch({**m, "time/update": time.perf_counter() - t1, **ev})
+            run.end_of_batch({**m, "time/update": time.perf_counter() - t1, **ev},
+                             rollouts=list(ro.samples))                      # metrics_callback's input
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/32_centralized.ipynb #ec0432b8
 @patch
-def _start_run(self: CentralizedMAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int) -> Run:
+def _start_run(self: CentralizedMAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
     "The run: checkpoints hold the team (actor, optimizer, reference) and the buffer (plus position, RNG)."
     parts = {"team": self.team, "buffers": self.buffers}
     run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    return run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} (1 actor, {self.n} roles)")
+    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} (1 actor, {self.n} roles)", **opts)
+    self.output_dir = run.output_dir                        # the directory the run claimed (runs/<algo>/<time>/...)
+    run.metrics_callback = getattr(self, "metrics_callback", None)
+    return run
 
 @patch
 def _epoch_order(self: CentralizedMAGRPOTrainer, epoch: int) -> np.ndarray:
