@@ -43,8 +43,9 @@ def check_config_keys(config_cls, keys) -> None:
     "Reject keys that are not fields of the dataclass `config_cls`, suggesting the closest field."
     if not dataclasses.is_dataclass(config_cls): raise TypeError(f"{config_cls!r} is not a dataclass config class")
     valid = [f.name for f in dataclasses.fields(config_cls) if f.init]
+    removed = getattr(config_cls, "removed_fields", {})           # the config's own error says why, and the fix
     for k in keys:
-        if k not in valid:
+        if k not in valid and k not in removed:
             close = difflib.get_close_matches(str(k), valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown config key {k!r} for {config_cls.__name__}.{hint} Valid keys: "

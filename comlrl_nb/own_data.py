@@ -8,7 +8,7 @@ import csv, difflib, hashlib, importlib, importlib.util, inspect, json, os, sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .rewards import RewardFunction, default_formatter, format_prompt
+from .rewards import FormatterError, RewardFunction, default_formatter, format_prompt
 from .tasks import Task
 
 # %% auto #0
@@ -137,18 +137,18 @@ def check_columns(rows: Sequence[dict], formatters: Sequence[Callable], where: s
     for r, row in enumerate(rows):
         for i, f in enumerate(formatters):
             try: format_prompt(f, row, i)
-            except KeyError as e:
+            except Exception as err:                       # a FormatterError carries the formatter's own error
+                e = err.__cause__ if isinstance(err, FormatterError) and err.__cause__ is not None else err
+                if not isinstance(e, KeyError): raise ValueError(
+                    f"{where}, row {r}: the formatter of agent {i + 1} ({getattr(f, '__name__', f)}) failed "
+                    f"({type(e).__name__}: {e}); a formatter takes a row (a dict) and returns the agent's prompt "
+                    "string") from None
                 key = e.args[0] if e.args else None
                 col = "prompt" if f is default_formatter else key if isinstance(key, str) and len(key) < 80 else str(e)
                 raise ValueError(f"{where}, row {r}: the prompt of agent {i + 1} ({getattr(f, '__name__', f)}) "
                                  f"needs the column {col!r}, "
                                  f"which the row lacks; its columns are {sorted(row)}. Add the column or pass "
                                  "--formatters") from None
-            except Exception as e:
-                raise ValueError(f"{where}, row {r}: the formatter of agent {i + 1} ({getattr(f, '__name__', f)}) "
-                                 f"failed ({type(e).__name__}: "
-                                 f"{e}); a formatter takes a row (a dict) and returns the agent's prompt "
-                                 "string") from None
 
 # %% ../nbs/64_own_data.ipynb #6450fb9d
 def _functions(specs, what: str) -> list:
