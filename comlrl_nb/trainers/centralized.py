@@ -23,6 +23,7 @@ from ..team import Team, team_attr, validate_dataset
 from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, run_options
 from ..config import CollaborationFields, TrainerConfig, compose
 from .reinforce import MAGRPOConfig, Sample
+from .madpo import central_evaluate
 
 # %% auto #0
 __all__ = ['CentralizedMAGRPOConfig', 'CentralizedMAGRPOTrainer', 'JointRollout']
@@ -226,24 +227,7 @@ def _joint_loss(self: CentralizedMAGRPOTrainer, model, prompts, comps, adv, rows
 @patch
 def evaluate(self: CentralizedMAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     "One joint answer per eval item: task reward of the parsed roles, lengths, unparsed rate, eval_logger output."
-    a = self.args
-    m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
-    if m == 0: return {}
-    rewards, lens, unparsed, logged = [], [], 0, []
-    for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size)))
-        items = [self.eval_dataset[j] for j in ids]
-        x = self.central_sample(items, [(a.seed, "eval", j, "actor") for j in ids], 1)
-        rewards, lens, unparsed = rewards + x["rewards"], lens + x["comps"].lengths.tolist(), unparsed + x["unparsed"]
-        if self.eval_logger is not None:
-            turns = [[[t] for t in x["texts"][i]] for i in range(self.n)]          # [role][item][turn]
-            logged += list(self.eval_logger(agent_completions_turns=turns, batch_items=items, prompts=x["prompts"]))
-    r = np.asarray(rewards)
-    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
-           "eval/agent_0/completion_len": float(np.mean(lens)), "eval/unparsed_rate": unparsed / m}
-    if self.eval_aggregator is not None:
-        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=1).items()})
-    return out
+    return central_evaluate(self, num_samples, lambda x, items: x["rewards"])     # scored while sampling
 
 # %% ../../nbs/32_centralized.ipynb #362631f6
 @patch

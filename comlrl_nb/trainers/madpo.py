@@ -26,7 +26,7 @@ from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 # %% auto #0
 __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'check_adapter',
            'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'madpo_update', 'tokenize_centralized', 'dpo_metrics',
-           'PairsEntry', 'central_candidates']
+           'PairsEntry', 'central_candidates', 'central_evaluate']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
@@ -403,27 +403,32 @@ def central_candidates(trainer: MADPOTrainer, chunk, ids, K: int, round_key) -> 
             "unparsed": s["unparsed"]}
 
 # %% ../../nbs/42_madpo.ipynb #d16a7057
-@patch
-def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
-    "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores them."
-    if self.args.collaboration_mode != "centralized": return MAGRPOTrainer.evaluate(self, num_samples)
-    a = self.args
-    m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
+def central_evaluate(trainer, num_samples: Optional[int], rewards_of: Callable) -> dict:
+    """One joint answer of the actor per eval item (`trainer.central_sample`), scored by `rewards_of(x, items)`:
+    task reward, lengths, unparsed rate and eval_logger output. Centralized MADPO and centralized MAGRPO share it."""
+    a, n = trainer.args, trainer.n
+    m = eval_count(trainer.eval_dataset, num_samples, a.eval_num_samples)
     if m == 0: return {}
     rewards, lens, unparsed, logged = [], [], 0, []
     for s in range(0, m, a.eval_batch_size):
         ids = list(range(s, min(m, s + a.eval_batch_size)))
-        items = [self.eval_dataset[j] for j in ids]
-        x = self.central_sample(items, [(a.seed, "eval", j, "actor") for j in ids], 1)
-        rewards += self.reward_fn(x["texts"], items, x["prompts"])
+        items = [trainer.eval_dataset[j] for j in ids]
+        x = trainer.central_sample(items, [(a.seed, "eval", j, "actor") for j in ids], 1)
+        rewards += rewards_of(x, items)
         lens += x["comps"].lengths.tolist()
         unparsed += x["unparsed"]
-        if self.eval_logger is not None:
-            turns = [[[t] for t in x["texts"][i]] for i in range(self.n)]
-            logged += list(self.eval_logger(agent_completions_turns=turns, batch_items=items, prompts=x["prompts"]))
+        if trainer.eval_logger is not None:
+            turns = [[[t] for t in x["texts"][i]] for i in range(n)]            # [role][item][turn]
+            logged += list(trainer.eval_logger(agent_completions_turns=turns, batch_items=items, prompts=x["prompts"]))
     r = np.asarray(rewards)
     out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
            "eval/agent_0/completion_len": float(np.mean(lens)), "eval/unparsed_rate": unparsed / m}
-    if self.eval_aggregator is not None:
-        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=1).items()})
+    if trainer.eval_aggregator is not None:
+        out.update({f"eval/{k}": v for k, v in trainer.eval_aggregator(logged, num_turns=1).items()})
     return out
+
+@patch
+def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
+    "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores them."
+    if self.args.collaboration_mode != "centralized": return MAGRPOTrainer.evaluate(self, num_samples)
+    return central_evaluate(self, num_samples, lambda x, items: self.reward_fn(x["texts"], items, x["prompts"]))
