@@ -4,7 +4,7 @@
 
 # %% ../nbs/25_engine.ipynb #c3a0e0ec
 from __future__ import annotations
-import copy, json, math, os, random, shutil, time
+import copy, json, math, os, random, shutil, signal, time
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -650,7 +650,7 @@ def rounds(self: Run, n: int):
 @patch
 def __enter__(self: Run) -> Run:
     "SIGTERM now stops the run at the next batch (or round) boundary, as Ctrl-C does; __exit__ restores the handler."
-    self._sigterm = sigterm_as_interrupt(defer=True)
+    self._sigterm = sigterm_as_interrupt(defer=True, signals=(signal.SIGTERM, signal.SIGINT))  # both: at a boundary
     self._stop = self._sigterm.__enter__()
     return self
 

@@ -166,6 +166,7 @@ def sigterm_as_interrupt(defer: bool = False, signals=(signal.SIGTERM,)):
     if threading.current_thread() is not threading.main_thread(): yield stop; return
     def on_signal(signum, frame):
         name = signal.Signals(signum).name
+        if stop.requested and signum == signal.SIGINT: raise KeyboardInterrupt   # a second Ctrl-C: stop at once
         if stop.requested: logger.warning(f"{name} again: already stopping (saving a checkpoint); SIGKILL ends the process at once"); return
         stop.requested = name
         logger.warning(f"{name} received: stopping at the last consistent point and saving a checkpoint")
@@ -177,5 +178,6 @@ def sigterm_as_interrupt(defer: bool = False, signals=(signal.SIGTERM,)):
 
 def exit_status(e: BaseException) -> int:
     "The process exit status for an interruption: 143 for SIGTERM, 130 for Ctrl-C, 1 otherwise."
-    return 143 if isinstance(e, Terminated) else 130 if isinstance(e, KeyboardInterrupt) else 1
+    sigterm = isinstance(e, Terminated) and (e.args or ("SIGTERM",))[0] == "SIGTERM"
+    return 143 if sigterm else 130 if isinstance(e, KeyboardInterrupt) else 1
 
