@@ -58,12 +58,14 @@ class CentralizedMAGRPOTrainer:
     def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, centralized_prompt_builder=None,
-                 centralized_parser=None, eval_logger=None, eval_aggregator=None, wandb_config: Optional[dict] = None):
+                 centralized_parser=None, eval_logger=None, eval_aggregator=None, wandb_config: Optional[dict] = None,
+                 train_reward=None):
         args = self._check_args(args, agents, num_agents, tokenizer, reward_func, eval_logger, eval_aggregator)
         self.args, self.n = args, args.num_agents
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
         self.build_prompt = centralized_prompt_builder or centralized_prompt
         self.parse = centralized_parser or parse_agent_sections
+        self.train_reward = train_reward     # MARLHF: f(actor prompts, joint texts, items) in training only
         fs = resolve_formatters(formatters, self.n)                      # every row checked once, named on error
         self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, fs) for ds, nm in
                                                  ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
@@ -147,14 +149,21 @@ class JointRollout:
     comps: Optional[object] = None                # the actor's Completions (in-process only)
 
 @patch
-def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: Sequence[tuple], k: int) -> dict:
-    "Role prompts, actor prompts, k actor completions per item, their role answers and unparsed count (row b*k+j)."
+def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: Sequence[tuple], k: int,
+                   reward: Optional[str] = "task") -> dict:
+    """Role prompts, actor prompts, k actor completions per item, their role answers and unparsed count (row b*k+j);
+    rewards by `reward`: 'task' (reward_func on the roles), 'train' (`train_reward` on the joint text when given), None."""
     roles, prompts = zip(*[self.joint_prompt(it) for it in items])
     c = self.team.generate(0, list(prompts), k, list(keys))
     rep = lambda xs: [x for x in xs for _ in range(k)]
     role_prompts = [rep([r[i] for r in roles]) for i in range(self.n)]
     t0 = time.perf_counter()
-    rewards, texts, unparsed = self.score(c.texts, rep(items), role_prompts)
+    learned = reward == "train" and self.train_reward is not None        # MARLHF's frozen reward model
+    if reward is None or learned:
+        parts = [self.split(t) for t in c.texts]
+        texts, unparsed = [[p[i] if p is not None else "" for p in parts] for i in range(self.n)], parts.count(None)
+        rewards = [float(r) for r in self.train_reward(rep(list(prompts)), list(c.texts), rep(items))] if learned else None
+    else: rewards, texts, unparsed = self.score(c.texts, rep(items), role_prompts)
     return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
             "texts": texts, "rewards": rewards, "unparsed": unparsed, "time_reward": time.perf_counter() - t0}
 
@@ -164,7 +173,7 @@ def rollout(self: CentralizedMAGRPOTrainer, items: Sequence[dict], item_ids: Seq
             k: Optional[int] = None) -> JointRollout:
     "K joint completions per item, scored; (KL-penalised) returns -> group-relative advantages; one Sample per item."
     a, K, t0 = self.args, k or self.args.num_generations, time.perf_counter()
-    s = self.central_sample(list(items), [(a.seed, round_key, int(j), "actor") for j in item_ids], K)
+    s = self.central_sample(list(items), [(a.seed, round_key, int(j), "actor") for j in item_ids], K, "train")
     c, t1 = s["comps"], time.perf_counter()
     R = torch.tensor(s["rewards"], dtype=torch.float32).view(c.num_prompts, K)
     kl = self._reference_kl(c) if self.team.ref_agents is not None else None

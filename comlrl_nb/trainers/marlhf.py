@@ -14,16 +14,19 @@ from fastcore.basics import patch
 from ..core import (atomic_write_bytes, check_bool, check_choice, check_number, config_error, logger,
                             resolve_device, seed_everything)
 from ..preference import build_pair_dataset, check_preference_config, load_pairs, resolve_oracle
-from ..reward_model import JointRewardModel, _pair_texts
+from ..reward_model import JointRewardModel, _pair_texts, joint_text
 from ..rewards import RewardFunction
 from ..engine import CheckpointManager, MetricsLogger
 from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer,
                                           MAReMaxTrainer, _validate_reinforce)
-from .madpo import FromTeam, check_task, default_args
+from .madpo import (FromTeam, adapter_hooks, central_candidates, check_adapter, check_task,
+                                      default_args)
+from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 
 # %% auto #0
-__all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'MARLHFTrainer', 'backend_config', 'make_policy_trainer',
-           'make_reward_model', 'RL_ALGORITHMS']
+__all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
+           'backend_config', 'make_policy_trainer', 'make_reward_model', 'make_central_trainer', 'reward_texts',
+           'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -44,13 +47,18 @@ def _marlhf_backend_fields(c, owner: str):
         raise config_error(owner, f"{f.name}={v!r} is not used with rl_algorithm={c.rl_algorithm!r} (only "
                                   f"{', '.join(users)} read it); remove it or pick one of those backends")
 
+_CENTRAL_RL = ("magrpo", "mareinforce", "marloo", "maremax")         # the baselines centralized MAGRPO can take
+
 def _marlhf_collaboration(c, owner: str):
-    "comlrl 1.4.3's collaboration_mode field: one model per agent only (its policy phase has no centralized backend)."
-    if c.collaboration_mode == "centralized":
-        raise config_error(owner, "collaboration_mode='centralized' (one actor writing every role) is not implemented "
-                                  "for MARLHF in comlrl_nb yet: its policy phase needs a centralized RL backend "
-                                  "(CentralizedMAGRPOTrainer), which this build lacks; use 'decentralized', or "
-                                  "MADPOTrainer / MADPOIterTrainer with collaboration_mode='centralized'")
+    "collaboration_mode='centralized': one actor, single-turn, trained by centralized MAGRPO with the chosen baseline."
+    if c.collaboration_mode != "centralized": return
+    if c.rl_algorithm not in _CENTRAL_RL:
+        raise config_error(owner, f"rl_algorithm={c.rl_algorithm!r} has no centralized backend in comlrl_nb: with "
+                                  "collaboration_mode='centralized' the one actor trains with centralized MAGRPO; use "
+                                  "one of magrpo, mareinforce, marloo, maremax, or collaboration_mode='decentralized'")
+    if c.num_turns != 1:
+        raise config_error(owner, f"num_turns={c.num_turns}: centralized MARLHF is single-turn like its backend "
+                                  "(CentralizedMAGRPOTrainer); set num_turns=1 or collaboration_mode='decentralized'")
 
 _MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_algorithm (magrpo: mean, mareinforce: "
                                     "raw, marloo: rloo, maremax: max)",
@@ -90,6 +98,25 @@ def rl_backend(name: str):
                           "use one of magrpo, mareinforce, marloo, maremax") from None
     return getattr(mod, {"maac": "MAACTrainer", "iac": "IACTrainer"}[name])
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e002
+def central_backend_config(args) -> CentralizedMAGRPOConfig:
+    "Centralized MAGRPO's config from a MARLHF config: the groups both have, and the baseline of `rl_algorithm`."
+    base = {f.name: f.default for f in fields(rl_backend(args.rl_algorithm).config_class)}["advantage_mode"]
+    return replace(map_backend_config(args, CentralizedMAGRPOConfig), advantage_mode=base)
+
+def central_hooks(args, builder=None, parser=None, adapter=None) -> dict:
+    "The actor's prompt builder and parser (given, or an adapter's); refused unless collaboration_mode='centralized'."
+    check_adapter(args, adapter, builder, parser)
+    if args.collaboration_mode != "centralized":
+        if builder is not None or parser is not None:
+            raise ValueError("centralized_prompt_builder= and centralized_parser= apply only with "
+                             f"{type(args).__name__}(collaboration_mode='centralized')")
+        return {}
+    if adapter is not None:
+        builder, parse_item = adapter_hooks(adapter)
+        parser = lambda text, n: parse_item(text, n)                  # the backend's parser is not told the item
+    return {"centralized_prompt_builder": builder, "centralized_parser": parser}
+
 # %% ../../nbs/43_marlhf.ipynb #66e1bea7
 class MARLHFTrainer:
     "Preference pairs -> joint reward model (Bradley-Terry) -> policies trained by an RL backend on the frozen reward."
@@ -100,8 +127,8 @@ class MARLHFTrainer:
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, reward_model=None,
-                 reward_tokenizer=None,
-                 backend_kwargs: Optional[dict] = None):
+                 reward_tokenizer=None, backend_kwargs: Optional[dict] = None, centralized_prompt_builder=None,
+                 centralized_parser=None, centralized_comparator_adapter=None):
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
         self.n, self.ref_agents, self.pairs = args.num_agents, None, []
@@ -110,8 +137,9 @@ class MARLHFTrainer:
         self.train_dataset, self.eval_dataset, self.wandb_config = train_dataset, eval_dataset, wandb_config
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
+        hooks = central_hooks(args, centralized_prompt_builder, centralized_parser, centralized_comparator_adapter)
         self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
-                                                  backend_kwargs)
+                                                  backend_kwargs, hooks)
         self.team = self.policy_trainer.team               # the backend's agents collect the pairs
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
         self.train_dataset, self.eval_dataset = self.policy_trainer.train_dataset, self.policy_trainer.eval_dataset
@@ -128,8 +156,11 @@ def backend_config(backend, args):
     return map_backend_config(args, backend.config_class)
 
 def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model_config,
-                        backend_kwargs: Optional[dict] = None):
+                        backend_kwargs: Optional[dict] = None, hooks: Optional[dict] = None):
     "The `rl_algorithm` backend over the models as given, rewarded by `owner.learned_reward`, evaluated by `owner`."
+    if owner.args.collaboration_mode == "centralized":                  # one actor: see "Centralized MARLHF" below
+        return make_central_trainer(owner, agent_model, agents, tokenizer, formatters, model_config, backend_kwargs,
+                                    hooks)
     backend = rl_backend(owner.args.rl_algorithm)
     pt = backend(agent_model, agents, tokenizer=tokenizer, reward_func=owner.learned_reward, formatters=formatters,
                  args=backend_config(backend, owner.args), train_dataset=owner.train_dataset,
@@ -145,7 +176,8 @@ def learned_reward(self: MARLHFTrainer, *completions, prompts=None, **_) -> list
 
 @patch
 def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
-    "The backend's evaluation, always with the task reward (never the learned one)."
+    "Evaluation with the task reward (never the learned one): the centralized backend's own, else MAGRPO's."
+    if self.args.collaboration_mode == "centralized": return self.policy_trainer.evaluate(num_samples)
     return MAGRPOTrainer.evaluate(self, num_samples)
 
 # %% ../../nbs/43_marlhf.ipynb #17d3b6b6
@@ -166,6 +198,44 @@ def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents
                          "reward_model= (a backbone object or a JointRewardModel)")
     return JointRewardModel(name, reward_tokenizer, model_config=model_config, **kw)
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e004
+def make_central_trainer(owner, agent_model, agents, tokenizer, formatters, model_config, backend_kwargs=None,
+                         hooks=None) -> CentralizedMAGRPOTrainer:
+    "One actor for every role: centralized MAGRPO evaluated by the task reward, trained on the learned joint reward."
+    return CentralizedMAGRPOTrainer(
+        agent_model, agents, tokenizer=tokenizer, reward_func=owner.reward_fn.fn,
+        reward_processor=owner.reward_fn.processor, formatters=formatters, args=central_backend_config(owner.args),
+        train_dataset=owner.train_dataset, eval_dataset=owner.eval_dataset, model_config=model_config,
+        eval_logger=owner.eval_logger, eval_aggregator=owner.eval_aggregator, wandb_config=owner.wandb_config,
+        train_reward=owner.learned_joint_reward, **(hooks or {}), **(backend_kwargs or {}))
+
+def reward_texts(records, centralized: bool = False) -> tuple[list[str], list[str]]:
+    "The winner and loser texts the reward model reads: every role's prompt and answer, or the actor's joint text."
+    if not centralized: return _pair_texts(records)
+    if not all(isinstance(r.get("centralized"), dict) for r in records):
+        raise ValueError("centralized MARLHF fits its reward model on the actor's joint text (each pair record's "
+                         "'centralized' field), which these pairs lack: collect them with collaboration_mode="
+                         "'centralized' (pairs of decentralized agents do not have it)")
+    side = lambda r, s: joint_text([r["centralized"]["prompt"]], [r["centralized"][s]])
+    return [side(r, "winner") for r in records], [side(r, "loser") for r in records]
+
+# %% ../../nbs/43_marlhf.ipynb #d1c0e005
+@patch
+def learned_joint_reward(self: MARLHFTrainer, actor_prompts, completions, items=None) -> list[float]:
+    "Centralized: the frozen reward model's score of each joint completion, read with the actor's prompt."
+    return self.reward_model.score([list(actor_prompts)], [list(completions)], self.args.reward_score_batch_size)
+
+@patch
+def central_sample(self: MARLHFTrainer, items, keys, k: int) -> dict:
+    "Centralized: the actor's k joint completions per item, split into role answers, not scored (collection, CLI)."
+    return self.policy_trainer.central_sample(items, keys, k, reward=None)
+
+@patch
+def _pair_sampler(self: MARLHFTrainer) -> Optional[Callable]:
+    "The collection's sampler: centralized, the actor's joint candidates (as centralized MADPO); else the team's."
+    if self.args.collaboration_mode != "centralized": return None
+    return lambda chunk, ids, K, round_key: central_candidates(self, chunk, ids, K, round_key)
+
 # %% ../../nbs/43_marlhf.ipynb #75e544fe
 @patch
 def fit_reward_model(self: MARLHFTrainer) -> dict:
@@ -177,10 +247,11 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
     if rm.freeze_backbone: rm.body.requires_grad_(False)
     log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "phase": "reward_model",
                             "reward_model/loss": r["loss"], "reward_model/accuracy": r["accuracy"]}, r["step"])
-    hist = rm.fit(self.pairs, num_train_epochs=a.reward_num_train_epochs, batch_size=a.reward_train_batch_size,
+    texts = reward_texts(self.pairs, a.collaboration_mode == "centralized")
+    hist = rm.fit_texts(*texts, num_train_epochs=a.reward_num_train_epochs, batch_size=a.reward_train_batch_size,
                   learning_rate=a.reward_learning_rate, seed=a.seed, autocast_dtype=a.autocast_dtype, callback=log)
     summary = {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
-               "reward_model/train_accuracy": rm.preference_accuracy(*_pair_texts(self.pairs))}
+               "reward_model/train_accuracy": rm.preference_accuracy(*texts)}
     ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
     ml.close()
     if a.save_steps >= 0:
@@ -216,7 +287,7 @@ def _train_phases(self: MARLHFTrainer, resume_from_checkpoint, stop_after_batch,
     if resume_from_checkpoint is None:
         seed_everything(self.args.seed)
         self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
-                                               self.oracle)
+                                               self.oracle, sampler=self._pair_sampler())
         if not self.pairs:
             logger.warning("no item produced an untied pair (every comparison was a tie): training ends without "
                            "fitting a reward model or updating the policies")
