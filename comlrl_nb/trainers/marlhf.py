@@ -291,7 +291,8 @@ def _train_phases(self: MARLHFTrainer, resume_from_checkpoint, stop_after_batch,
         if not self.pairs:
             logger.warning("no item produced an untied pair (every comparison was a tie): training ends without "
                            "fitting a reward model or updating the policies")
-            return {"num_pairs": 0, "stopped": False, "global_batch": 0, "collection": stats}
+            return {"num_pairs": 0, "stopped": False, "global_batch": 0, "collection": stats,
+                    "metrics_path": str(self.output_dir / "metrics.jsonl")}
         self.fit_reward_model()
     out = self.policy_trainer.train(resume_from_checkpoint=resume_from_checkpoint, stop_after_batch=stop_after_batch,
                                     **opts)
