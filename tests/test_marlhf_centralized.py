@@ -96,3 +96,37 @@ def test_cli_trains_centralized_marlhf(tmp_path, capsys):
     assert rep["algo"] == "marlhf" and rep["config"]["collaboration_mode"] == "centralized"
     assert "unparsed" in rep["heldout_before"]                       # measured on the one actor's parsed roles
     assert (out / "final" / "agent_0").is_dir() and not (out / "final" / "agent_1").exists()
+
+
+# ---------------------------------------------------------------- iterative MARLHF, centralized
+
+def central_iter(tmp, **kw):
+    from comlrl_nb.trainers.iterative import MARLHFIterConfig, MARLHFIterTrainer
+    m, tok = make_tiny_model(seed=0)
+    cfg = dict(collaboration_mode="centralized", num_iterations=2, num_train_epochs=1, num_generations=4,
+               preference_num_candidates=4, preference_pairs_per_sample=4, max_new_tokens=6, temperature=1.0, top_p=1.0,
+               top_k=None, reward_learning_rate=1e-3, reward_num_train_epochs=1, reward_train_batch_size=4,
+               rollout_batch_size=2, eval_interval=0, logging_steps=1000, progress_bar=False, save_steps=1,
+               output_dir=str(tmp), **kw)
+    return MARLHFIterTrainer(agent_model=m, tokenizer=tok, reward_func=vowels, args=MARLHFIterConfig(**cfg),
+                             train_dataset=ITEMS, eval_dataset=ITEMS, reward_model=m, centralized_parser=halves)
+
+
+def test_centralized_marlhf_iter_rounds_and_resume(tmp_path):
+    full = central_iter(tmp_path / "full")
+    assert type(full.policy_trainer) is CentralizedMAGRPOTrainer and len(full.agents) == 1
+    assert full.args.comparator_generation_mode == "centralized"
+    out = full.train()
+    rows = [r for r in out["rounds"] if r.get("iteration", 0) >= 1]
+    assert len(rows) == 2 and all(r["round/pairs"] > 0 and r["policy/batches"] == 2 for r in rows)
+    recs = json.loads((tmp_path / "full" / "preference_replay" / "iteration_0001.json").read_text())["pairs"]
+    assert all(set(r["centralized"]) >= {"prompt", "winner", "loser"} for r in recs)
+    part = central_iter(tmp_path / "part")
+    assert part.train(stop_after_round=1)["stopped"]
+    resumed = central_iter(tmp_path / "part")
+    resumed.train(resume_from_checkpoint=True)
+    for x, y in zip(params(full.agents) + params([full.reward_model]),
+                    params(resumed.agents) + params([resumed.reward_model])):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="use preference_scoring_reward='task'"):
+        central_iter(tmp_path / "x", preference_scoring_reward="reward_model")

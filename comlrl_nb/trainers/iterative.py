@@ -27,7 +27,8 @@ from ..engine import MetricsLogger, Run, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
                                       dpo_metrics, madpo_args, madpo_update)
-from .marlhf import MARLHFConfig, make_policy_trainer, make_reward_model
+from .marlhf import (MARLHFConfig, central_hooks, make_policy_trainer, make_reward_model,
+                                       reward_texts)
 
 # %% auto #0
 __all__ = ['ITERATIVE_GROUPS', 'IterativeFields', 'centralized_comparator', 'config_record', 'MADPOIterConfig',
@@ -92,9 +93,17 @@ class MADPOIterConfig(TrainerConfig):
     __repr__ = _config_repr
 
 # %% ../../nbs/53_iterative.ipynb #2ff426da
+def _marlhf_iter_relations(c, owner: str):
+    "Centralized: the comparator writes joint text too; its comparisons are scored by the task reward."
+    centralized_comparator(c, owner)
+    if c.collaboration_mode == "centralized" and c.preference_scoring_reward == "reward_model":
+        raise config_error(owner, "preference_scoring_reward='reward_model' with collaboration_mode='centralized': "
+                                  "the reward model reads the actor's joint text, which the comparator's parsed role "
+                                  "answers lack; use preference_scoring_reward='task'")
+
 @compose(*MARLHFConfig.config_groups, *ITERATIVE_GROUPS, order=(IterativeFields, MARLHFConfig), like=(MARLHFConfig,),
          defaults=dict(_ITER_DEFAULTS, num_train_epochs=2, reward_num_train_epochs=2), unused=_unused(MARLHFConfig),
-         checks=MARLHFConfig.config_checks)
+         checks=(*MARLHFConfig.config_checks, _marlhf_iter_relations))
 class MARLHFIterConfig(TrainerConfig):
     "Iterative MARLHF: the MARLHF fields plus rounds, comparator and replay (see the table above)."
     pair_selections = _ITER_SELECTIONS
@@ -562,23 +571,42 @@ class MARLHFIterTrainer(PreferenceRounds):
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, reward_model=None,
                  reward_tokenizer=None, backend_kwargs: Optional[dict] = None, comparator_tokenizer=None,
                  comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
-                 comparator_parser=None):
+                 comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None,
+                 centralized_comparator_adapter=None):
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
         self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
                          eval_aggregator, wandb_config)
-        self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
-                                                  backend_kwargs)
-        self.team = self.policy_trainer.team
+        hooks = central_hooks(args, centralized_prompt_builder, centralized_parser, centralized_comparator_adapter)
+        self.policy_trainer = pt = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
+                                                       backend_kwargs, hooks)
+        self.team = pt.team
+        if args.collaboration_mode == "centralized":                # the comparator prompts and parses as the actor
+            self.build_prompt, self.parse_item = pt.build_prompt, lambda text, n, item=None: pt.parse(text, n)
+        builder, parser = self._comparator_hooks(comparator_prompt_builder, comparator_parser,
+                                                 centralized_comparator_adapter)
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
-        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator,
-                           comparator_prompt_builder, comparator_parser)
+        self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator, builder,
+                           parser)
         self._rm_initial = {k: v.detach().cpu().clone() for k, v in self.reward_model.state_dict().items()}
         self._rm_fitted, self._policy_args = False, self.policy_trainer.args
 
     def learned_reward(self, *completions, prompts=None, **_) -> list[float]:
         "The policy phase's reward: the frozen reward model's score of each joint response."
         return self.reward_model.score(prompts, completions, self.args.reward_score_batch_size)
+
+    def learned_joint_reward(self, actor_prompts, completions, items=None) -> list[float]:
+        "Centralized: the frozen reward model's score of each joint completion, read with the actor's prompt."
+        return self.reward_model.score([list(actor_prompts)], [list(completions)], self.args.reward_score_batch_size)
+
+    def central_sample(self, items, keys, k: int) -> dict:
+        "Centralized: the actor's k joint completions per item, split into role answers, not scored."
+        return self.policy_trainer.central_sample(items, keys, k, reward=None)
+
+    def evaluate(self, num_samples: Optional[int] = None) -> dict:
+        "Evaluation with the task reward: the centralized backend's own, else MAGRPO's."
+        if self.args.collaboration_mode == "centralized": return self.policy_trainer.evaluate(num_samples)
+        return MAGRPOTrainer.evaluate(self, num_samples)
 
 # %% ../../nbs/53_iterative.ipynb #7dec4254
 @patch
@@ -592,14 +620,15 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     if ml.path.exists(): ml.path.unlink()
     log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "iteration": nu, "reward_model/loss": r["loss"],
                             "reward_model/accuracy": r["accuracy"]}, r["step"], console=False)
-    hist = rm.fit(records, num_train_epochs=a.reward_num_train_epochs, batch_size=a.reward_train_batch_size,
+    texts = reward_texts(records, a.collaboration_mode == "centralized")    # the roles', or the actor's joint text
+    hist = rm.fit_texts(*texts, num_train_epochs=a.reward_num_train_epochs, batch_size=a.reward_train_batch_size,
                   learning_rate=a.reward_learning_rate, seed=derive_seed(a.seed, "reward_model_round", nu),
                   autocast_dtype=a.autocast_dtype, callback=log)
     ml.close()
     rm.freeze()
     self._rm_fitted = True
     return {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
-            "reward_model/train_accuracy": rm.preference_accuracy(*_pair_texts(records))}
+            "reward_model/train_accuracy": rm.preference_accuracy(*texts)}
 
 # %% ../../nbs/53_iterative.ipynb #3371dcf4
 @patch
