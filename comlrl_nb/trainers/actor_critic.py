@@ -313,11 +313,12 @@ class ActorCriticTrainer:
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, critic_model=None, critics=None,
-                 critic_tokenizer=None):
+                 critic_tokenizer=None, evaluator: Optional[Callable] = None):
         args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                                 external_transition)
         self.args, self.n = args, args.num_agents
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        self.evaluator = evaluator          # an evaluation to run instead of this one (MARLHF's, with the task reward)
         formatters = resolve_formatters(formatters, self.n)
         self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, formatters) for ds, nm in
                                                  ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
@@ -748,6 +749,7 @@ def _update_full_buffers(self: ActorCriticTrainer, flush: bool = False) -> dict:
 @patch
 def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dict:
     "Run episodes of the current policies on eval items: eval/ metrics (task reward per turn, lengths, logger output)."
+    if self.evaluator is not None: return self.evaluator(num_samples)           # given at construction
     m = eval_count(self.eval_dataset, num_samples, self.args.eval_num_samples)
     if m == 0: return {}
     per_turn, lens, logged = {}, [[] for _ in range(self.n)], []

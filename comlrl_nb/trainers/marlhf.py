@@ -165,8 +165,8 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
     pt = backend(agent_model, agents, tokenizer=tokenizer, reward_func=owner.learned_reward, formatters=formatters,
                  args=backend_config(backend, owner.args), train_dataset=owner.train_dataset,
                  eval_dataset=owner.eval_dataset, model_config=model_config, eval_logger=owner.eval_logger,
-                 eval_aggregator=owner.eval_aggregator, wandb_config=owner.wandb_config, **(backend_kwargs or {}))
-    pt.evaluate = owner.evaluate             # evaluation always uses the task reward (the owner's reward_fn)
+                 eval_aggregator=owner.eval_aggregator, wandb_config=owner.wandb_config,
+                 evaluator=owner.evaluate, **(backend_kwargs or {}))     # evaluation: the owner's, by the task reward
     return pt
 
 @patch

@@ -149,11 +149,12 @@ class MAGRPOTrainer:
     def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
-                 eval_aggregator=None, wandb_config: Optional[dict] = None):
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, evaluator: Optional[Callable] = None):
         args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                                 external_transition)
         self.args, self.n = args, args.num_agents
         self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        self.evaluator = evaluator          # an evaluation to run instead of this one (MARLHF's, with the task reward)
         formatters = resolve_formatters(formatters, self.n)
         self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, formatters) for ds, nm in
                                                  ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
@@ -313,6 +314,7 @@ def _update_full_buffers(self: MAGRPOTrainer, flush: bool = False) -> dict:
 @patch
 def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     "Sample the current policies on eval items and return eval/ metrics (task reward, lengths, custom logger output)."
+    if getattr(self, "evaluator", None) is not None: return self.evaluator(num_samples)   # getattr: MADPO reuses this
     a, team = self.args, self.team
     m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
     if m == 0: return {}
