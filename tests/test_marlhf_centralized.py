@@ -33,8 +33,9 @@ BASE = dict(collaboration_mode="centralized", num_train_epochs=2, num_generation
 
 def central(tmp, **kw):
     m, tok = make_tiny_model(seed=0)
-    return MARLHFTrainer(agent_model=m, tokenizer=tok, reward_func=vowels, args=MARLHFConfig(**{**BASE, "output_dir": str(tmp), **kw}),
-                         train_dataset=ITEMS, eval_dataset=ITEMS, reward_model=m, centralized_parser=halves)
+    cfg = MARLHFConfig(**{**BASE, "output_dir": str(tmp), **kw})
+    return MARLHFTrainer(agent_model=m, tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS,
+                         eval_dataset=ITEMS, reward_model=m, centralized_parser=halves)
 
 
 def params(models):

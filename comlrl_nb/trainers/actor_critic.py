@@ -5,7 +5,7 @@
 # %% ../../nbs/31_actor_critic.ipynb #b5f3ad50
 from __future__ import annotations
 import copy, math, os, time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -882,3 +882,15 @@ def save_model(self: ActorCriticTrainer, output_dir) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         torch.save(c.head.state_dict(), d / "value_head.pt")
     return out
+
+# %% ../../nbs/31_actor_critic.ipynb #d1c0e311
+@patch
+def start_phase(self: ActorCriticTrainer, output_dir, seed: int) -> ActorCriticTrainer:
+    """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
+    keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it).
+    The critics and their optimizers stay too."""
+    self.args = replace(self.args, seed=seed, output_dir=str(output_dir), save_steps=-1)
+    self.output_dir, self.sampler.seed = Path(output_dir), seed
+    self.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
+    for b in list(self.buffers) + list(self.value_buffers): b.items = []
+    return self

@@ -152,7 +152,8 @@ class JointRollout:
 def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: Sequence[tuple], k: int,
                    reward: Optional[str] = "task") -> dict:
     """Role prompts, actor prompts, k actor completions per item, their role answers and unparsed count (row b*k+j);
-    rewards by `reward`: 'task' (reward_func on the roles), 'train' (`train_reward` on the joint text when given), None."""
+    rewards by `reward`: 'task' (reward_func on the roles), 'train' (`train_reward` on the joint text when given),
+    or None (unscored)."""
     roles, prompts = zip(*[self.joint_prompt(it) for it in items])
     c = self.team.generate(0, list(prompts), k, list(keys))
     rep = lambda xs: [x for x in xs for _ in range(k)]
@@ -162,7 +163,8 @@ def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: 
     if reward is None or learned:
         parts = [self.split(t) for t in c.texts]
         texts, unparsed = [[p[i] if p is not None else "" for p in parts] for i in range(self.n)], parts.count(None)
-        rewards = [float(r) for r in self.train_reward(rep(list(prompts)), list(c.texts), rep(items))] if learned else None
+        rewards = None if not learned else \
+            [float(r) for r in self.train_reward(rep(list(prompts)), list(c.texts), rep(items))]
     else: rewards, texts, unparsed = self.score(c.texts, rep(items), role_prompts)
     return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
             "texts": texts, "rewards": rewards, "unparsed": unparsed, "time_reward": time.perf_counter() - t0}
@@ -323,3 +325,14 @@ def _batch_metrics(self: CentralizedMAGRPOTrainer, ro: JointRollout, losses: lis
 def save_model(self: CentralizedMAGRPOTrainer, output_dir) -> Path:
     "Write the actor's model and tokenizer to output_dir/agent_0/."
     return self.team.save_pretrained(output_dir)
+
+# %% ../../nbs/32_centralized.ipynb #d1c0e321
+@patch
+def start_phase(self: CentralizedMAGRPOTrainer, output_dir, seed: int) -> CentralizedMAGRPOTrainer:
+    """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
+    keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it)."""
+    self.args = replace(self.args, seed=seed, output_dir=str(output_dir), save_steps=-1)
+    self.output_dir = Path(output_dir)
+    self.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
+    for b in self.buffers: b.items = []
+    return self

@@ -28,7 +28,7 @@ from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
                                       dpo_metrics, madpo_args, madpo_update)
 from .marlhf import (MARLHFConfig, central_hooks, make_policy_trainer, make_reward_model,
-                                       reward_texts)
+                                       fit_on_pairs, reward_texts)
 
 # %% auto #0
 __all__ = ['ITERATIVE_GROUPS', 'IterativeFields', 'centralized_comparator', 'config_record', 'MADPOIterConfig',
@@ -589,7 +589,7 @@ class MARLHFIterTrainer(PreferenceRounds):
         self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator, builder,
                            parser)
         self._rm_initial = {k: v.detach().cpu().clone() for k, v in self.reward_model.state_dict().items()}
-        self._rm_fitted, self._policy_args = False, self.policy_trainer.args
+        self._rm_fitted = False
 
     def learned_reward(self, *completions, prompts=None, **_) -> list[float]:
         "The policy phase's reward: the frozen reward model's score of each joint response."
@@ -620,15 +620,16 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     if ml.path.exists(): ml.path.unlink()
     log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "iteration": nu, "reward_model/loss": r["loss"],
                             "reward_model/accuracy": r["accuracy"]}, r["step"], console=False)
-    texts = reward_texts(records, a.collaboration_mode == "centralized")    # the roles', or the actor's joint text
-    hist = rm.fit_texts(*texts, num_train_epochs=a.reward_num_train_epochs, batch_size=a.reward_train_batch_size,
-                  learning_rate=a.reward_learning_rate, seed=derive_seed(a.seed, "reward_model_round", nu),
-                  autocast_dtype=a.autocast_dtype, callback=log)
+    central = a.collaboration_mode == "centralized"              # the roles' text, or the actor's joint text
+    hist = fit_on_pairs(rm, records, central, num_train_epochs=a.reward_num_train_epochs,
+                        batch_size=a.reward_train_batch_size, learning_rate=a.reward_learning_rate,
+                        seed=derive_seed(a.seed, "reward_model_round", nu), autocast_dtype=a.autocast_dtype,
+                        callback=log)
     ml.close()
     rm.freeze()
     self._rm_fitted = True
     return {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
-            "reward_model/train_accuracy": rm.preference_accuracy(*texts)}
+            "reward_model/train_accuracy": rm.preference_accuracy(*reward_texts(records, central))}
 
 # %% ../../nbs/53_iterative.ipynb #3371dcf4
 @patch
@@ -636,12 +637,7 @@ def _policy_round(self: MARLHFIterTrainer, nu: int) -> dict:
     "The backend's training over train_dataset on the frozen reward model; its metrics under policy/iteration_<nu>/."
     pt, d = self.policy_trainer, self.output_dir / "policy" / f"iteration_{nu:04d}"
     seed = derive_seed(self.args.seed, "policy_round", nu) % 2**31
-    pt.args = replace(self._policy_args, seed=seed, output_dir=str(d), save_steps=-1)
-    pt.output_dir = d
-    if hasattr(pt, "sampler"): pt.sampler.seed = seed                  # its sampling keys follow the round's seed
-    pt.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
-    for b in list(getattr(pt, "buffers", [])) + list(getattr(pt, "value_buffers", [])): b.items = []
-    out = pt.train()
+    out = pt.start_phase(d, seed).train()              # same models and optimizers; position, buffers, seed anew
     self.state["global_batch"] += out["global_batch"]
     rew = [r["turn_1/reward_mean"] for r in read_metrics(d / "metrics.jsonl") if "turn_1/reward_mean" in r]
     nan = float("nan")

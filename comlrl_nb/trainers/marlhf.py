@@ -26,7 +26,7 @@ from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 # %% auto #0
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
            'backend_config', 'make_policy_trainer', 'make_reward_model', 'make_central_trainer', 'reward_texts',
-           'RL_ALGORITHMS']
+           'fit_on_pairs', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -219,6 +219,10 @@ def reward_texts(records, centralized: bool = False) -> tuple[list[str], list[st
     side = lambda r, s: joint_text([r["centralized"]["prompt"]], [r["centralized"][s]])
     return [side(r, "winner") for r in records], [side(r, "loser") for r in records]
 
+def fit_on_pairs(rm: JointRewardModel, records, centralized: bool = False, **kw) -> list[dict]:
+    "Bradley-Terry on the pairs (`rm.fit` on the roles' text), or on the actor's joint text when centralized."
+    return rm.fit_texts(*reward_texts(records, True), **kw) if centralized else rm.fit(records, **kw)
+
 # %% ../../nbs/43_marlhf.ipynb #d1c0e005
 @patch
 def learned_joint_reward(self: MARLHFTrainer, actor_prompts, completions, items=None) -> list[float]:
@@ -247,11 +251,12 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
     if rm.freeze_backbone: rm.body.requires_grad_(False)
     log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "phase": "reward_model",
                             "reward_model/loss": r["loss"], "reward_model/accuracy": r["accuracy"]}, r["step"])
-    texts = reward_texts(self.pairs, a.collaboration_mode == "centralized")
-    hist = rm.fit_texts(*texts, num_train_epochs=a.reward_num_train_epochs, batch_size=a.reward_train_batch_size,
-                  learning_rate=a.reward_learning_rate, seed=a.seed, autocast_dtype=a.autocast_dtype, callback=log)
+    central = a.collaboration_mode == "centralized"
+    hist = fit_on_pairs(rm, self.pairs, central, num_train_epochs=a.reward_num_train_epochs,
+                        batch_size=a.reward_train_batch_size, learning_rate=a.reward_learning_rate, seed=a.seed,
+                        autocast_dtype=a.autocast_dtype, callback=log)
     summary = {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
-               "reward_model/train_accuracy": rm.preference_accuracy(*texts)}
+               "reward_model/train_accuracy": rm.preference_accuracy(*reward_texts(self.pairs, central))}
     ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
     ml.close()
     if a.save_steps >= 0:

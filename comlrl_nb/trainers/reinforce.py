@@ -496,6 +496,17 @@ def _finish(self: MAGRPOTrainer, metrics, bar, stopped: bool = False) -> dict:
     self.dist.barrier()
     return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path)}
 
+# %% ../../nbs/30_reinforce.ipynb #d1c0e302
+@patch
+def start_phase(self: MAGRPOTrainer, output_dir, seed: int) -> MAGRPOTrainer:
+    """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
+    keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it)."""
+    self.args = replace(self.args, seed=seed, output_dir=str(output_dir), save_steps=-1)
+    self.output_dir, self.sampler.seed = Path(output_dir), seed
+    self.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
+    for b in self.buffers: b.items = []
+    return self
+
 # %% ../../nbs/30_reinforce.ipynb #293267a3
 class MAREINFORCETrainer(MAGRPOTrainer):
     "MAGRPOTrainer with MAREINFORCEConfig (no baseline) as the default config."
