@@ -170,8 +170,9 @@ def test_marlhf_collaboration_mode_and_dpo_beta(cls):
     c = cls()
     assert (c.collaboration_mode, c.dpo_beta) == ("decentralized", 0.1)
     assert cls(collaboration_mode="Decentralized".lower(), dpo_beta=0.1).collaboration_mode == "decentralized"
-    with pytest.raises(ValueError, match="collaboration_mode='centralized' .* is not implemented for MARLHF"):
-        cls(collaboration_mode="centralized")
+    assert cls(collaboration_mode="centralized").collaboration_mode == "centralized"     # one actor, centralized MAGRPO
+    with pytest.raises(ValueError, match="rl_algorithm='maac' has no centralized backend"):
+        cls(collaboration_mode="centralized", rl_algorithm="maac")
     with pytest.raises(ValueError, match="collaboration_mode='misspelled' is invalid"):
         cls(collaboration_mode="misspelled")
     with pytest.raises(ValueError, match="dpo_beta=0.5 is not used by .*there is no DPO loss"):
