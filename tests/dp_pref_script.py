@@ -56,3 +56,6 @@ else:
     res = tr.train(resume_from_checkpoint=True if resume else None, stop_after_batch=stop)
     params = [p for a in tr.agents for p in a.parameters()]
 torch.save([p.detach().clone() for p in params], os.path.join(out, f"params_rank{rank}.pt"))
+if torch.distributed.is_initialized():          # leave together: a process exiting mid-collective aborts its peer
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
