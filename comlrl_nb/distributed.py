@@ -53,9 +53,12 @@ def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter]):
         n = p.numel(); p.grad.copy_(flat[i:i + n].view_as(p)); i += n
 
 def _dist_sum(self: DistContext, x: float) -> float:
-    "Sum of a number over processes."
+    "Sum of a number over processes (on this process' GPU under NCCL, which reduces no CPU tensors)."
     if not self.enabled: return x
-    t = torch.tensor([float(x)], dtype=torch.float64); torch.distributed.all_reduce(t); return float(t)
+    nccl = torch.distributed.get_backend() == "nccl"
+    t = torch.tensor([float(x)], dtype=torch.float64, device=torch.cuda.current_device() if nccl else "cpu")
+    torch.distributed.all_reduce(t)
+    return float(t)
 
 DistContext.sum_grads, DistContext.sum = _dist_sum_grads, _dist_sum
 
