@@ -8,6 +8,7 @@ import os
 from typing import Any, Sequence
 
 import torch
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['DistContext']
@@ -15,9 +16,10 @@ __all__ = ['DistContext']
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
     "Rank, world size and the few collectives the trainers need; a no-op in a single process."
-    def __init__(self):
+    def __init__(self, from_env: bool = True):
+        "from_env=False: always one process (for trainers that run whole on every process)."
         self.world, self.rank = 1, 0
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if from_env and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from accelerate import PartialState
             st = PartialState(cpu=not torch.cuda.is_available())   # sets up torch.distributed: gloo on CPU, NCCL on GPU
             self.world, self.rank, self._state = st.num_processes, st.process_index, st
@@ -51,8 +53,24 @@ def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter]):
         n = p.numel(); p.grad.copy_(flat[i:i + n].view_as(p)); i += n
 
 def _dist_sum(self: DistContext, x: float) -> float:
-    "Sum of a number over processes."
+    "Sum of a number over processes (on this process' GPU under NCCL, which reduces no CPU tensors)."
     if not self.enabled: return x
-    t = torch.tensor([float(x)], dtype=torch.float64); torch.distributed.all_reduce(t); return float(t)
+    nccl = torch.distributed.get_backend() == "nccl"
+    t = torch.tensor([float(x)], dtype=torch.float64, device=torch.cuda.current_device() if nccl else "cpu")
+    torch.distributed.all_reduce(t)
+    return float(t)
 
 DistContext.sum_grads, DistContext.sum = _dist_sum_grads, _dist_sum
+
+# %% ../nbs/70_distributed.ipynb #d1a70002
+@patch
+def blocks(self: DistContext, n: int) -> list[int]:
+    "This process' contiguous block of range(n): rank 0 the first ceil-or-floor n/W indices, and so on."
+    q, r = divmod(n, self.world)
+    start = self.rank * q + min(self.rank, r)
+    return list(range(start, start + q + (self.rank < r)))
+
+@patch
+def gather_cat(self: DistContext, xs: Sequence) -> list:
+    "Every process' list, concatenated in rank order (one-process order when each holds its `blocks`)."
+    return [x for part in self.gather(list(xs)) for x in part]

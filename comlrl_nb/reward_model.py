@@ -14,7 +14,8 @@ from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
 from .engine import adamw
 
 # %% auto #0
-__all__ = ['joint_text', 'bradley_terry_numbers', 'plot_bradley_terry', 'bradley_terry_widget', 'JointRewardModel']
+__all__ = ['joint_text', 'bradley_terry_numbers', 'plot_bradley_terry', 'bradley_terry_widget', 'JointRewardModel',
+           'bt_share_loss', 'bt_shared_step']
 
 # %% ../nbs/41_reward_model.ipynb #fc0faa60
 def joint_text(prompts: Sequence[str], responses: Sequence[str]) -> str:
@@ -146,7 +147,7 @@ JointRewardModel.score_texts, JointRewardModel.score, JointRewardModel.as_reward
 # %% ../nbs/41_reward_model.ipynb #1dcf15e0
 def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[str], num_train_epochs: int = 1,
               batch_size: int = 1, learning_rate: float = 1e-5, seed: int = 0, autocast_dtype=None,
-              callback: Optional[Callable[[dict], Any]] = None) -> list[dict]:
+              callback: Optional[Callable[[dict], Any]] = None, dist=None) -> list[dict]:
     "Bradley-Terry training on (winner text, loser text) pairs; returns per-step {'step','epoch','loss','accuracy'}."
     if len(winners) != len(losers) or not winners: raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
     params = [p for p in self.parameters() if p.requires_grad]
@@ -156,15 +157,44 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
     for epoch in range(num_train_epochs):
         order = torch.randperm(len(winners), generator=keyed_generator(seed, "reward_model_order", epoch)).tolist()
         for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]; B = len(idx)
-            r = self(*self.encode([winners[j] for j in idx] + [losers[j] for j in idx]), autocast_dtype=autocast_dtype)
-            loss = check_finite_loss(bradley_terry_loss(r[:B], r[B:]), f"reward model step {step + 1}")
-            self.optimizer.zero_grad(set_to_none=True); loss.backward(); self.optimizer.step(); step += 1
-            rec = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "accuracy": float((r[:B] > r[B:]).float().mean())}
+            idx = order[s:s + batch_size]
+            if dist is not None and dist.enabled:            # data parallel (DistContext): see below
+                loss_value, acc = bt_shared_step(self, winners, losers, idx, step + 1, autocast_dtype, dist)
+            else:
+                B = len(idx)
+                texts = [winners[j] for j in idx] + [losers[j] for j in idx]
+                r = self(*self.encode(texts), autocast_dtype=autocast_dtype)
+                loss = check_finite_loss(bradley_terry_loss(r[:B], r[B:]), f"reward model step {step + 1}")
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                loss_value, acc = float(loss.detach()), float((r[:B] > r[B:]).float().mean())
+            step += 1
+            rec = {"step": step, "epoch": epoch, "loss": loss_value, "accuracy": acc}
             history.append(rec)
             if callback is not None: callback(rec)
     self.eval()
     return history
+
+# %% ../nbs/41_reward_model.ipynb #d4a41002
+def bt_share_loss(r_w: torch.Tensor, r_l: torch.Tensor, total: int) -> torch.Tensor:
+    "The Bradley-Terry loss of some of a batch's `total` pairs, as their part of the batch mean (the parts sum to it)."
+    return bradley_terry_loss(r_w, r_l) * (len(r_w) / total)
+
+def bt_shared_step(rm: JointRewardModel, winners, losers, idx: list, step: int, autocast_dtype, dist) -> tuple:
+    "One fit step under data parallel: this process scores pairs rank, rank+W, ... of `idx`; (batch loss, accuracy)."
+    mine, B = idx[dist.rank::dist.world], len(idx)
+    rm.optimizer.zero_grad(set_to_none=True)
+    loss, right = None, 0.0
+    if mine:                                                              # an empty share adds zeros
+        r = rm(*rm.encode([winners[j] for j in mine] + [losers[j] for j in mine]), autocast_dtype=autocast_dtype)
+        loss, right = bt_share_loss(r[:len(mine)], r[len(mine):], B), float((r[:len(mine)] > r[len(mine):]).sum())
+    value = dist.sum(float(loss.detach()) if loss is not None else 0.0)
+    check_finite_loss(torch.tensor(value), f"reward model step {step}")
+    if loss is not None: loss.backward()
+    dist.sum_grads([p for p in rm.parameters() if p.requires_grad])
+    rm.optimizer.step()
+    return value, dist.sum(right) / B
 
 # %% ../nbs/41_reward_model.ipynb #285592af
 def _pair_texts(records: Sequence[dict]) -> tuple[list[str], list[str]]:

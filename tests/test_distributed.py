@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from comlrl_nb.engine import read_metrics
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 
@@ -45,3 +47,74 @@ def test_two_processes_match_one(tmp_path, algo, turns):
                 assert a[k] == pytest.approx(b[k], abs=1e-5)         # the same loss: the same samples and mini-batches
     ck = sorted(p.name for p in (tmp_path / "dp" / "checkpoints").iterdir())
     assert ck == ["checkpoint-0000002", "checkpoint-0000004"]
+
+
+PREF = HERE / "dp_pref_script.py"
+PORTS = {"madpo": 29541, "madpo_central": 29542, "madpo_iter": 29543, "reward_model": 29544}
+
+
+def _launch(out, algo, port, *extra):
+    _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port), str(PREF), str(out),
+          algo, *extra])
+
+
+def _params(d, rank=0):
+    return torch.load(Path(d) / f"params_rank{rank}.pt")
+
+
+def _same_weights(single, dp):
+    r0, r1 = _params(dp, 0), _params(dp, 1)
+    assert all(torch.equal(a, b) for a, b in zip(r0, r1))                       # ranks stay identical
+    moved = max(float((a - b).abs().max()) for a, b in zip(_params(single), [p for p in r0]))
+    assert all(torch.allclose(a, b, atol=1e-4, rtol=0) for a, b in zip(_params(single), r0)), moved
+
+
+def _json(p):
+    return json.loads(Path(p).read_text())
+
+
+@pytest.mark.parametrize("algo", ["madpo", "madpo_central", "madpo_iter", "reward_model"])
+def test_preference_two_processes_match_one(tmp_path, algo):
+    """MADPO (decentralized and centralized), MADPOIter and the MARLHF reward-model fit: two processes collect, score
+    and train their shares and end with a one-process run's weights, files written once by the main process."""
+    one, dp = tmp_path / "single", tmp_path / "dp"
+    _run([sys.executable, str(PREF), str(one), algo])
+    _launch(dp, algo, PORTS[algo])
+    _same_weights(one, dp)
+    if algo == "reward_model":
+        h1, h2 = _json(one / "history.json"), _json(dp / "history.json")
+        assert [h["step"] for h in h1] == [h["step"] for h in h2] == list(range(1, 7))
+        for a, b in zip(h1, h2):
+            assert a["loss"] == pytest.approx(b["loss"], abs=1e-5) and a["accuracy"] == b["accuracy"]
+        return
+    rows, ref = read_metrics(dp / "metrics.jsonl"), read_metrics(one / "metrics.jsonl")
+    key = lambda r: (r["batch"], r.get("phase"))
+    assert [key(r) for r in rows] == [key(r) for r in ref]                      # each line once, in the same order
+    for a, b in zip(rows, ref):
+        for k, v in b.items():
+            counted = isinstance(v, (int, float)) and "time" not in k
+            if k.startswith(("dpo/", "agent_", "collection/", "round/")) and counted:
+                assert a[k] == pytest.approx(v, abs=1e-5, nan_ok=True), k       # the same pairs, losses, counts
+    assert sorted(p.name for p in (dp / "checkpoints").iterdir()) == sorted(p.name for p in (one / "checkpoints").iterdir())
+    if algo == "madpo_iter":
+        for f in ("iteration_0001.json", "iteration_0002.json"):
+            assert _json(dp / "preference_replay" / f) == _json(one / "preference_replay" / f)
+        snaps = lambda d: sorted(p.name for p in (d / "policy_checkpoints").iterdir())
+        assert snaps(dp) == snaps(one) == ["policy_0000.pt", "policy_0001.pt", "policy_0002.pt"]
+    else:
+        assert _json(dp / "pairs.json") == _json(one / "pairs.json")            # the same pairs, in the same order
+        assert len(ref) == 9 and [r["dpo/pairs"] for r in ref[1:5]] == [3, 3, 3, 1]   # rank 1's last share is empty
+
+
+@pytest.mark.parametrize("algo,stop", [("madpo", "3"), ("madpo_iter", "1")])
+def test_preference_two_processes_resume(tmp_path, algo, stop):
+    "A data-parallel run stopped and resumed ends with the weights and metrics of an uninterrupted data-parallel run."
+    full, part = tmp_path / "full", tmp_path / "part"
+    _launch(full, algo, PORTS[algo] + 10)
+    _launch(part, algo, PORTS[algo] + 20, stop)
+    _launch(part, algo, PORTS[algo] + 30, "-", "resume")
+    for r in (0, 1):
+        assert all(torch.equal(a, b) for a, b in zip(_params(full, r), _params(part, r)))
+    strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k} for r in rows]
+    assert strip(read_metrics(part / "metrics.jsonl")) == strip(read_metrics(full / "metrics.jsonl"))

@@ -23,6 +23,7 @@ from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, Com
                                    centralized_parse_error, sample_comparator, select_comparisons)
 from ..reward_model import _pair_texts
 from ..team import Team
+from ..distributed import DistContext
 from ..engine import MetricsLogger, Run, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
@@ -113,6 +114,7 @@ class MARLHFIterConfig(TrainerConfig):
 class PreferenceRounds:
     "Rounds of iterative preference training: collect against a comparator, store, select, train on the selection."
     agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
+    dist = DistContext(from_env=False)     # every process runs it whole; MADPOIter sets its own (data parallel)
 
     def _setup_task(self, reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
                     eval_aggregator, wandb_config):
@@ -175,6 +177,7 @@ class MADPOIterTrainer(PreferenceRounds):
         self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
                                       centralized_parser, centralized_comparator_adapter)
         check_task(reward_func, eval_logger, eval_aggregator)
+        self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
         self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
                          eval_aggregator, wandb_config)
         central = args.collaboration_mode == "centralized"
@@ -360,6 +363,10 @@ def _collect_batch(self: PreferenceRounds, nu: int, chunk: list, ids: list, gen,
     return records, st
 
 # %% ../../nbs/53_iterative.ipynb #ef09ff2d
+def _accumulate(acc: dict, st: dict):
+    "Add a batch's (or a process') counts and score lists to the round's."
+    for k, v in st.items(): acc[k] = acc.get(k, 0 if not isinstance(v, list) else []) + v
+
 def _round_stats(acc: dict, items: int, pairs: int) -> dict:
     "A round's summary from its batches' accumulated counts and scores."
     mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")
@@ -380,13 +387,15 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
     a, ds = self.args, self.train_dataset
     score, gen = self._round_scorer(), self.comparator.begin_round(nu)
     wrap, acc, records = self.comparator.prompt_wrap(a.use_chat_template), {}, []
+    mine = self.dist.blocks(len(ds))                   # every item in one process; else this process' block
     try:
-        for s in range(0, len(ds), a.collection_batch_size):
-            ids = list(range(s, min(len(ds), s + a.collection_batch_size)))
+        for s in range(0, len(mine), a.collection_batch_size):
+            ids = mine[s:s + a.collection_batch_size]
             recs, st = self._collect_batch(nu, [ds[j] for j in ids], ids, gen, wrap, score)
             records += recs
-            for k, v in st.items(): acc[k] = acc.get(k, 0 if not isinstance(v, list) else []) + v
+            _accumulate(acc, st)
     finally: self.comparator.end_round()
+    if self.dist.enabled: records, acc = self._gather_round(records, acc)
     if a.comparator_generation_mode == "centralized" and acc["unparsed"] == acc["comparator_responses"] > 0:
         err = centralized_parse_error(self.n, acc["comparator_responses"], acc["examples"])
         if a.collaboration_mode == "centralized":          # parsed like the actor: say how to change both
@@ -396,6 +405,33 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
         raise err
     return records, {**_round_stats(acc, len(ds), len(records)), **reward_distributions(
         self._reward_range, target_raw=acc["target_raw"], comparator_raw=acc["comparator_raw"])}
+
+# %% ../../nbs/53_iterative.ipynb #d3a53002
+@patch
+def _gather_round(self: PreferenceRounds, records: list, acc: dict) -> tuple[list, dict]:
+    "Every process' records and accumulated counts, in rank order (the item order of a one-process run)."
+    parts, out = self.dist.gather((records, acc)), {}
+    for _, part in parts: _accumulate(out, part)
+    return [r for recs, _ in parts for r in recs], out
+
+# %% ../../nbs/53_iterative.ipynb #d3a53003
+@patch
+def _register(self: PreferenceRounds, nu: int, records: list):
+    "The round's pairs into the replay buffer: the main process writes the file, the others keep its index in memory."
+    if self.dist.is_main: self.replay.register(nu, records)
+    if not self.dist.enabled: return
+    index = self.dist.gather(self.replay.index if self.dist.is_main else None)[0]
+    if self.dist.is_main: return
+    data = {i: p for i, p in self.replay.state_dict()["data"].items() if i != nu}
+    if records: data[nu] = list(records)
+    self.replay.load_state_dict({"index": index, "data": data}, rewrite_files=False)
+
+@patch
+def _snapshot(self: PreferenceRounds, j: int):
+    "The agents as S_j for the history comparator: the main process writes it, the others take its index."
+    if self.dist.is_main: self.comparator.save_snapshot(j)
+    snaps = self.comparator.snapshots
+    if self.dist.enabled and snaps is not None: snaps.index = dict(self.dist.gather(snaps.index)[0])
 
 # %% ../../nbs/53_iterative.ipynb #7e896bd1
 from ..engine import run_options
@@ -415,13 +451,13 @@ def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round:
         for nu in run.rounds(a.num_iterations):
             t0 = time.perf_counter()
             records, stats = self._collect_round(nu)            # the agents vs the comparator, scored by the oracle
-            self.replay.register(nu, records)                   # preference_replay/iteration_<nu>.json
+            self._register(nu, records)                         # preference_replay/iteration_<nu>.json
             chosen = self.replay.select(nu)                     # this round's pairs, or a mix of earlier rounds'
             t1 = time.perf_counter()
             trained = self._train_on(nu, chosen, run.metrics)   # MADPO steps, or reward model + policy phase
             self._log_round(run, nu, stats, chosen, {**trained, "round/time_collect": t1 - t0,
                                                      "round/time_train": time.perf_counter() - t1})
-            self.comparator.save_snapshot(nu)                   # S_nu, for the history comparator
+            self._snapshot(nu)                                  # S_nu, for the history comparator
     out = run.finish(plot=plot_rounds, png="rounds.png", title=f"{self.algo}: per round")
     return {**out, "rounds": list(self.rounds)}
 
@@ -429,14 +465,14 @@ def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round:
 @patch
 def _log_round(self: PreferenceRounds, run: Run, nu: int, st: dict, chosen: list, trained: dict) -> dict:
     "Evaluate (when asked) and write the round's metrics line: collection, training pairs by round, training, eval."
-    ev = self.evaluate() if self.args.eval_interval > 0 else {}
+    ev = self.evaluate() if self.args.eval_interval > 0 and self.dist.is_main else {}
     its = [r.get("iteration") for r in chosen]
     src = {str(i): its.count(i) for i in sorted(set(its), key=str)}
     times = {k: trained.pop(k) for k in ("round/time_collect", "round/time_train")}
     row = {"batch": self.state["global_batch"], "iteration": nu, "phase": "round",
            **{f"round/{k}": v for k, v in st.items()}, "round/train_pairs": len(chosen),
            "round/train_pairs_from": src, **trained, **times, **ev}
-    run.metrics.log(row, self.state["global_batch"], console=True)
+    if self.dist.is_main: run.metrics.log(row, self.state["global_batch"], console=True)
     self.rounds.append(row)
     logger.info(f"round {nu}: {st['pairs']} new pairs ({st['comparisons']} comparisons, {st['ties']} ties, comparator "
                 f"won {st['comparator_win_rate']:.0%} of the rest), trained on {len(chosen)}")
@@ -466,8 +502,11 @@ def _round_entries(self: PreferenceRounds) -> dict:
 @patch
 def _load_round_entries(self: PreferenceRounds, s: dict):
     self.rounds = s["rounds"]
-    self.replay.load_state_dict(s["replay"])
-    self.comparator.load_state_dict(s["comparator"])
+    main = self.dist.is_main                         # data parallel: the main process alone rewrites or removes files
+    self.replay.load_state_dict(s["replay"], rewrite_files=main)
+    if main: self.comparator.load_state_dict(s["comparator"])
+    elif self.comparator.snapshots is not None:
+        self.comparator.snapshots.index = {int(j): dict(e) for j, e in s["comparator"]["snapshots"]["index"].items()}
     self._load_extra_state(s)
 
 # %% ../../nbs/53_iterative.ipynb #8148ceae
@@ -485,8 +524,8 @@ def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round:
     if old:
         logger.warning(f"{self.replay_dir} already holds {len(old)} replay files from an earlier run: they are not "
                        "imported; this run's rounds overwrite the files with the same numbers")
-    self.comparator.save_snapshot(0)
-    ev = self.evaluate() if self.args.eval_interval > 0 else {}
+    self._snapshot(0)
+    ev = self.evaluate() if self.args.eval_interval > 0 and self.dist.is_main else {}
     if ev:
         row = {"batch": 0, "iteration": 0, "phase": "round", **ev}
         run.metrics.log(row, 0, console=True)
@@ -535,7 +574,7 @@ def _update(self: MADPOIterTrainer, idx) -> dict:
     "One MADPO step of every agent on the round's pairs `idx`."
     a = self.args
     return madpo_update(self.team, self._tokens, idx, a.dpo_beta, self.state["optimizer_steps"], a.max_grad_norm,
-                        a.autocast_dtype)
+                        a.autocast_dtype, self.dist)
 
 @patch
 def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLogger) -> dict:
@@ -555,7 +594,7 @@ def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLo
             rec = {"batch": st["global_batch"], "iteration": nu, "epoch": epoch, "phase": "train",
                    **dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, st["optimizer_steps"]),
                    **count_env_steps(a, st, len(idx))}
-            metrics.log(rec, st["global_batch"])
+            if self.dist.is_main: metrics.log(rec, st["global_batch"])
             rows.append(rec)
     return {"train/batches": len(rows), "train/dpo_loss": float(np.mean([r["dpo/loss"] for r in rows])),
             "train/dpo_accuracy": float(np.mean([r["dpo/accuracy"] for r in rows]))}

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/42_madpo.ipynb #d1ea22f1
 from __future__ import annotations
-import copy, math, time
+import copy, json, math, time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -15,8 +15,9 @@ from fastcore.basics import patch
 from ..core import check_choice, check_number, derive_seed, logger
 from ..scoring import collate, completion_logprobs
 from ..losses import check_finite_loss, madpo_loss, team_margin
-from ..preference import (build_pair_dataset, check_preference_config, encode_side, resolve_oracle,
-                                  tokenize_pairs)
+from ..preference import (build_pair_dataset, check_preference_config, collect_preference_pairs,
+                                  encode_side, resolve_oracle, save_pairs, tokenize_pairs)
+from ..distributed import DistContext
 from ..rewards import RewardFunction
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..team import Team
@@ -25,8 +26,9 @@ from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
 __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'check_adapter',
-           'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'madpo_update', 'tokenize_centralized', 'dpo_metrics',
-           'PairsEntry', 'central_candidates', 'central_evaluate']
+           'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'madpo_update', 'madpo_share_loss',
+           'madpo_update_shared', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry', 'merge_collection_stats',
+           'shared_pair_dataset', 'central_candidates', 'central_evaluate']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
@@ -85,6 +87,7 @@ class MADPOTrainer:
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * len(self.agents)}
         self.pairs, self._tokens, self.preference_sampler = [], None, None
+        self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
         if central: self._setup_centralized(centralized_prompt_builder, centralized_parser,
                                             centralized_comparator_adapter)
 
@@ -195,8 +198,10 @@ def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: 
     return float(loss.detach())
 
 def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_norm: Optional[float] = None,
-                 autocast_dtype=None) -> dict:
+                 autocast_dtype=None, dist: Optional[DistContext] = None) -> dict:
     "One MADPO step of every model of `team` on the pairs `idx`; the margins (before the step) and the losses."
+    if dist is not None and dist.enabled:                                 # data parallel: see below
+        return madpo_update_shared(team, tokens, idx, beta, steps, max_grad_norm, autocast_dtype, dist)
     for m in team.agents: m.train()
     own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], idx, autocast_dtype))
     M = torch.stack([m.detach().float().cpu() for m in own])              # [n, B]: every margin, computed once
@@ -214,7 +219,46 @@ def _update(self: MADPOTrainer, idx) -> dict:
     "One MADPO step of every agent on the collected pairs `idx`."
     a = self.args
     return madpo_update(self.team, self._tokens, idx, a.dpo_beta, self.state["optimizer_steps"], a.max_grad_norm,
-                        a.autocast_dtype)
+                        a.autocast_dtype, self.dist)
+
+# %% ../../nbs/42_madpo.ipynb #d2a42002
+def madpo_share_loss(margin: torch.Tensor, M: torch.Tensor, i: int, rows: list, total: int,
+                     beta: float) -> torch.Tensor:
+    "Agent i's loss on its share `rows` of a batch of `total` pairs: its part of the batch mean (the parts sum to it)."
+    ms = [margin if j == i else M[j, rows].to(margin.device) for j in range(len(M))]
+    return madpo_loss(ms, beta, agent=i) * (len(rows) / total)
+
+def _shared_step(team, i: int, margin, M, rows: list, total: int, beta: float, steps: list, max_grad_norm,
+                 dist) -> float:
+    "Model i's step under data parallel: its share's loss, the gradients summed over processes; the batch's loss."
+    opt = team.optimizers[i]
+    opt.zero_grad(set_to_none=True)
+    loss = madpo_share_loss(margin, M, i, rows, total, beta) if rows else None     # an empty share adds zeros
+    value = dist.sum(float(loss.detach()) if loss is not None else 0.0)
+    check_finite_loss(torch.tensor(value), f"agent {i} optimizer step {steps[i] + 1}")
+    if loss is not None: loss.backward()
+    dist.sum_grads(team.agents[i].parameters())
+    if max_grad_norm: torch.nn.utils.clip_grad_norm_(team.agents[i].parameters(), max_grad_norm)
+    opt.step()
+    steps[i] += 1
+    return value
+
+# %% ../../nbs/42_madpo.ipynb #d2a42003
+def madpo_update_shared(team, tokens: list, idx, beta: float, steps: list, max_grad_norm, autocast_dtype,
+                        dist: DistContext) -> dict:
+    "`madpo_update` under data parallel: this process scores pairs rank, rank+W, ... of `idx`; margins are gathered."
+    W, rows = dist.world, list(range(dist.rank, len(idx), dist.world))
+    mine = [idx[r] for r in rows]
+    for m in team.agents: m.train()
+    own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], mine, autocast_dtype)) \
+        if mine else []
+    M = torch.zeros(len(team.agents), len(idx))                           # [n, B], in the batch's order
+    for r, part in enumerate(dist.gather([o.detach().float().cpu() for o in own])):
+        if part: M[:, r::W] = torch.stack(part)
+    losses = [_shared_step(team, i, own[i] if own else None, M, rows, len(idx), beta, steps, max_grad_norm, dist)
+              for i in range(len(team.agents))]
+    for m in team.agents: m.eval()
+    return {"margins": M, "loss": losses[0], "losses": losses}
 
 # %% ../../nbs/42_madpo.ipynb #67a7641b
 def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> list[tuple]:
@@ -282,10 +326,13 @@ def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:
     "The team's pairs over the training set, stored in pairs.json and read back; logs the collection statistics."
     sampler = None if self.preference_sampler is None else \
         lambda chunk, ids, K, round_key: self.preference_sampler(self, chunk, ids, K, round_key)
-    self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
-                                           self.oracle, sampler=sampler)
+    path, a = self.output_dir / "pairs.json", self.args
+    if self.dist.enabled:                                      # each process its block of items; main writes the file
+        self.pairs, stats = shared_pair_dataset(self.team, self.train_dataset, a, path, self.oracle, self.dist,
+                                                sampler=sampler)
+    else: self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, a, path, self.oracle, sampler=sampler)
     row = {"batch": 0, "phase": "collection", **{f"collection/{k}": v for k, v in stats.items()}}
-    metrics.log(row, 0, console=False)
+    if self.dist.is_main: metrics.log(row, 0, console=False)
     return stats
 
 class PairsEntry:
@@ -293,6 +340,32 @@ class PairsEntry:
     def __init__(self, trainer): self.trainer = trainer
     def state_dict(self) -> dict: return {"pairs": self.trainer.pairs}
     def load_state_dict(self, state: dict): self.trainer.pairs = list(state["pairs"])
+
+# %% ../../nbs/42_madpo.ipynb #d2a42007
+_COUNTS = ("items", "comparisons", "ties", "items_without_pairs", "unparsed", "pairs")
+
+def merge_collection_stats(parts: list[dict]) -> dict:
+    "Several processes' collection statistics as one run's: counts added, the candidate mean weighted by items."
+    out, n = {k: sum(p[k] for p in parts) for k in _COUNTS}, sum(p["items"] for p in parts)
+    out["candidate_reward_mean"] = (sum(p["candidate_reward_mean"] * p["items"] for p in parts if p["items"]) / n
+                                    if n else float("nan"))
+    return out
+
+def shared_pair_dataset(team, dataset, args, path, oracle, dist: DistContext, round_key: Any = "collect",
+                        sampler: Optional[Callable] = None) -> tuple[list[dict], dict]:
+    "`build_pair_dataset` under data parallel: this process collects its block; all get every record, in item order."
+    ids = dist.blocks(len(dataset))
+    recs, st = collect_preference_pairs(
+        team, [dataset[j] for j in ids], ids, args.preference_num_candidates, args.pair_selection,
+        args.preference_pairs_per_sample, oracle, round_key, seed=args.seed, batch_size=args.collection_batch_size,
+        sampler=sampler, progress=args.progress_bar and dist.is_main)
+    parts = dist.gather((recs, st))
+    records, stats = [r for p, _ in parts for r in p], merge_collection_stats([s for _, s in parts])
+    if dist.is_main:
+        save_pairs(path, records)
+        logger.info(f"collected {stats['pairs']} preference pairs from {stats['items']} items -> {path}")
+    dist.barrier()
+    return json.loads(json.dumps(records)), stats          # as every process would read pairs.json back
 
 # %% ../../nbs/42_madpo.ipynb #40b3548a
 from ..engine import run_options
@@ -316,7 +389,7 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
     with run:                                                              # Ctrl-C: a checkpoint, then exit
         for order, b in run.batches(per_epoch, self._pair_order):
             t0, idx = time.perf_counter(), [int(j) for j in order[b * B:(b + 1) * B]]
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 else {}
+            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
             out = self._update(idx)
             m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
             m.update(count_env_steps(a, self.state, len(idx)))            # env_step: comlrl's step axis
@@ -329,7 +402,7 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
 def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **opts) -> Run:
     "The run of this trainer: its checkpoints hold the team and the pairs (plus the position and the random state)."
     parts = {"team": self.team, "pairs": PairsEntry(self)}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state)
+    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
     run.start(resume_from_checkpoint, stop_after_batch, 0, f"{self.algo} ({self.n} agents)", **opts)
     self.output_dir = run.output_dir                        # the directory the run claimed
     run.metrics_callback = getattr(self, "metrics_callback", None)
