@@ -1,6 +1,6 @@
 """Run by tests/test_distributed.py (preference trainers), once alone and once under `accelerate launch`.
 
-argv: output directory, algo (madpo, madpo_central, madpo_iter, reward_model), optional stop-after and resume flags."""
+argv: output directory, algo (madpo, madpo_central, madpo_iter, reward_model, marlhf), optional stop-after and resume flags."""
 import json
 import os
 import sys
@@ -9,7 +9,7 @@ import torch
 
 torch.set_num_threads(1)
 from comlrl_nb import (JointRewardModel, MADPOConfig, MADPOIterConfig, MADPOIterTrainer,  # noqa: E402
-                       MADPOTrainer, make_tiny_model)
+                       MADPOTrainer, MARLHFConfig, MARLHFTrainer, make_tiny_model)
 from comlrl_nb.distributed import DistContext  # noqa: E402
 
 out, algo = sys.argv[1], sys.argv[2]
@@ -40,6 +40,13 @@ if algo == "reward_model":                      # the MARLHF reward fit: 7 pairs
     os.makedirs(out, exist_ok=True)
     params = list(rm.parameters())
     if rank == 0: json.dump(hist, open(os.path.join(out, "history.json"), "w"))
+elif algo == "marlhf":                          # the whole run: collection, reward fit, MAGRPO policy phase
+    tr = MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data, reward_model=m,
+                       args=MARLHFConfig(num_train_epochs=1, num_generations=2, reward_num_train_epochs=2,
+                                         reward_train_batch_size=3, reward_learning_rate=1e-5, save_steps=1,
+                                         **{k: v for k, v in common.items() if k != "dpo_beta"}))
+    res = tr.train(resume_from_checkpoint=True if resume else None, stop_after_batch=stop)
+    params = [p for a in tr.agents for p in a.parameters()] + list(tr.reward_model.parameters())
 elif algo == "madpo_iter":
     tr = MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data,
                           args=MADPOIterConfig(num_iterations=2, num_train_epochs=1, comparator_policy="history",

@@ -50,7 +50,7 @@ def test_two_processes_match_one(tmp_path, algo, turns):
 
 
 PREF = HERE / "dp_pref_script.py"
-PORTS = {"madpo": 29541, "madpo_central": 29542, "madpo_iter": 29543, "reward_model": 29544}
+PORTS = {"madpo": 29541, "madpo_central": 29542, "madpo_iter": 29543, "reward_model": 29544, "marlhf": 29545}
 
 
 def _launch(out, algo, port, *extra):
@@ -74,10 +74,11 @@ def _json(p):
     return json.loads(Path(p).read_text())
 
 
-@pytest.mark.parametrize("algo", ["madpo", "madpo_central", "madpo_iter", "reward_model"])
+@pytest.mark.parametrize("algo", ["madpo", "madpo_central", "madpo_iter", "reward_model", "marlhf"])
 def test_preference_two_processes_match_one(tmp_path, algo):
-    """MADPO (decentralized and centralized), MADPOIter and the MARLHF reward-model fit: two processes collect, score
-    and train their shares and end with a one-process run's weights, files written once by the main process."""
+    """MADPO (decentralized and centralized), MADPOIter, the MARLHF reward-model fit and a whole MARLHF run: two
+    processes collect, score and train their shares and end with a one-process run's weights, files written once by
+    the main process."""
     one, dp = tmp_path / "single", tmp_path / "dp"
     _run([sys.executable, str(PREF), str(one), algo])
     _launch(dp, algo, PORTS[algo])
@@ -97,7 +98,14 @@ def test_preference_two_processes_match_one(tmp_path, algo):
             if k.startswith(("dpo/", "agent_", "collection/", "round/")) and counted:
                 assert a[k] == pytest.approx(v, abs=1e-5, nan_ok=True), k       # the same pairs, losses, counts
     assert sorted(p.name for p in (dp / "checkpoints").iterdir()) == sorted(p.name for p in (one / "checkpoints").iterdir())
-    if algo == "madpo_iter":
+    if algo == "marlhf":                              # pairs, reward-model log and state written once, as alone
+        assert _json(dp / "pairs.json") == _json(one / "pairs.json")
+        rm_rows = lambda d: read_metrics(d / "reward_model" / "metrics.jsonl")
+        assert [r["step"] for r in rm_rows(dp)] == [r["step"] for r in rm_rows(one)]
+        for a, b in zip(rm_rows(dp), rm_rows(one)):
+            assert a.get("reward_model/loss") == pytest.approx(b.get("reward_model/loss"), abs=1e-5)
+        assert (dp / "reward_model" / "state.pt").exists() and len(ref) >= 2
+    elif algo == "madpo_iter":
         for f in ("iteration_0001.json", "iteration_0002.json"):
             assert _json(dp / "preference_replay" / f) == _json(one / "preference_replay" / f)
         snaps = lambda d: sorted(p.name for p in (d / "policy_checkpoints").iterdir())

@@ -245,24 +245,27 @@ def _pair_sampler(self: MARLHFTrainer) -> Optional[Callable]:
 def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model"
-    ml = MetricsLogger(d, a.logging_steps)
-    if ml.path.exists(): ml.path.unlink()
+    dist = self.policy_trainer.dist                     # data parallel: each process fits on its share of each batch
+    ml = MetricsLogger(d, a.logging_steps) if dist.is_main else None       # the main process writes the files
+    if ml is not None and ml.path.exists(): ml.path.unlink()
     rm.requires_grad_(True)
     if rm.freeze_backbone: rm.body.requires_grad_(False)
-    log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "phase": "reward_model",
+    log = lambda r: ml and ml.log({"step": r["step"], "epoch": r["epoch"], "phase": "reward_model",
                             "reward_model/loss": r["loss"], "reward_model/accuracy": r["accuracy"]}, r["step"])
     central = a.collaboration_mode == "centralized"
     hist = fit_on_pairs(rm, self.pairs, central, num_train_epochs=a.reward_num_train_epochs,
                         batch_size=a.reward_train_batch_size, learning_rate=a.reward_learning_rate, seed=a.seed,
-                        autocast_dtype=a.autocast_dtype, callback=log)
+                        autocast_dtype=a.autocast_dtype, callback=log, dist=dist)
     summary = {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
                "reward_model/train_accuracy": rm.preference_accuracy(*reward_texts(self.pairs, central))}
-    ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
-    ml.close()
-    if a.save_steps >= 0:
+    if ml is not None:
+        ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
+        ml.close()
+    if a.save_steps >= 0 and dist.is_main:
         buf = io.BytesIO()
         torch.save(rm.state_dict(), buf)
         atomic_write_bytes(d / "state.pt", buf.getvalue())
+    dist.barrier()
     rm.freeze()
     logger.info(f"reward model fitted on {len(self.pairs)} pairs in {len(hist)} steps; it ranks "
                 f"{summary['reward_model/train_accuracy']:.0%} of them right; frozen for the policy phase")
@@ -270,6 +273,7 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
 
 # %% ../../nbs/43_marlhf.ipynb #74536699
 from ..engine import claim_output_dir, release_output_dir, run_options
+from .madpo import shared_pair_dataset
 
 @patch
 def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
@@ -279,7 +283,9 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     if self.train_dataset is None:
         raise ValueError("train() needs train_dataset= (the task items to collect pairs from)")
     opts = run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes)
-    self.output_dir, lock = claim_output_dir(self.args.output_dir, self.algo, resume_from_checkpoint)
+    dist, lock = self.policy_trainer.dist, None
+    if dist.is_main: self.output_dir, lock = claim_output_dir(self.args.output_dir, self.algo, resume_from_checkpoint)
+    if dist.enabled: self.output_dir = Path(dist.gather(str(self.output_dir))[0])   # every process: main's choice
     self.policy_trainer.output_dir = self.output_dir        # the policy phase writes into this run's directory
     self.policy_trainer.metrics_callback = getattr(self, "metrics_callback", None)    # called in the policy phase
     try: return self._train_phases(resume_from_checkpoint, stop_after_batch, opts)
@@ -291,8 +297,13 @@ def _train_phases(self: MARLHFTrainer, resume_from_checkpoint, stop_after_batch,
     resume_from_checkpoint = self._resume_reward_phase(resume_from_checkpoint)   # None: collect and fit again
     if resume_from_checkpoint is None:
         seed_everything(self.args.seed)
-        self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, self.output_dir / "pairs.json",
-                                               self.oracle, sampler=self._pair_sampler())
+        path, dist = self.output_dir / "pairs.json", self.policy_trainer.dist
+        if dist.enabled:                                   # each process its block of items; the main writes the file
+            self.pairs, stats = shared_pair_dataset(self.team, self.train_dataset, self.args, path, self.oracle, dist,
+                                                    sampler=self._pair_sampler())
+        else:
+            self.pairs, stats = build_pair_dataset(self.team, self.train_dataset, self.args, path, self.oracle,
+                                                   sampler=self._pair_sampler())
         if not self.pairs:
             logger.warning("no item produced an untied pair (every comparison was a tie): training ends without "
                            "fitting a reward model or updating the policies")
