@@ -20,7 +20,7 @@ __all__ = ['REWARD_FORMS', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_
            'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
            'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
            'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
-           'adapter_callables', 'install_trainer_wrappers']
+           'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
@@ -457,6 +457,7 @@ def _wrap_init(cls):
         if metrics_callback is not None or not hasattr(self, "metrics_callback"):    # a subclass's init: keep it
             self.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)
         _after_init(self)
+        _share_callback(self)
     __init__.__comlrl_nb_ported__, __init__.__wrapped__, __init__.__doc__ = True, orig, orig.__doc__
     cls.__init__ = __init__
 
@@ -473,6 +474,23 @@ def _wrap_evaluate(cls):
         return orig(self, num_samples, *args, **kwargs)
     evaluate.__comlrl_nb_ported__, evaluate.__wrapped__, evaluate.__doc__ = True, orig, orig.__doc__
     cls.evaluate = evaluate
+
+def _share_callback(trainer):
+    "A MARLHF-style trainer's backend calls the owner's metrics_callback in its policy phases."
+    pt, cb = getattr(trainer, "policy_trainer", None), getattr(trainer, "metrics_callback", None)
+    if pt is not None and cb is not None: pt.metrics_callback = cb
+
+def install_round_callbacks() -> None:
+    "MADPOIterTrainer: metrics_callback(the round's training pairs) once per round, its numbers in the round's line."
+    from comlrl_nb.engine import callback_metrics
+    from comlrl_nb.trainers.iterative import MADPOIterTrainer
+    orig = MADPOIterTrainer._log_round
+    if getattr(orig, "__comlrl_nb_ported__", False): return
+    def _log_round(self, run, nu, st, chosen, trained):
+        cb = getattr(self, "metrics_callback", None)
+        return orig(self, run, nu, st, chosen, {**trained, **(callback_metrics(cb, chosen) if cb else {})})
+    _log_round.__comlrl_nb_ported__, _log_round.__doc__ = True, orig.__doc__
+    MADPOIterTrainer._log_round = _log_round
 
 def _get_n(self) -> int:
     "The library's `num_agents`: the trained models (one for a centralized actor, else one per agent)."
@@ -502,4 +520,5 @@ def install_trainer_wrappers() -> list[str]:
                 if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
                 if not hasattr(cls, "reference_models"): cls.reference_models = property(_reference_models)
                 done.append(name)
+    install_round_callbacks()
     return done
