@@ -19,6 +19,8 @@ __all__ = ['REWARD_FORMS', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
            'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
            'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
+           'reference_kl_enabled', 'reference_kl_coef', 'validate_reference_kl_config', 'clone_reference_models',
+           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name',
            'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
            'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers']
 
@@ -276,7 +278,7 @@ def read_checkpoint_metadata(checkpoint) -> dict:
 # library module -> (our modules searched in order, {library name: our name or (None, why)})
 _PRIVATE = "a private internal of the library (its checkpoint/collaboration machinery); not part of the public API"
 LIBRARY_MODULES = {
-    "utils": (["comlrl_nb.porting"], {}),
+    "utils": (["comlrl_nb.porting"], {}),   # the library's utils __all__: see the names table for the ones left out
     "utils.reward_processor": (["comlrl_nb.porting"], {}),
     "utils.reward_utils": (["comlrl_nb.porting"], {}),
     "utils.wandb_utils": (["comlrl_nb.porting"], {}),
@@ -390,6 +392,50 @@ def reference_kl_for_sequence(policy_model, reference_model, sequences: torch.Te
     finally:
         for m, t in zip(mods, modes): m.train(t)
     return k3_kl(ref, pol, cm.cpu().float())
+
+# %% ../nbs/90_porting.ipynb #9d9f3adc
+def reference_kl_enabled(args) -> bool: return bool(getattr(args, "reference_kl_enabled", False))
+def reference_kl_coef(args) -> float: return float(getattr(args, "reference_kl_coef", 0.1))
+
+def validate_reference_kl_config(args, expected_count: int) -> None:
+    "A negative coefficient, or (when enabled) reference_devices that do not fit `expected_count` models: an error."
+    if reference_kl_coef(args) < 0:
+        raise ValueError(f"reference_kl_coef={reference_kl_coef(args)} must be >= 0 (0 turns the penalty off)")
+    if reference_kl_enabled(args) and getattr(args, "reference_devices", None) is not None:
+        resolve_reference_devices(args, [], expected_count)
+
+def _frozen(model, device):
+    return model.to(torch.device(device)).eval().requires_grad_(False)
+
+def clone_reference_models(policy_models: Sequence, *, devices: Sequence) -> list:
+    "A frozen copy of each policy on its device."
+    import copy
+    return [_frozen(copy.deepcopy(m), d) for m, d in zip(policy_models, devices)]
+
+def load_reference_models_from_sources(model_sources: Sequence, *, devices: Sequence, model_kwargs=None) -> list:
+    "Each source (id, path or model) loaded with `model_kwargs` as the model_config's model_kwargs, frozen on its device."
+    from comlrl_nb.models import load_model
+    mc = {"model_kwargs": dict(model_kwargs)} if model_kwargs else None
+    return [_frozen(load_model(s, mc), d) for s, d in zip(model_sources, devices)]
+
+# %% ../nbs/90_porting.ipynb #fa86f5a4
+def ensure_pad_token(tokenizer):
+    "The tokenizer, with its EOS token as the pad token when it has none (an error when it has neither)."
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer {type(tokenizer).__name__} has neither a pad nor an EOS token; set "
+                             "tokenizer.pad_token first")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+def infer_model_name(source) -> Optional[str]:
+    "A model's name: the string itself, else its config's model type or path (through a wrapper's base_model)."
+    if source is None or isinstance(source, str): return source
+    for m in (getattr(source, "base_model", None), source, getattr(source, "model", None)):
+        cfg = getattr(m, "config", None)
+        name = getattr(cfg, "model_type", None) or getattr(cfg, "_name_or_path", None)
+        if name: return str(name)
+    return type(source).__name__
 
 # %% ../nbs/90_porting.ipynb #b6130a73
 class CentralizedComparatorParseError(ValueError):
