@@ -197,8 +197,10 @@ DEVIATIONS = [   # (test id regex, reason)
      "an unknown joint_mode is rejected when the config is built, for any number of agents (the library accepts it "
      f"and fails only at a multi-agent step); SPEC: 'anything else: ValueError' ({PORTING})"),
     (r"test_centralized_magrpo\.py::test_(one_actor_training|eval_passes|joint_actor_gets)",
-     "its reward takes keyword-only `prompts=` and asserts the library's layout ([agent 1's prompt]); a keyword "
-     f"`prompts=` holds one list per agent here, the library layout comes with `prompts` first positional ({PORTING})"),
+     "its reward takes keyword-only `prompts=` and asserts the library's layout ([agent 1's prompt]), and it scripts "
+     "the actor by replacing `model.generate`: a keyword `prompts=` holds one list per agent here (the library layout "
+     "comes with `prompts` first positional) and the trainers sample with this package's own loop, never "
+     f"`model.generate` ({PORTING})"),
     (r"test_trainer_init\.py::test_iac_shared_heads_build_no_critics",
      "IAC with value heads (use_separate_critic=False) lists them in trainer.critics (one Critic sharing each actor, "
      f"`c.shared`); the library's trainer.critics is empty then ({PORTING})"),

@@ -42,9 +42,11 @@ class StandInWandb(types.ModuleType):
              config_exclude_keys=None, config_include_keys=None, allow_val_change=None, group=None, job_type=None,
              mode=None, force=None, anonymous=None, reinit=None, resume=None, resume_from=None, fork_from=None,
              save_code=None, tensorboard=None, sync_tensorboard=None, monitor_gym=None, settings=None):
-        self.inits.append(dict(entity=entity, project=project, dir=dir, name=name, tags=tags, config=config, mode=mode))
+        self.inits.append(dict(entity=entity, project=project, dir=dir, name=name, tags=tags, config=config, mode=mode,
+                               id=id, resume=resume))
         logged = self.logged
-        return types.SimpleNamespace(log=lambda data, step=None, commit=None: logged.append(dict(data)),
+        return types.SimpleNamespace(id=id or f"run-{len(self.inits)}", project=project, entity=entity,
+                                     log=lambda data, step=None, commit=None: logged.append(dict(data)),
                                      finish=lambda exit_code=None, quiet=None: None)
 
 
@@ -330,3 +332,40 @@ def test_iterative_trainers_call_metrics_callback(tmp_path):
                            args=MARLHFIterConfig(rl_algorithm="iac", use_separate_critic=False,
                                                  output_dir=str(tmp_path / "marlhf")))
     assert tr.policy_trainer.metrics_callback is callback
+
+
+def test_the_library_resume_workflow(tmp_path, wandb, monkeypatch):
+    "The library's documented resume example: checkpoint_dir per epoch, the W&B identity from the checkpoint, more epochs."
+    import math
+    from pathlib import Path
+    from comlrl_nb.utils import read_checkpoint_metadata
+    torch.set_num_threads(1)
+    monkeypatch.chdir(tmp_path)
+    m, tok = make_tiny_model(seed=0)
+    train_dataset = [{"prompt": p} for p in ["Describe a city:", "Invent a holiday:", "Tell a story:", "Design a park:"]]
+
+    def length_ratio_reward(completions1, completions2):
+        return [math.exp(-abs(len(b) / max(len(a), 1) - 2)) for a, b in zip(completions1, completions2)]
+
+    def build_trainer(num_train_epochs, wandb_config):
+        config = MAGRPOConfig(num_turns=1, num_train_epochs=num_train_epochs, num_generations=2, max_new_tokens=4,
+                              logging_steps=1, progress_bar=False)
+        return MAGRPOTrainer(agents=[make_tiny_model(seed=0)[0] for _ in range(2)], tokenizer=tok,
+                             reward_func=length_ratio_reward, train_dataset=train_dataset, args=config,
+                             wandb_config=wandb_config)
+
+    wandb_config, checkpoint_dir = {"project": "comlrl-examples", "name": "resume-demo"}, "./checkpoints/resume-demo"
+    build_trainer(2, wandb_config).train(checkpoint_dir=checkpoint_dir, checkpoint_interval=1)
+    assert sorted(p.name for p in Path(checkpoint_dir).glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    checkpoint = max(Path(checkpoint_dir).glob("checkpoint-*"), key=lambda path: int(path.name.rsplit("-", 1)[1]))
+    identity = read_checkpoint_metadata(checkpoint)["wandb"]
+    assert identity == {"id": "run-1", "project": "comlrl-examples"}
+    wandb_config = {**wandb_config, **identity, "resume": "allow"}
+    trainer = build_trainer(4, wandb_config)                      # more epochs than the checkpoint's config: allowed
+    trainer.train(resume_from_checkpoint=str(checkpoint), checkpoint_dir=checkpoint_dir, checkpoint_interval=1)
+    assert (wandb.inits[1]["id"], wandb.inits[1]["resume"]) == ("run-1", "allow")       # the same W&B run continues
+    assert sorted(p.name for p in Path(checkpoint_dir).glob("checkpoint-*")) == [f"checkpoint-{i}" for i in range(1, 5)]
+    straight = build_trainer(4, None)
+    straight.train()                                              # the same four epochs without a break
+    assert all(torch.equal(p, q) for a, b in zip(trainer.agents, straight.agents)
+               for p, q in zip(a.parameters(), b.parameters()))
