@@ -540,7 +540,9 @@ def install_round_callbacks() -> None:
 
 def _get_n(self) -> int:
     "The library's `num_agents`: the trained models (one for a centralized actor, else one per agent)."
-    return 1 if getattr(self, "algo", "").startswith("centralized") else self.n
+    central = getattr(self, "algo", "").startswith("centralized") or \
+        getattr(getattr(self, "args", None), "collaboration_mode", None) == "centralized"
+    return 1 if central else self.n
 def _set_n(self, value: int): self.n = value
 
 def _model_name(self) -> Optional[str]:

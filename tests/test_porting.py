@@ -268,6 +268,10 @@ def test_centralized_magrpo_takes_the_library_adapter_and_evaluate_argument(tmp_
     assert tr.split("no tags") is None                                             # its parse error: unparsed
     with pytest.raises(ValueError, match="disagree"):
         tr.evaluate(2, num_eval_samples=1)
+    from comlrl_nb.trainers.preference import MADPOConfig, MADPOTrainer
+    joint = MADPOTrainer(agents=[m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a),
+                         args=MADPOConfig(collaboration_mode="centralized"))
+    assert (joint.num_agents, joint.args.num_agents) == (1, 2)                  # the library's count: trained models
     with pytest.raises(TypeError, match="takes no centralized_adapter"):
         MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a), centralized_adapter=ad)
 
