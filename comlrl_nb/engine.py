@@ -92,6 +92,8 @@ class _WandbTracker:
         except ImportError: raise ImportError("wandb_config was given but wandb is not installed: pip install wandb (or pass wandb_config=None)") from None
         from comlrl_nb.porting import wandb_init_kwargs             # the library's wandb_config keys (90_porting)
         self.run = wandb.init(**wandb_init_kwargs(cfg))
+        self.identity = {k: v for k in ("id", "project", "entity")      # saved in checkpoints: resume the same run
+                         if isinstance(v := getattr(self.run, k, None), str) and v}
     def log(self, rec, step): self.run.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step)
     def close(self): self.run.finish()
 
@@ -566,6 +568,8 @@ def save(self: Run, rng: Optional[dict] = None, epoch: bool = False):
     state = self.checkpoint(rng)
     if self.dist.is_main:
         info = {**self.checkpoint_info(), "config": config_json(state["config"])}   # compared when resuming
+        ids = [t.identity for t in self.metrics.trackers if getattr(t, "identity", None)]
+        if ids: info["wandb"] = ids[0]                  # the W&B run's id/project/entity: read_checkpoint_metadata
         num = self.state["epoch" if epoch and self.step_key == "global_batch" else self.step_key]
         p = (self.epoch_ckpt if epoch else self.ckpt).save(num, state, info)
         logger.info(f"checkpoint saved: {p}")

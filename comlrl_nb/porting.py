@@ -18,8 +18,11 @@ __all__ = ['REWARD_FORMS', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_
            'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
            'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
-           'LibraryModule', 'install_library_modules', 'CentralizedComparatorParseError',
-           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'install_trainer_wrappers']
+           'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
+           'reference_kl_enabled', 'reference_kl_coef', 'validate_reference_kl_config', 'clone_reference_models',
+           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name',
+           'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
+           'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
@@ -275,7 +278,7 @@ def read_checkpoint_metadata(checkpoint) -> dict:
 # library module -> (our modules searched in order, {library name: our name or (None, why)})
 _PRIVATE = "a private internal of the library (its checkpoint/collaboration machinery); not part of the public API"
 LIBRARY_MODULES = {
-    "utils": (["comlrl_nb.porting"], {}),
+    "utils": (["comlrl_nb.porting"], {}),   # the library's utils __all__: see the names table for the ones left out
     "utils.reward_processor": (["comlrl_nb.porting"], {}),
     "utils.reward_utils": (["comlrl_nb.porting"], {}),
     "utils.wandb_utils": (["comlrl_nb.porting"], {}),
@@ -283,7 +286,7 @@ LIBRARY_MODULES = {
     "utils.tokenizer_utils": (["comlrl_nb.porting"], {}),
     "utils.model_loading": (["comlrl_nb.porting"], {}),
     "utils.formatters": (["comlrl_nb.porting"], {}),
-    "utils.reference_kl": (["comlrl_nb.scoring"], {}),
+    "utils.reference_kl": (["comlrl_nb.porting", "comlrl_nb.scoring"], {}),
     "utils.distributed": (["comlrl_nb.porting", "comlrl_nb.distributed"], {}),
     "trainers.reinforce.magrpo": (["comlrl_nb.trainers.reinforce"], {}),
     "trainers.reinforce.mareinforce": (["comlrl_nb.trainers.reinforce"], {}),
@@ -358,6 +361,82 @@ def install_library_modules() -> list[str]:
         done.append(name)
     return done
 
+# %% ../nbs/90_porting.ipynb #350e4f9a
+def resolve_reference_devices(args, fallback_devices: Sequence, expected_count: int) -> list[torch.device]:
+    "Devices of `expected_count` reference models: args.reference_devices (1 or one each), else `fallback_devices`."
+    from comlrl_nb.core import as_list
+    devs = getattr(args, "reference_devices", None)
+    if devs is None: return [torch.device(d) for d in fallback_devices]
+    out = []
+    for d in as_list(devs, expected_count, "reference_devices", "device"):
+        try: out.append(torch.device(d))
+        except (RuntimeError, TypeError): raise ValueError(f"reference_devices entry {d!r} is not a device; "
+                                                           "use 'cpu', 'cuda', 'cuda:1', ...") from None
+    return out
+
+# %% ../nbs/90_porting.ipynb #5c5cd2b7
+def reference_kl_for_sequence(policy_model, reference_model, sequences: torch.Tensor, attention_mask: torch.Tensor,
+                              prompt_len: int, response_len: int) -> torch.Tensor:
+    "KL of each row's response tokens to the reference: k3 estimate summed per row [B], on CPU, without gradient."
+    from comlrl_nb.scoring import completion_logprobs, k3_kl
+    end = prompt_len + response_len
+    if sequences.shape[1] < end: raise ValueError(f"sequences have {sequences.shape[1]} tokens, fewer than "
+                                                  f"prompt_len + response_len = {end}; pass the full sequences")
+    pi, pm = sequences[:, :prompt_len], attention_mask[:, :prompt_len]
+    ci, cm = sequences[:, prompt_len:end], attention_mask[:, prompt_len:end]
+    mods = [unwrap_model(policy_model), unwrap_model(reference_model)]
+    modes = [m.training for m in mods]
+    try:
+        with torch.no_grad():
+            pol, ref = (completion_logprobs(m.eval(), pi, pm, ci, cm)[0].cpu() for m in mods)
+    finally:
+        for m, t in zip(mods, modes): m.train(t)
+    return k3_kl(ref, pol, cm.cpu().float())
+
+# %% ../nbs/90_porting.ipynb #9d9f3adc
+def reference_kl_enabled(args) -> bool: return bool(getattr(args, "reference_kl_enabled", False))
+def reference_kl_coef(args) -> float: return float(getattr(args, "reference_kl_coef", 0.1))
+
+def validate_reference_kl_config(args, expected_count: int) -> None:
+    "A negative coefficient, or (when enabled) reference_devices that do not fit `expected_count` models: an error."
+    if reference_kl_coef(args) < 0:
+        raise ValueError(f"reference_kl_coef={reference_kl_coef(args)} must be >= 0 (0 turns the penalty off)")
+    if reference_kl_enabled(args) and getattr(args, "reference_devices", None) is not None:
+        resolve_reference_devices(args, [], expected_count)
+
+def _frozen(model, device):
+    return model.to(torch.device(device)).eval().requires_grad_(False)
+
+def clone_reference_models(policy_models: Sequence, *, devices: Sequence) -> list:
+    "A frozen copy of each policy on its device."
+    import copy
+    return [_frozen(copy.deepcopy(m), d) for m, d in zip(policy_models, devices)]
+
+def load_reference_models_from_sources(model_sources: Sequence, *, devices: Sequence, model_kwargs=None) -> list:
+    "Each source (id, path or model) loaded with `model_kwargs` as the model_config's model_kwargs, frozen on its device."
+    from comlrl_nb.models import load_model
+    mc = {"model_kwargs": dict(model_kwargs)} if model_kwargs else None
+    return [_frozen(load_model(s, mc), d) for s, d in zip(model_sources, devices)]
+
+# %% ../nbs/90_porting.ipynb #fa86f5a4
+def ensure_pad_token(tokenizer):
+    "The tokenizer, with its EOS token as the pad token when it has none (an error when it has neither)."
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer {type(tokenizer).__name__} has neither a pad nor an EOS token; set "
+                             "tokenizer.pad_token first")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+def infer_model_name(source) -> Optional[str]:
+    "A model's name: the string itself, else its config's model type or path (through a wrapper's base_model)."
+    if source is None or isinstance(source, str): return source
+    for m in (getattr(source, "base_model", None), source, getattr(source, "model", None)):
+        cfg = getattr(m, "config", None)
+        name = getattr(cfg, "model_type", None) or getattr(cfg, "_name_or_path", None)
+        if name: return str(name)
+    return type(source).__name__
+
 # %% ../nbs/90_porting.ipynb #b6130a73
 class CentralizedComparatorParseError(ValueError):
     "A centralized completion could not be split into one output per agent."
@@ -383,9 +462,22 @@ class TaggedCentralizedComparatorAdapter(CentralizedComparatorAdapter):
             + centralized_format_example(num_agents))
         return out
 
+# %% ../nbs/90_porting.ipynb #596667c3
+def adapter_callables(adapter) -> tuple[Callable, Callable]:
+    "A library centralized adapter as this package's (centralized_prompt_builder, centralized_parser) pair."
+    for m in ("build_prompt", "parse_completion"):
+        if not callable(getattr(adapter, m, None)):
+            raise TypeError(f"centralized_adapter must have build_prompt(item, agent_prompts) and parse_completion("
+                            f"completion, item, num_agents); {type(adapter).__name__} has no {m}")
+    def build(role_prompts, item): return adapter.build_prompt(item, list(role_prompts))
+    def parse(text, num_agents: int):
+        try: return adapter.parse_completion(text, None, num_agents)
+        except CentralizedComparatorParseError: return None
+    return build, parse
+
 # %% ../nbs/90_porting.ipynb #49880afd
 _TRAINER_MODULES = ("comlrl_nb.trainers.reinforce", "comlrl_nb.trainers.actor_critic", "comlrl_nb.trainers.madpo",
-                    "comlrl_nb.trainers.marlhf", "comlrl_nb.trainers.iterative")
+                    "comlrl_nb.trainers.marlhf", "comlrl_nb.trainers.iterative", "comlrl_nb.trainers.centralized")
 
 def _after_init(trainer):
     "The porting steps for a freshly built trainer (safe to run more than once)."
@@ -398,7 +490,12 @@ def _after_init(trainer):
 def _wrap_init(cls):
     orig = cls.__dict__["__init__"]
     if getattr(orig, "__comlrl_nb_ported__", False): return
-    def __init__(self, *args, metrics_callback=None, **kwargs):
+    def __init__(self, *args, metrics_callback=None, centralized_adapter=None, **kwargs):
+        if centralized_adapter is not None:                  # the library's CentralizedMAGRPOTrainer argument
+            if "centralized_prompt_builder" not in inspect.signature(orig).parameters:
+                raise TypeError(f"{type(self).__name__} takes no centralized_adapter; it belongs to CentralizedMAGRPO"
+                                "Trainer (the preference trainers take centralized_comparator_adapter)")
+            kwargs["centralized_prompt_builder"], kwargs["centralized_parser"] = adapter_callables(centralized_adapter)
         if metrics_callback is not None and not callable(metrics_callback):
             raise TypeError(f"metrics_callback must be a function of the batch's rollouts returning {{name: number}}, "
                             f"got {type(metrics_callback).__name__}")
@@ -406,10 +503,46 @@ def _wrap_init(cls):
         if metrics_callback is not None or not hasattr(self, "metrics_callback"):    # a subclass's init: keep it
             self.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)
         _after_init(self)
+        _share_callback(self)
     __init__.__comlrl_nb_ported__, __init__.__wrapped__, __init__.__doc__ = True, orig, orig.__doc__
     cls.__init__ = __init__
 
-def _get_n(self) -> int: return self.n
+def _wrap_evaluate(cls):
+    "`evaluate(num_eval_samples=k)`, the library's name of the argument, as well as ours (`num_samples`)."
+    orig = cls.__dict__["evaluate"]
+    if getattr(orig, "__comlrl_nb_ported__", False): return
+    def evaluate(self, num_samples: Optional[int] = None, *args, num_eval_samples: Optional[int] = None, **kwargs):
+        if num_eval_samples is not None:
+            if num_samples is not None and num_samples != num_eval_samples:
+                raise ValueError(f"num_samples={num_samples} and num_eval_samples={num_eval_samples} disagree; "
+                                 "pass one")
+            num_samples = num_eval_samples
+        return orig(self, num_samples, *args, **kwargs)
+    evaluate.__comlrl_nb_ported__, evaluate.__wrapped__, evaluate.__doc__ = True, orig, orig.__doc__
+    cls.evaluate = evaluate
+
+def _share_callback(trainer):
+    "A MARLHF-style trainer's backend calls the owner's metrics_callback in its policy phases."
+    pt, cb = getattr(trainer, "policy_trainer", None), getattr(trainer, "metrics_callback", None)
+    if pt is not None and cb is not None: pt.metrics_callback = cb
+
+def install_round_callbacks() -> None:
+    "MADPOIterTrainer: metrics_callback(the round's training pairs) once per round, its numbers in the round's line."
+    from comlrl_nb.engine import callback_metrics
+    from comlrl_nb.trainers.iterative import MADPOIterTrainer
+    orig = MADPOIterTrainer._log_round
+    if getattr(orig, "__comlrl_nb_ported__", False): return
+    def _log_round(self, run, nu, st, chosen, trained):
+        cb = getattr(self, "metrics_callback", None)
+        return orig(self, run, nu, st, chosen, {**trained, **(callback_metrics(cb, chosen) if cb else {})})
+    _log_round.__comlrl_nb_ported__, _log_round.__doc__ = True, orig.__doc__
+    MADPOIterTrainer._log_round = _log_round
+
+def _get_n(self) -> int:
+    "The library's `num_agents`: the trained models (one for a centralized actor, else one per agent)."
+    central = getattr(self, "algo", "").startswith("centralized") or \
+        getattr(getattr(self, "args", None), "collaboration_mode", None) == "centralized"
+    return 1 if central else self.n
 def _set_n(self, value: int): self.n = value
 
 def _model_name(self) -> Optional[str]:
@@ -417,6 +550,10 @@ def _model_name(self) -> Optional[str]:
     m = self.agents[0]
     cfg = getattr(getattr(m, "base_model", m), "config", None) or getattr(m, "config", None)
     return (getattr(cfg, "_name_or_path", None) or getattr(cfg, "model_type", None)) or type(m).__name__
+
+def _reference_models(self) -> list:
+    "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
+    return list(getattr(self.team, "ref_agents", None) or [])
 
 def install_trainer_wrappers() -> list[str]:
     "Wrap every trainer class's own `__init__` with the porting steps and add `num_agents`; returns the classes."
@@ -426,7 +563,10 @@ def install_trainer_wrappers() -> list[str]:
         for name, cls in vars(mod).items():
             if isinstance(cls, type) and name.endswith("Trainer") and cls.__module__ == m:
                 if "__init__" in cls.__dict__: _wrap_init(cls)
+                if "evaluate" in cls.__dict__: _wrap_evaluate(cls)
                 if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
                 if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
+                if not hasattr(cls, "reference_models"): cls.reference_models = property(_reference_models)
                 done.append(name)
+    install_round_callbacks()
     return done

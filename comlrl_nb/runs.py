@@ -119,7 +119,8 @@ RunLock.acquire, RunLock.release = _lock_acquire, _lock_release
 # %% ../nbs/26_runs.ipynb #00b2a42a
 SAFE_TO_CHANGE = ("logging_steps", "progress_bar", "eval_interval", "eval_num_samples", "eval_batch_size", "output_dir",
                   "save_steps", "save_total_limit", "checkpoint_interval", "checkpoint_total_limit", "checkpoint_dir",
-                  "tensorboard", "wandb_config", "log_reward_distribution", "verbose", "stop_after_batch")
+                  "tensorboard", "wandb_config", "log_reward_distribution", "verbose", "stop_after_batch",
+                  "num_train_epochs")     # more epochs continue the same run (as in comlrl): equal to an uninterrupted one
 _MISSING = "<absent>"
 
 def _norm(x): return json.loads(json.dumps(x, default=str, sort_keys=True))

@@ -173,8 +173,10 @@ def test_critic_source_errors(tmp_path):
         MAACTrainer(**base, critics=[m, m])
     with pytest.raises(ValueError, match="not both"):
         MAACTrainer(**base, critics=[m], critic_model=m)
-    with pytest.raises(ValueError, match="got 3 critics for 2 agents"):
+    with pytest.raises(ValueError, match="critics length 3 does not match num_agents=2"):
         IACTrainer(**base, critics=[m, m, m])
+    with pytest.raises(ValueError, match="critics length 1 does not match num_agents=2"):   # as comlrl: one per agent
+        IACTrainer(**base, critics=[m])
     with pytest.raises(ValueError, match="are not used"):
         IACTrainer(**base, args=IACConfig(use_separate_critic=False, critic_model_name="x"))
     with pytest.raises(TypeError, match="a critic must be a model object or an id/path"):

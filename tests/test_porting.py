@@ -42,9 +42,11 @@ class StandInWandb(types.ModuleType):
              config_exclude_keys=None, config_include_keys=None, allow_val_change=None, group=None, job_type=None,
              mode=None, force=None, anonymous=None, reinit=None, resume=None, resume_from=None, fork_from=None,
              save_code=None, tensorboard=None, sync_tensorboard=None, monitor_gym=None, settings=None):
-        self.inits.append(dict(entity=entity, project=project, dir=dir, name=name, tags=tags, config=config, mode=mode))
+        self.inits.append(dict(entity=entity, project=project, dir=dir, name=name, tags=tags, config=config, mode=mode,
+                               id=id, resume=resume))
         logged = self.logged
-        return types.SimpleNamespace(log=lambda data, step=None, commit=None: logged.append(dict(data)),
+        return types.SimpleNamespace(id=id or f"run-{len(self.inits)}", project=project, entity=entity,
+                                     log=lambda data, step=None, commit=None: logged.append(dict(data)),
                                      finish=lambda exit_code=None, quiet=None: None)
 
 
@@ -236,3 +238,138 @@ def test_library_form_reward_without_prompts_is_an_error_not_a_silent_value():
     rf = RewardFunction(lambda prompts, a, b: [1.0] * len(a), 2)
     with pytest.raises(ValueError, match="needs the trainer to pass batch_items and prompts"):
         rf([["x"], ["y"]])
+
+
+# ------------------------------------------------------------------ what the library's own suite asked for
+def test_centralized_magrpo_takes_the_library_adapter_and_evaluate_argument(tmp_path):
+    "`centralized_adapter=`, `num_agents` = the one actor, `evaluate(num_eval_samples=)`, as a ported script calls them."
+    from comlrl_nb.trainers.reinforce import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+    from comlrl_nb.trainers.preference import TaggedCentralizedComparatorAdapter
+    torch.set_num_threads(1)
+
+    class Adapter(TaggedCentralizedComparatorAdapter):
+        def __init__(self): self.built = []
+        def build_prompt(self, item, agent_prompts):
+            self.built.append(list(agent_prompts))
+            return "joint: " + " | ".join(agent_prompts)
+
+    m, tok = make_tiny_model(seed=0)
+    ad = Adapter()
+    tr = CentralizedMAGRPOTrainer(agents=[m], num_agents=2, tokenizer=tok, formatters=FORMATTERS,
+                                  reward_func=lambda a, b: [float(len(x) + len(y)) for x, y in zip(a, b)],
+                                  args=CentralizedMAGRPOConfig(num_generations=2, max_new_tokens=4, eval_num_samples=4,
+                                                               output_dir=str(tmp_path)),
+                                  train_dataset=ITEMS, eval_dataset=ITEMS, centralized_adapter=ad)
+    assert (tr.num_agents, tr.args.num_agents, len(tr.agents)) == (1, 2, 1)
+    out = tr.evaluate(num_eval_samples=1)
+    assert ad.built == [[FORMATTERS[0](ITEMS[0]), FORMATTERS[1](ITEMS[0])]]          # one item, both roles' prompts
+    assert "eval/turn_1/reward_mean" in out
+    assert tr.split("<agent_0>a</agent_0><agent_1>b</agent_1>") == ["a", "b"]       # the adapter's parser
+    assert tr.split("no tags") is None                                             # its parse error: unparsed
+    with pytest.raises(ValueError, match="disagree"):
+        tr.evaluate(2, num_eval_samples=1)
+    from comlrl_nb.trainers.preference import MADPOConfig, MADPOTrainer
+    joint = MADPOTrainer(agents=[m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a),
+                         args=MADPOConfig(collaboration_mode="centralized"))
+    assert (joint.num_agents, joint.args.num_agents) == (1, 2)                  # the library's count: trained models
+    with pytest.raises(TypeError, match="takes no centralized_adapter"):
+        MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a), centralized_adapter=ad)
+
+
+def test_iac_critic_arguments_are_checked_as_the_library_does():
+    from comlrl_nb.trainers.actor_critic import IACConfig, IACTrainer
+    m, tok = make_tiny_model(seed=0)
+    c, _ = make_tiny_model(seed=1, tokenizer=tok)
+    reward = lambda a, b: [0.0] * len(a)
+    with pytest.raises(ValueError, match="critics length 1 does not match num_agents=2"):
+        IACTrainer(agents=[m, m], tokenizer=tok, reward_func=reward, critics=[c])
+    with pytest.raises(ValueError, match="critics must be provided"):
+        IACTrainer(agents=[m, m], tokenizer=tok, reward_func=reward)
+    with pytest.raises(ValueError, match="use_separate_critic=False"):           # found before the model id is loaded
+        IACTrainer(agent_model="no/such-model", critics=[c, c], reward_func=reward,
+                   args=IACConfig(use_separate_critic=False))
+    with pytest.raises(ValueError, match="agents length 1 does not match"):
+        IACTrainer(agents=[m], tokenizer=tok, reward_func=reward, critic_model=c, args=IACConfig(num_agents=2))
+    tr = IACTrainer(agents=[m, m], tokenizer=tok, reward_func=reward, critic_model=c)   # one model: a copy per agent
+    assert len(tr.critics) == 2 and tr.critics[0].backbone is not tr.critics[1].backbone
+
+
+def test_reference_kl_utilities_and_trainer_references():
+    from comlrl_nb.utils import reference_kl_for_sequence, resolve_reference_devices
+    from comlrl_nb.utils.reference_kl import clone_reference_models, validate_reference_kl_config
+    m, tok = make_tiny_model(seed=0)
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a),
+                       args=MAGRPOConfig(reference_kl_enabled=True))
+    refs = tr.reference_models
+    assert len(refs) == 2 and refs[0] is not m and not any(p.requires_grad for p in refs[0].parameters())
+    assert MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a)).reference_models == []
+    seq, att = torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long)
+    assert torch.allclose(reference_kl_for_sequence(m, refs[0], seq, att, 2, 2), torch.zeros(1), atol=1e-6)
+    other = clone_reference_models([make_tiny_model(seed=5)[0]], devices=["cpu"])[0]
+    assert reference_kl_for_sequence(m, other, seq, att, 2, 2).item() > 0
+    ns = types.SimpleNamespace
+    assert resolve_reference_devices(ns(reference_devices="cpu"), [], 2) == [torch.device("cpu")] * 2
+    with pytest.raises(ValueError, match="got 3 devices for 2"):
+        validate_reference_kl_config(ns(reference_kl_enabled=True, reference_devices=["cpu"] * 3), 2)
+
+
+def test_iterative_trainers_call_metrics_callback(tmp_path):
+    "MADPOIter: once per round with the round's pairs, in the round line; MARLHFIter: its backend gets the callback."
+    from comlrl_nb.trainers.preference import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
+    torch.set_num_threads(1)
+    m, tok = make_tiny_model(seed=0)
+    seen = []
+
+    def callback(pairs):
+        seen.append(pairs)
+        return {"custom/winner_len": sum(len(p["winner_completions"][0]) for p in pairs) / max(len(pairs), 1)}
+
+    cfg = MADPOIterConfig(num_iterations=2, preference_num_candidates=2, preference_pairs_per_sample=1,
+                          max_new_tokens=3, eval_interval=0, progress_bar=False, output_dir=str(tmp_path / "madpo"))
+    out = MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [float(len(x)) for x in a], args=cfg,
+                           train_dataset=ITEMS, formatters=FORMATTERS, metrics_callback=callback).train()
+    assert len(seen) == 2 and seen[0] and all(isinstance(p, dict) and "winner_completions" in p for p in seen[0])
+    trained = [r for r in out["rounds"] if r.get("iteration", 0) > 0]
+    assert len(trained) == 2 and all(isinstance(r["custom/winner_len"], float) for r in trained)
+    tr = MARLHFIterTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [1.0] * len(a), formatters=FORMATTERS,
+                           reward_model=make_tiny_model(seed=3, tokenizer=tok)[0], metrics_callback=callback,
+                           args=MARLHFIterConfig(rl_algorithm="iac", use_separate_critic=False,
+                                                 output_dir=str(tmp_path / "marlhf")))
+    assert tr.policy_trainer.metrics_callback is callback
+
+
+def test_the_library_resume_workflow(tmp_path, wandb, monkeypatch):
+    "The library's documented resume example: checkpoint_dir per epoch, the W&B identity from the checkpoint, more epochs."
+    import math
+    from pathlib import Path
+    from comlrl_nb.utils import read_checkpoint_metadata
+    torch.set_num_threads(1)
+    monkeypatch.chdir(tmp_path)
+    m, tok = make_tiny_model(seed=0)
+    train_dataset = [{"prompt": p} for p in ["Describe a city:", "Invent a holiday:", "Tell a story:", "Design a park:"]]
+
+    def length_ratio_reward(completions1, completions2):
+        return [math.exp(-abs(len(b) / max(len(a), 1) - 2)) for a, b in zip(completions1, completions2)]
+
+    def build_trainer(num_train_epochs, wandb_config):
+        config = MAGRPOConfig(num_turns=1, num_train_epochs=num_train_epochs, num_generations=2, max_new_tokens=4,
+                              logging_steps=1, progress_bar=False)
+        return MAGRPOTrainer(agents=[make_tiny_model(seed=0)[0] for _ in range(2)], tokenizer=tok,
+                             reward_func=length_ratio_reward, train_dataset=train_dataset, args=config,
+                             wandb_config=wandb_config)
+
+    wandb_config, checkpoint_dir = {"project": "comlrl-examples", "name": "resume-demo"}, "./checkpoints/resume-demo"
+    build_trainer(2, wandb_config).train(checkpoint_dir=checkpoint_dir, checkpoint_interval=1)
+    assert sorted(p.name for p in Path(checkpoint_dir).glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    checkpoint = max(Path(checkpoint_dir).glob("checkpoint-*"), key=lambda path: int(path.name.rsplit("-", 1)[1]))
+    identity = read_checkpoint_metadata(checkpoint)["wandb"]
+    assert identity == {"id": "run-1", "project": "comlrl-examples"}
+    wandb_config = {**wandb_config, **identity, "resume": "allow"}
+    trainer = build_trainer(4, wandb_config)                      # more epochs than the checkpoint's config: allowed
+    trainer.train(resume_from_checkpoint=str(checkpoint), checkpoint_dir=checkpoint_dir, checkpoint_interval=1)
+    assert (wandb.inits[1]["id"], wandb.inits[1]["resume"]) == ("run-1", "allow")       # the same W&B run continues
+    assert sorted(p.name for p in Path(checkpoint_dir).glob("checkpoint-*")) == [f"checkpoint-{i}" for i in range(1, 5)]
+    straight = build_trainer(4, None)
+    straight.train()                                              # the same four epochs without a break
+    assert all(torch.equal(p, q) for a, b in zip(trainer.agents, straight.agents)
+               for p, q in zip(a.parameters(), b.parameters()))

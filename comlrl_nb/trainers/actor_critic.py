@@ -324,10 +324,14 @@ class ActorCriticTrainer:
                                                  ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
         self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.external_transition, self.model_config = external_transition, model_config
+        self._check_critic_sources(critic_model, critics)              # before any model loads
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
         self.critics, self.critic_of = self._build_critics(critic_model, critics, critic_tokenizer)
         self._make_optimizers()
         self._init_loop_state()
+
+    def _check_critic_sources(self, critic_model, critics):
+        "Checks of the critic arguments that need no model loaded (see IACTrainer)."
 
 # %% ../../nbs/31_actor_critic.ipynb #ffd778e6
 @patch
@@ -359,7 +363,7 @@ def _check_args(self: ActorCriticTrainer, args, agents, num_agents, reward_func,
     if num_agents is not None and num_agents != n:
         raise ValueError(f"num_agents={num_agents} but args.num_agents={n}; make them agree")
     if isinstance(agents, (list, tuple)) and len(agents) != n:
-        raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree")
+        raise ValueError(f"agents length {len(agents)} does not match args.num_agents={n}; make them agree")
     _check_hooks(args, reward_func, eval_logger, eval_aggregator, external_transition)
     if external_transition is not None and not callable(external_transition):
         raise TypeError(f"external_transition must be callable, got {type(external_transition).__name__}")
@@ -440,12 +444,14 @@ class MAACTrainer(ActorCriticTrainer):
         if critics is not None:
             if not isinstance(critics, (list, tuple)) or len(critics) != 1:
                 got = len(critics) if isinstance(critics, (list, tuple)) else type(critics).__name__
-                raise ValueError(f"MAAC has one centralized critic: critics must be a list of exactly 1 model, "
+                raise ValueError(f"critics length must be 1 (MAAC has one centralized critic): pass a list of "
+                                 f"exactly 1 model, "
                                  f"got {got}")
             critic_model = critics[0]
         source = critic_model if critic_model is not None else a.critic_model_name
         if source is None:
-            raise ValueError("MAACTrainer needs a critic: pass " + _CRITIC_OPTIONS.format(cfg="MAACConfig"))
+            raise ValueError("MAACTrainer needs a critic (critics must be provided): pass "
+                             + _CRITIC_OPTIONS.format(cfg="MAACConfig"))
         dev = self.devices[0] if a.critic_devices is None else \
             resolve_device(as_list(a.critic_devices, 1, "critic_devices", "device")[0])
         tok = critic_tokenizer[0] if isinstance(critic_tokenizer, (list, tuple)) else critic_tokenizer
@@ -458,13 +464,21 @@ class IACTrainer(ActorCriticTrainer):
     "Independent actor-critic: agent i's own critic over its own history (a separate model, or a head on the actor)."
     config_class, algo = IACConfig, "iac"
 
-    def _build_critics(self, critic_model, critics, critic_tokenizer):
-        a, n = self.args, self.n
+    def _check_critic_sources(self, critic_model, critics):
+        "Critic arguments that fit the config: none with value heads, one per agent in a critics list."
+        a, n = self.args, self.args.num_agents
         if not a.use_separate_critic:
             if critic_model is not None or critics is not None or a.critic_model_name is not None:
                 raise ValueError("IACConfig.use_separate_critic=False puts a value head on each actor (sized by "
                                  "value_head_hidden_dim), so critic_model/critics/critic_model_name are not used: "
                                  "drop them or set use_separate_critic=True")
+        elif isinstance(critics, (list, tuple)) and len(critics) != n:
+            raise ValueError(f"critics length {len(critics)} does not match num_agents={n}: IAC trains one critic per "
+                             f"agent; pass {n} critics, or critic_model= for one model copied to every agent")
+
+    def _build_critics(self, critic_model, critics, critic_tokenizer):
+        a, n = self.args, self.n
+        if not a.use_separate_critic:
             seeds = [derive_seed(a.seed, "value_head", ("iac", i)) for i in range(n)]
             heads = [ValueHead(_hidden_size(m), a.value_head_hidden_dim, seed=sd).to(d)
                      for m, d, sd in zip(self.agents, self.devices, seeds)]
@@ -474,7 +488,7 @@ class IACTrainer(ActorCriticTrainer):
         sources = as_list(critics, n, "critics", "critic") if critics is not None else \
                   [critic_model if critic_model is not None else a.critic_model_name] * n
         if sources[0] is None:
-            raise ValueError("IACTrainer with use_separate_critic=True needs critics: pass "
+            raise ValueError("IACTrainer with use_separate_critic=True needs critics (critics must be provided): pass "
                              + _CRITIC_OPTIONS.format(cfg="IACConfig")
                              + "; or set use_separate_critic=False for value heads on the actors "
                                "(value_head_hidden_dim)")
