@@ -289,7 +289,7 @@ class GenerationFields:
 @validates(GenerationFields)
 def validate_generations(c, owner):
     "At least `min_generations` (a class attribute: 2 for the group baselines, 1 for actor-critic)."
-    check_number(c.num_generations, "num_generations", owner, integer=True, min=getattr(type(c), "min_generations", 2))
+    check_number(c.num_generations, "num_generations", owner, integer=True, min=getattr(c, "min_generations", 2))
 
 # %% ../nbs/26_config.ipynb #71977f70
 @group("turns")

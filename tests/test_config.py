@@ -78,11 +78,26 @@ def test_madpo_keeps_accepting_the_defaults_of_comlrl_1_4_3():
     (dict(advantage_mode="max"), "the policy phase's baseline comes from rl_algorithm"),
     (dict(value_loss_coef=0.3), "value_loss_coef=0.3 is not used with rl_algorithm='magrpo' (only maac, iac read it)"),
     (dict(rl_algorithm="maac", use_separate_critic=False), "(only iac read it)"),
-    (dict(rl_algorithm="iac", reference_kl_coef=0.5), "(only magrpo, mareinforce, marloo, maremax read it)"),
 ])
 def test_marlhf_refuses_what_its_backend_never_reads(kw, msg):
     with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):
         MARLHFConfig(**kw)
+
+
+@pytest.mark.parametrize("cls", [MARLHFConfig, MARLHFIterConfig])
+def test_marlhf_actor_critic_backends_take_one_generation(cls):
+    "num_generations=1 is the actor-critic default (one episode per item); the group baselines still need 2."
+    assert cls(rl_algorithm="iac", num_generations=1).num_generations == 1
+    with pytest.raises(ValueError, match="num_generations=1 is invalid: must be >= 2"):
+        cls(rl_algorithm="marloo", num_generations=1)
+
+
+@pytest.mark.parametrize("algo", ["maac", "iac"])
+def test_marlhf_passes_reference_kl_to_actor_critic_backends(algo):
+    "MAAC and IAC implement the reference KL (issue 15), so MARLHF hands the setting to them like to MAGRPO."
+    cfg = MARLHFConfig(rl_algorithm=algo, reference_kl_enabled=True, reference_kl_coef=0.5)
+    backend = map_backend_config(cfg, rl_backend(algo).config_class)
+    assert backend.reference_kl_enabled is True and backend.reference_kl_coef == 0.5
 
 
 @pytest.mark.parametrize("algo", ["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"])

@@ -107,6 +107,7 @@ def _marlhf_iter_relations(c, owner: str):
          checks=(*MARLHFConfig.config_checks, _marlhf_iter_relations))
 class MARLHFIterConfig(TrainerConfig):
     "Iterative MARLHF: the MARLHF fields plus rounds, comparator and replay (see the table above)."
+    min_generations = MARLHFConfig.min_generations
     pair_selections = _ITER_SELECTIONS
     __repr__ = _config_repr
 

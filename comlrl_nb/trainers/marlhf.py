@@ -35,8 +35,7 @@ from ..config import (RL_ALGORITHMS, CollaborationFields, CriticFields, DPOField
                               ValueHeadFields, compose, config_groups)
 _all_ = ["RL_ALGORITHMS"]
 
-_READ_BY = {"critic": ("maac", "iac"), "value_heads": ("iac",),                    # groups only some backends read
-            "reference_kl": ("magrpo", "mareinforce", "marloo", "maremax")}
+_READ_BY = {"critic": ("maac", "iac"), "value_heads": ("iac",)}   # groups only some backends read
 
 def _marlhf_backend_fields(c, owner: str):
     "Refuse a value in a group the chosen backend never reads (critic, value heads, reference KL)."
@@ -75,6 +74,7 @@ _MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_a
                 "critic_model_name critic_value_head_hidden_dim critic_max_length", ValueHeadFields))
 class MARLHFConfig(TrainerConfig):
     "MARLHF settings: the MAGRPO groups, preference collection, the reward model, the policy backend and its critic."
+    min_generations = property(lambda c: 1 if c.rl_algorithm in ("maac", "iac") else 2)   # actor-critic: 1 episode
 
 # %% ../../nbs/43_marlhf.ipynb #c0f1a9b2
 def map_backend_config(cfg, config_class):
