@@ -25,8 +25,8 @@ from ..team import Team, team_attr, validate_dataset
 from ..engine import Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run
 
 # %% auto #0
-__all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'Sample', 'Turn', 'Rollout', 'MAGRPOTrainer',
-           'MAREINFORCETrainer', 'MARLOOTrainer', 'MAReMaxTrainer']
+__all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'MAREINFORCETrainer',
+           'MARLOOTrainer', 'MAReMaxTrainer', 'Sample', 'Turn', 'Rollout']
 
 # %% ../../nbs/30_reinforce.ipynb #1b40b11f
 from ..config import (AdvantageFields, BaselineFields, BufferFields, CheckpointFields, DeviceFields, EvalFields,
@@ -74,51 +74,8 @@ class MAReMaxConfig(MAGRPOConfig):
     "MAReMax: the group's best return is the baseline."
 
 # %% ../../nbs/30_reinforce.ipynb #241c754d
-@dataclass
-class Sample:
-    "One node for one agent: prompt ids, K completion ids, K advantages."
-    prompt: torch.Tensor
-    completions: list
-    advantages: torch.Tensor
-    key: tuple = ()        # (depth, item id, branch path): the order of samples in a one-process run
-
-def _samples_from(comps, adv: torch.Tensor, nodes=None, item_ids=None) -> list[Sample]:
-    out = []
-    for b in range(comps.num_prompts):
-        r = comps.rows(b)
-        p = comps.prompt_ids[r][0][comps.prompt_mask[r][0] == 1].cpu()
-        cs = [comps.completion_ids[j][comps.completion_mask[j] == 1].cpu() for j in range(r.start, r.stop)]
-        key = (nodes[b].depth, int(item_ids[nodes[b].item]), nodes[b].path) if nodes is not None else ()
-        out.append(Sample(p, cs, adv[b].detach().float().cpu(), key))
-    return out
-
-# %% ../../nbs/30_reinforce.ipynb #7293620a
-@dataclass
-class Turn:
-    "One tree level of a batch: joint rewards [nodes, J], returns [n, nodes, K], per-agent advantages, KL, lengths."
-    rewards: torch.Tensor
-    returns: torch.Tensor
-    advantages: list
-    kl: Optional[list]
-    lengths: list
-    comps: Optional[list] = None                # per agent Completions (in-process only)
-    def __getitem__(self, key: str): return getattr(self, key)
-
-@dataclass
-class Rollout:
-    "A batch: every agent's samples, one Turn per level, timings; in-process also the trees and the prompts."
-    samples: list
-    turns: list
-    time_generate: float = 0.0
-    time_reward: float = 0.0
-    time_kl: float = 0.0
-    levels: Optional[list] = None
-    prompts: Optional[list] = None
-    def __getitem__(self, key: str):
-        "Dict-style access: 'turn_stats' is `turns`; 'comps', 'rewards', 'returns', 'advantages', 'kl' the root's."
-        if key == "turn_stats": return self.turns
-        if key in ("comps", "rewards", "returns", "advantages", "kl"): return getattr(self.turns[0], key)
-        return getattr(self, key)
+from ..rollout import Rollout, Sample, Turn, samples_from
+_all_ = ["Sample", "Turn", "Rollout"]           # the shared data model (20_rollout), importable from here as before
 
 # %% ../../nbs/30_reinforce.ipynb #e4ce329e
 def _check_agent_spec(args, agents):
@@ -259,7 +216,8 @@ def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int],
     samples, turns = [[] for _ in range(self.n)], []
     for level in levels:
         turn = self._level_turn(level, K, timers)
-        for i in range(self.n): samples[i] += _samples_from(turn.comps[i], turn.advantages[i], level, item_ids)
+        keys = [(nd.depth, int(item_ids[nd.item]), nd.path) for nd in level]      # the one-process order
+        for i in range(self.n): samples[i] += samples_from(turn.comps[i], turn.advantages[i], keys)
         turns.append(turn)
     return Rollout(samples, turns, timers["generate"], timers["reward"], timers["kl"], levels, prompts)
 
