@@ -13,7 +13,7 @@ from .generation import compose_joint, joint_indices
 
 # %% auto #0
 __all__ = ['Node', 'TransitionError', 'accepts_keyword', 'call_transition', 'grow_tree', 'compute_returns', 'make_roots',
-           'Sample', 'samples_from', 'Turn', 'Rollout', 'tree_counts', 'tree_layout', 'plot_tree']
+           'Sample', 'samples_from', 'Turn', 'merge_turns', 'Rollout', 'tree_counts', 'tree_layout', 'plot_tree']
 
 # %% ../nbs/20_rollout.ipynb #e5c6a406
 @dataclass
@@ -135,7 +135,7 @@ def samples_from(comps, advantages: torch.Tensor, keys: Sequence[tuple] = ()) ->
 class Turn:
     "One turn of a batch (a tree level, or every live episode's step): rewards r, returns G, per agent A, KL, lengths."
     rewards: torch.Tensor                      # tree: [nodes, J] joint rewards; episodes: [live]
-    returns: torch.Tensor                      # tree: [n, nodes, K] per agent; episodes: [live]
+    returns: torch.Tensor                      # per agent: tree [n, nodes, K]; episodes [n, live]
     advantages: list                           # per agent: tree [nodes, K]; episodes [live]
     kl: Optional[list]                         # per agent: k3 KL to the reference (None when off)
     lengths: list                              # per agent: completion lengths
@@ -143,6 +143,15 @@ class Turn:
     values: Optional[torch.Tensor] = None      # episodes: critic values V(h_t) [live, critics]
     targets: Optional[torch.Tensor] = None     # episodes: TD targets y_t [live, critics]
     def __getitem__(self, key: str): return getattr(self, key)
+
+# %% ../nbs/20_rollout.ipynb #9cd1f4c6
+def merge_turns(parts: Sequence[Turn]) -> Turn:
+    "One Turn from several processes' Turns of the same turn: rows concatenated in order (the completions dropped)."
+    per_agent = lambda f: [torch.cat(xs) for xs in zip(*(getattr(p, f) for p in parts))]
+    opt = lambda f: torch.cat([getattr(p, f) for p in parts]) if getattr(parts[0], f) is not None else None
+    return Turn(torch.cat([p.rewards for p in parts]), torch.cat([p.returns for p in parts], 1),
+                per_agent("advantages"), per_agent("kl") if parts[0].kl is not None else None, per_agent("lengths"),
+                values=opt("values"), targets=opt("targets"))
 
 # %% ../nbs/20_rollout.ipynb #63860abf
 @dataclass

@@ -615,11 +615,11 @@ def _as_rollout(self: ActorCriticTrainer, eps: list, times: dict) -> Rollout:
 # %% ../../nbs/31_actor_critic.ipynb #482f8242
 @patch
 def _episode_turn(self: ActorCriticTrainer, at: list, t: int, scored: bool) -> Turn:
-    "Turn t of the episodes that reached it: r, G (returns-to-go), per agent A and KL, lengths; V and y per critic."
+    "Turn t of the episodes that reached it: r; per agent G (returns-to-go), A, KL, lengths; per critic V and y."
     agents, C = range(self.n), range(len(self.critics))
     per_critic = lambda f: torch.stack([torch.stack([f(e)[c][t] for c in C]) for e in at]) if scored else None
-    return Turn(torch.tensor([e.rewards[t] for e in at], dtype=torch.float64),
-                torch.stack([discounted_returns(e.rewards, self.args.discount)[t] for e in at]),
+    G = torch.stack([discounted_returns(e.rewards, self.args.discount)[t] for e in at])      # the team's return
+    return Turn(torch.tensor([e.rewards[t] for e in at], dtype=torch.float64), torch.stack([G] * self.n),
                 [torch.stack([e.advantages[i][t] for e in at]) for i in agents] if scored else None,
                 [torch.tensor([e.kl[i][t] for e in at]) for i in agents] if at[0].kl else None,
                 [torch.tensor([len(e.completion_ids[i][t]) for e in at]) for i in agents],
@@ -796,7 +796,7 @@ def _turn_metrics(self: ActorCriticTrainer, ro: Rollout) -> dict:
     for t, st in enumerate(ro.turns):
         r, k = st.rewards.numpy(), f"turn_{t + 1}"
         m[f"{k}/reward_mean"], m[f"{k}/reward_std"] = float(r.mean()), float(r.std())
-        m[f"{k}/expected_return"] = float(np.mean(st.returns.tolist()))
+        m[f"{k}/expected_return"] = float(np.mean(st.returns[0].tolist()))       # every agent's G
         if st.values is not None:
             m[f"{k}/value_mean"] = float(np.mean(st.values.flatten().tolist()))
             m[f"{k}/td_target_mean"] = float(np.mean(st.targets.flatten().tolist()))

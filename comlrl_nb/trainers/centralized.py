@@ -22,7 +22,8 @@ from ..distributed import DistContext
 from ..team import Team, team_attr, validate_dataset
 from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, run_options
 from ..config import CollaborationFields, TrainerConfig, compose
-from .reinforce import MAGRPOConfig, Sample
+from ..rollout import Sample, Turn, merge_turns, samples_from
+from .reinforce import MAGRPOConfig
 from .madpo import central_evaluate
 
 # %% auto #0
@@ -133,18 +134,20 @@ def score(self: CentralizedMAGRPOTrainer, completions: Sequence[str], items: Seq
 # %% ../../nbs/32_centralized.ipynb #64ad9dce
 @dataclass
 class JointRollout:
-    "A batch of the joint actor: its samples; rewards, returns, advantages, KL, lengths [items, K]; counts, timings."
-    samples: list
-    rewards: torch.Tensor
-    returns: torch.Tensor
-    advantages: torch.Tensor
-    kl: Optional[torch.Tensor]
-    lengths: torch.Tensor
+    "A batch of the joint actor: its Samples, the batch's one Turn (the actor its one agent), unparsed count, timings."
+    samples: list                                 # the actor's Samples, one per item
+    turn: Turn                                    # rewards, returns, A, KL, lengths [items, K]; the Completions
     unparsed: int
     time_generate: float = 0.0
     time_reward: float = 0.0
     time_kl: float = 0.0
-    comps: Optional[object] = None                # the actor's Completions (in-process only)
+    def __getattr__(self, name: str):
+        "rewards, returns, advantages, kl, lengths, comps: the turn's (the actor's, of the per-agent ones)."
+        if name == "rewards": return self.turn.rewards
+        if name in ("returns", "advantages", "kl", "lengths", "comps"):
+            v = getattr(self.turn, name)
+            return None if v is None else v[0]
+        raise AttributeError(f"'JointRollout' object has no attribute '{name}'")
 
 @patch
 def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: Sequence[tuple], k: int) -> dict:
@@ -170,14 +173,10 @@ def rollout(self: CentralizedMAGRPOTrainer, items: Sequence[dict], item_ids: Seq
     kl = self._reference_kl(c) if self.team.ref_agents is not None else None
     adv = node_advantages(penalized_returns(R, kl, a.reference_kl_coef) if kl is not None else R,
                           a.advantage_mode, a.advantage_normalization)
-    samples = []
-    for b, j in enumerate(item_ids):
-        r = c.rows(b)
-        p = c.prompt_ids[r][0][c.prompt_mask[r][0] == 1].cpu()
-        comps = [c.completion_ids[x][c.completion_mask[x] == 1].cpu() for x in range(r.start, r.stop)]
-        samples.append(Sample(p, comps, adv[b].detach().float().cpu(), (0, int(j), ())))
-    return JointRollout(samples, R, R, adv, kl, c.lengths.cpu().view(c.num_prompts, K), s["unparsed"],
-                        t1 - t0 - s["time_reward"], s["time_reward"], time.perf_counter() - t1, c)
+    samples = samples_from(c, adv, [(0, int(j), ()) for j in item_ids])
+    turn = Turn(R, R[None], [adv], None if kl is None else [kl], [c.lengths.cpu().view(c.num_prompts, K)], [c])
+    return JointRollout(samples, turn, s["unparsed"], t1 - t0 - s["time_reward"], s["time_reward"],
+                        time.perf_counter() - t1)
 
 # %% ../../nbs/32_centralized.ipynb #94ca8fdd
 @patch
@@ -283,14 +282,12 @@ def _rollout_batch(self: CentralizedMAGRPOTrainer, ids, round_key) -> JointRollo
     local = self.dist.shard(ids)
     ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
-    parts = [p for p in self.dist.gather(None if ro is None else replace(ro, comps=None)) if p is not None]
+    slim = None if ro is None else replace(ro, turn=replace(ro.turn, comps=None))
+    parts = [p for p in self.dist.gather(slim) if p is not None]
     pos = {int(j): k for k, j in enumerate(ids)}
     samples = sorted((s for p in parts for s in p.samples), key=lambda s: pos[s.key[1]])
-    cat = lambda f: torch.cat([getattr(p, f) for p in parts])
     times = (max(getattr(p, f) for p in parts) for f in ("time_generate", "time_reward", "time_kl"))
-    return JointRollout(samples, cat("rewards"), cat("returns"), cat("advantages"),
-                        cat("kl") if parts[0].kl is not None else None, cat("lengths"),
-                        sum(p.unparsed for p in parts), *times)
+    return JointRollout(samples, merge_turns([p.turn for p in parts]), sum(p.unparsed for p in parts), *times)
 
 # %% ../../nbs/32_centralized.ipynb #a8366997
 @patch

@@ -74,7 +74,7 @@ class MAReMaxConfig(MAGRPOConfig):
     "MAReMax: the group's best return is the baseline."
 
 # %% ../../nbs/30_reinforce.ipynb #241c754d
-from ..rollout import Rollout, Sample, Turn, samples_from
+from ..rollout import Rollout, Sample, Turn, merge_turns, samples_from
 _all_ = ["Sample", "Turn", "Rollout"]           # the shared data model (20_rollout), importable from here as before
 
 # %% ../../nbs/30_reinforce.ipynb #e4ce329e
@@ -426,12 +426,8 @@ def _gather_rollouts(self: MAGRPOTrainer, ro: Optional[Rollout], ids) -> Rollout
     pos = {int(j): k for k, j in enumerate(ids)}
     order = lambda smp: (smp.key[0], pos[smp.key[1]], smp.key[2])
     samples = [sorted((x for p in parts for x in p.samples[i]), key=order) for i in range(self.n)]
-    turns = []
-    for t in range(max(len(p.turns) for p in parts)):
-        ts = [p.turns[t] for p in parts if len(p.turns) > t]
-        cat = lambda f: [torch.cat([getattr(x, f)[i] for x in ts]) for i in range(self.n)]
-        turns.append(Turn(torch.cat([x.rewards for x in ts]), torch.cat([x.returns for x in ts], 1), cat("advantages"),
-                          cat("kl") if ts[0].kl is not None else None, cat("lengths")))
+    turns = [merge_turns([p.turns[t] for p in parts if len(p.turns) > t])
+             for t in range(max(len(p.turns) for p in parts))]
     times = (max(getattr(p, f) for p in parts) for f in ("time_generate", "time_reward", "time_kl"))
     return Rollout(samples, turns, *times)
 
