@@ -23,7 +23,7 @@ from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
 from ..rollout import Rollout, Sample, TransitionError, Turn, call_transition
 from .reinforce import _check_devices, _check_hooks
-from ..team import Team, map_jobs, team_attr, validate_dataset
+from ..team import Team, map_jobs, team_attr, trainer_inputs, validate_dataset
 
 # %% auto #0
 __all__ = ['Episodes', 'td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'kl_td_targets', 'value_loss',
@@ -313,12 +313,8 @@ class ActorCriticTrainer:
                  critic_tokenizer=None):
         args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                                 external_transition)
-        self.args, self.n = args, args.num_agents
-        self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
-        formatters = resolve_formatters(formatters, self.n)
-        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, formatters) for ds, nm in
-                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
-        self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
+        formatters = trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset,
+                                    eval_logger, eval_aggregator, wandb_config)     # args, n, reward_fn, datasets, ...
         self.external_transition, self.model_config = external_transition, model_config
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
         self.critics, self.critic_of = self._build_critics(critic_model, critics, critic_tokenizer)
@@ -330,7 +326,6 @@ class ActorCriticTrainer:
 def _init_loop_state(self: ActorCriticTrainer):
     "The position, one sample buffer per agent and per critic, the first-turn sampler."
     a = self.args
-    self.output_dir = Path(a.output_dir or Path("runs") / self.algo)
     self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * self.n,
                   "critic_steps": [0] * len(self.critics)}
     self.buffers = SampleBuffers(self.n, a.rollout_buffer_size)
@@ -827,26 +822,18 @@ def _batch_metrics(self: ActorCriticTrainer, ro: Rollout, upd: dict, wall: float
     return m
 
 # %% ../../nbs/31_actor_critic.ipynb #f88efb4b
-from ..engine import run_options
-
 @patch
 def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    a = self.args
-    if self.train_dataset is None:
-        raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
-                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
-                                        allow_config_changes))
-    with run:                                                               # Ctrl-C: a checkpoint, then exit
-        for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
-            t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
-            with self.sampler.planned(key, self._batches_ahead(order, b, per_epoch, len(ids))):
-                ro = self._rollout_batch(ids, key)                           # all processes' episodes, in order
+    parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
+             "sampler": self.sampler}                                     # what a checkpoint holds
+    with Run.for_trainer(self, parts, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
+                         checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
+        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+            t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
+            ro = self._rollout_batch(ids, key, self._batches_ahead(order, b, run.per_epoch, len(ids)))  # in order
             self.buffers.add_each(ro.samples)                                # per agent: a Sample per step
             self.value_buffers.add_each(self._value_samples(ro.episodes))      # per critic: its TD targets
             t1, upd = time.perf_counter(), self._update_full_buffers()
@@ -856,21 +843,11 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
 
 # %% ../../nbs/31_actor_critic.ipynb #f87eb399
 @patch
-def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
-    "The run: checkpoints hold the team, the critics, both kinds of buffers and the sampler's cache."
-    parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
-             "sampler": self.sampler}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)", **opts)
-    self.output_dir = run.output_dir                        # the directory the run claimed
-    run.metrics_callback = getattr(self, "metrics_callback", None)
-    return run
-
-@patch
-def _rollout_batch(self: ActorCriticTrainer, ids, round_key) -> Rollout:
-    "This process' share of the batch's episodes; under data parallel, every process' episodes in one-process order."
+def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
+    "This process' share of the batch's episodes (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
+    with self.sampler.planned(round_key, list(ahead)):
+        ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
     parts = [p for p in self.dist.gather(None if ro is None else (ro.episodes, ro.times)) if p is not None]
     pos = {int(j): k for k, j in enumerate(ids)}

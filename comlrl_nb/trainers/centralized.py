@@ -19,8 +19,8 @@ from ..advantages import advantage_stats, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..distributed import DistContext
-from ..team import Team, team_attr, validate_dataset
-from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, run_options
+from ..team import Team, team_attr, trainer_inputs, validate_dataset
+from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run
 from ..config import CollaborationFields, TrainerConfig, compose
 from ..rollout import Sample, Turn, merge_turns, samples_from
 from .reinforce import MAGRPOConfig
@@ -61,16 +61,11 @@ class CentralizedMAGRPOTrainer:
                  eval_dataset=None, model_config: Optional[dict] = None, centralized_prompt_builder=None,
                  centralized_parser=None, eval_logger=None, eval_aggregator=None, wandb_config: Optional[dict] = None):
         args = self._check_args(args, agents, num_agents, tokenizer, reward_func, eval_logger, eval_aggregator)
-        self.args, self.n = args, args.num_agents
-        self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset, eval_logger,
+                       eval_aggregator, wandb_config)                    # args, n, reward_fn, datasets, ...
         self.build_prompt = centralized_prompt_builder or centralized_prompt
         self.parse = centralized_parser or parse_agent_sections
-        fs = resolve_formatters(formatters, self.n)                      # every row checked once, named on error
-        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, fs) for ds, nm in
-                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
-        self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, num_policies=1)
-        self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0]}
         self.buffers = SampleBuffers(1, args.rollout_buffer_size)          # the actor's samples, drained by updates
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
@@ -234,17 +229,11 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    a = self.args
-    if self.train_dataset is None:
-        raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
-                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
-                                        allow_config_changes))
-    with run:                                                               # Ctrl-C: a checkpoint, then exit
-        for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_buffer(flush=True)):
-            t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
+    with Run.for_trainer(self, {"team": self.team, "buffers": self.buffers}, resume_from_checkpoint, stop_after_batch,
+                         checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes,
+                         desc=f"{self.algo} (1 actor, {self.n} roles)") as run:   # Ctrl-C: a checkpoint, then exit
+        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_buffer(flush=True)):
+            t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
             ro = self._rollout_batch(ids, key)
             self.buffers.add_each([ro.samples])
             t1 = time.perf_counter()
@@ -255,16 +244,6 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/32_centralized.ipynb #ec0432b8
-@patch
-def _start_run(self: CentralizedMAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
-    "The run: checkpoints hold the team (actor, optimizer, reference) and the buffer (plus position, RNG)."
-    parts = {"team": self.team, "buffers": self.buffers}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} (1 actor, {self.n} roles)", **opts)
-    self.output_dir = run.output_dir                        # the directory the run claimed (runs/<algo>/<time>/...)
-    run.metrics_callback = getattr(self, "metrics_callback", None)
-    return run
-
 @patch
 def _epoch_order(self: CentralizedMAGRPOTrainer, epoch: int) -> np.ndarray:
     return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
