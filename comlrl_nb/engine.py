@@ -717,3 +717,37 @@ def finish(self: Run, plot: Optional[Callable] = None, png: str = "training_curv
     self.dist.barrier()
     self.release()
     return {**self.state, "stopped": self.stopped, "metrics_path": str(self.metrics.path)}
+
+# %% ../nbs/25_engine.ipynb #4ff388f7
+@patch(cls_method=True)
+def for_trainer(cls: Run, trainer, components: dict, resume_from_checkpoint=None,
+                stop_after_batch: Optional[int] = None, checkpoint_dir=None, checkpoint_interval: int = 1,
+                checkpoint_total_limit: Optional[int] = None, allow_config_changes: Sequence[str] = (),
+                desc: Optional[str] = None) -> Run:
+    "A trainer's run over its train_dataset in batches of rollout_batch_size items: checked, started (or resumed)."
+    if trainer.train_dataset is None:
+        raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
+    a, n = trainer.args, trainer.n
+    per_epoch = math.ceil(len(trainer.train_dataset) / a.rollout_batch_size)
+    opts = run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes)
+    run = cls(a, trainer.algo, trainer.output_dir, components, trainer.wandb_config, trainer.dist, n, trainer.state)
+    run.per_epoch = per_epoch
+    run.start(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
+              desc or f"{trainer.algo} ({n} agents)", **opts)
+    trainer.output_dir = run.output_dir                    # the directory the run claimed (runs/<algo>/<time>/...)
+    run.metrics_callback = getattr(trainer, "metrics_callback", None)
+    return run
+
+# %% ../nbs/25_engine.ipynb #5da6a12a
+@patch
+def item_batches(self: Run, order_fn: Callable[[int], Any], end_of_epoch: Optional[Callable[[], Any]] = None):
+    "`batches` of a trainer's run as (order, b, the batch's item ids, its sampling key ('train', epoch))."
+    R = self.args.rollout_batch_size
+    for order, b in self.batches(self.per_epoch, order_fn, end_of_epoch):
+        yield order, b, order[b * R:(b + 1) * R], ("train", self.state["epoch"])
+
+@patch
+def evaluation(self: Run, evaluate: Callable[[], dict], b: int) -> dict:
+    "`evaluate()` on the main process at every eval_interval-th batch of an epoch (its first included); else {}."
+    a = self.args
+    return evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}

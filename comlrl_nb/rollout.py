@@ -13,7 +13,7 @@ from .generation import compose_joint, joint_indices
 
 # %% auto #0
 __all__ = ['Node', 'TransitionError', 'accepts_keyword', 'call_transition', 'grow_tree', 'compute_returns', 'make_roots',
-           'tree_counts', 'tree_layout', 'plot_tree']
+           'Sample', 'samples_from', 'Turn', 'merge_turns', 'Rollout', 'tree_counts', 'tree_layout', 'plot_tree']
 
 # %% ../nbs/20_rollout.ipynb #e5c6a406
 @dataclass
@@ -105,6 +105,73 @@ def make_roots(items: Sequence[Any], prompts_per_agent: Sequence[Sequence[str]])
     n = len(prompts_per_agent)
     return [Node(b, 0, (), [prompts_per_agent[i][b] for i in range(n)], [[prompts_per_agent[i][b]] for i in range(n)],
                  [[] for _ in range(n)], batch_item=items[b]) for b in range(len(items))]
+
+# %% ../nbs/20_rollout.ipynb #14b2232f
+@dataclass
+class Sample:
+    "One agent's completions at one turn (a tree node's K, an episode step's 1): the ids an update reads, A of each."
+    prompt: torch.Tensor                       # prompt ids, no padding
+    completions: list                          # completion ids (EOS included), one tensor per completion
+    advantages: torch.Tensor                   # [K] advantages A
+    key: tuple = ()                            # (turn, item id, branch path or candidate): the one-process order
+    @property
+    def completion(self) -> torch.Tensor: return self.completions[0]      # an episode step has one completion
+    @property
+    def advantage(self) -> float: return float(self.advantages[0])
+
+# %% ../nbs/20_rollout.ipynb #2e3a18df
+def samples_from(comps, advantages: torch.Tensor, keys: Sequence[tuple] = ()) -> list[Sample]:
+    "One Sample per prompt of `comps` (generation's Completions): unpadded prompt ids, its K completions, A [K]."
+    out = []
+    for b in range(comps.num_prompts):
+        r = comps.rows(b)
+        p = comps.prompt_ids[r][0][comps.prompt_mask[r][0] == 1].cpu()
+        cs = [comps.completion_ids[j][comps.completion_mask[j] == 1].cpu() for j in range(r.start, r.stop)]
+        out.append(Sample(p, cs, advantages[b].detach().float().cpu(), keys[b] if keys else ()))
+    return out
+
+# %% ../nbs/20_rollout.ipynb #eb5afca1
+@dataclass
+class Turn:
+    "One turn of a batch (a tree level, or every live episode's step): rewards r, returns G, per agent A, KL, lengths."
+    rewards: torch.Tensor                      # tree: [nodes, J] joint rewards; episodes: [live]
+    returns: torch.Tensor                      # per agent: tree [n, nodes, K]; episodes [n, live]
+    advantages: list                           # per agent: tree [nodes, K]; episodes [live]
+    kl: Optional[list]                         # per agent: k3 KL to the reference (None when off)
+    lengths: list                              # per agent: completion lengths
+    comps: Optional[list] = None               # per agent Completions (in-process only)
+    values: Optional[torch.Tensor] = None      # episodes: critic values V(h_t) [live, critics]
+    targets: Optional[torch.Tensor] = None     # episodes: TD targets y_t [live, critics]
+    def __getitem__(self, key: str): return getattr(self, key)
+
+# %% ../nbs/20_rollout.ipynb #9cd1f4c6
+def merge_turns(parts: Sequence[Turn]) -> Turn:
+    "One Turn from several processes' Turns of the same turn: rows concatenated in order (the completions dropped)."
+    per_agent = lambda f: [torch.cat(xs) for xs in zip(*(getattr(p, f) for p in parts))]
+    opt = lambda f: torch.cat([getattr(p, f) for p in parts]) if getattr(parts[0], f) is not None else None
+    return Turn(torch.cat([p.rewards for p in parts]), torch.cat([p.returns for p in parts], 1),
+                per_agent("advantages"), per_agent("kl") if parts[0].kl is not None else None, per_agent("lengths"),
+                values=opt("values"), targets=opt("targets"))
+
+# %% ../nbs/20_rollout.ipynb #63860abf
+@dataclass
+class Rollout:
+    "A batch: every agent's Samples, one Turn per turn, timings; in-process also the tree levels or the episodes."
+    samples: list                              # per agent: Samples in one-process order
+    turns: list                                # one Turn per turn
+    time_generate: float = 0.0
+    time_reward: float = 0.0
+    time_kl: float = 0.0
+    levels: Optional[list] = None              # REINFORCE: grow_tree's levels
+    prompts: Optional[list] = None             # REINFORCE: the first prompts [agent][item]
+    episodes: Optional[list] = None            # actor-critic: the episodes
+    times: dict = field(default_factory=dict)  # actor-critic: seconds per part (generate, reward, transition, ...)
+    def __getitem__(self, key: str):
+        "Dict-style access: 'turn_stats' is `turns`; 'comps', 'rewards', ... the first turn's; 'time_<part>' a time."
+        if key == "turn_stats": return self.turns
+        if key in ("comps", "rewards", "returns", "advantages", "kl"): return getattr(self.turns[0], key)
+        if key.startswith("time_") and key[5:] in self.times: return self.times[key[5:]]
+        return getattr(self, key)
 
 # %% ../nbs/20_rollout.ipynb #bd52204a
 def tree_counts(num_agents: int, k: int, num_turns: int, mode: str = "aligned") -> dict:

@@ -14,11 +14,11 @@ from fastcore.basics import patch
 from .core import as_list, resolve_device
 from .models import load_agents
 from .generation import Completions, generate_completions
-from .rewards import apply_chat_template, format_prompt, resolve_formatters
+from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from .engine import adamw
 
 # %% auto #0
-__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'team_attr']
+__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs']
 
 # %% ../nbs/24_team.ipynb #b3459ab2
 def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> list:
@@ -156,3 +156,16 @@ def team_attr(self, name: str):
     if name in TEAM_ATTRS and "team" in d: return getattr(d["team"], name)
     if name == "_sample_cache" and "sampler" in d: return d["sampler"].cache
     raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+# %% ../nbs/24_team.ipynb #08093ca3
+def trainer_inputs(trainer, args, reward_func, reward_processor=None, formatters=None, train_dataset=None,
+                   eval_dataset=None, eval_logger=None, eval_aggregator=None, wandb_config=None) -> list:
+    "Set what every trainer keeps of its arguments (args, n, reward_fn, datasets, eval hooks, ...); the formatters."
+    trainer.args, trainer.n = args, args.num_agents
+    trainer.reward_fn = RewardFunction(reward_func, trainer.n, reward_processor, args.reward_batched)
+    fs = resolve_formatters(formatters, trainer.n)                 # every row checked once, named on error
+    trainer.train_dataset, trainer.eval_dataset = (validate_dataset(ds, nm, fs) for ds, nm in
+                                                   ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
+    trainer.eval_logger, trainer.eval_aggregator, trainer.wandb_config = eval_logger, eval_aggregator, wandb_config
+    trainer.output_dir = Path(args.output_dir or Path("runs") / trainer.algo)
+    return fs

@@ -21,15 +21,14 @@ from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
 from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
-from ..rollout import TransitionError, call_transition
+from ..rollout import Rollout, Sample, TransitionError, Turn, call_transition
 from .reinforce import _check_devices, _check_hooks
-from ..team import Team, map_jobs, team_attr, validate_dataset
+from ..team import Team, map_jobs, team_attr, trainer_inputs, validate_dataset
 
 # %% auto #0
-__all__ = ['td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'kl_td_targets', 'value_loss',
+__all__ = ['Episodes', 'td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'kl_td_targets', 'value_loss',
            'ValueHead', 'last_token_hidden', 'Critic', 'history_text', 'ActorCriticConfig', 'MAACConfig', 'IACConfig',
-           'Episode', 'ActorSample', 'ValueSample', 'Episodes', 'ActorCriticTrainer', 'Critics', 'MAACTrainer',
-           'IACTrainer']
+           'Episode', 'ActorSample', 'ValueSample', 'ActorCriticTrainer', 'Critics', 'MAACTrainer', 'IACTrainer']
 
 # %% ../../nbs/31_actor_critic.ipynb #0b2494ec
 def _as_float(x, name: str) -> torch.Tensor:
@@ -279,12 +278,16 @@ class Episode:
     @property
     def num_turns(self) -> int: return len(self.rewards)
 
-@dataclass
-class ActorSample:
-    "One agent's turn: prompt ids, completion ids (EOS included), advantage."
-    prompt: torch.Tensor
-    completion: torch.Tensor
-    advantage: float
+class ActorSample(Sample):
+    "One agent's turn, `ActorSample(prompt ids, completion ids (EOS included), advantage)`: a Sample of 1 completion."
+    def __init__(self, prompt: torch.Tensor, completion: torch.Tensor, advantage: float, key: tuple = ()):
+        super().__init__(prompt, [completion], torch.tensor([float(advantage)]), key)
+    def __setstate__(self, state: dict):
+        "A checkpoint written before the shared data model held `completion` and `advantage`: read as a Sample."
+        if "completion" in state:
+            state = {"prompt": state["prompt"], "completions": [state["completion"]],
+                     "advantages": torch.tensor([float(state["advantage"])]), "key": ()}
+        self.__dict__.update(state)
 
 @dataclass
 class ValueSample:
@@ -294,14 +297,8 @@ class ValueSample:
     old_value: float
 
 # %% ../../nbs/31_actor_critic.ipynb #d230e114
-@dataclass
-class Episodes:
-    "A batch's episodes and the seconds spent generating, rewarding, in transitions and scoring with the critics."
-    episodes: list
-    times: dict = field(default_factory=dict)
-    def __getitem__(self, key: str):
-        "Dict-style access: 'episodes', or 'time_<part>'."
-        return self.times[key[5:]] if key.startswith("time_") else getattr(self, key)
+Episodes = Rollout          # the old name of a batch of episodes: a Rollout (20_rollout) with `episodes` and `times`
+_all_ = ["Episodes"]
 
 # %% ../../nbs/31_actor_critic.ipynb #e08d38da
 class ActorCriticTrainer:
@@ -316,13 +313,9 @@ class ActorCriticTrainer:
                  critic_tokenizer=None, evaluator: Optional[Callable] = None):
         args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                                 external_transition)
-        self.args, self.n = args, args.num_agents
-        self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        formatters = trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset,
+                                    eval_logger, eval_aggregator, wandb_config)     # args, n, reward_fn, datasets, ...
         self.evaluator = evaluator          # an evaluation to run instead of this one (MARLHF's, with the task reward)
-        formatters = resolve_formatters(formatters, self.n)
-        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, formatters) for ds, nm in
-                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
-        self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.external_transition, self.model_config = external_transition, model_config
         self._check_critic_sources(critic_model, critics)              # before any model loads
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
@@ -338,7 +331,6 @@ class ActorCriticTrainer:
 def _init_loop_state(self: ActorCriticTrainer):
     "The position, one sample buffer per agent and per critic, the first-turn sampler."
     a = self.args
-    self.output_dir = Path(a.output_dir or Path("runs") / self.algo)
     self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * self.n,
                   "critic_steps": [0] * len(self.critics)}
     self.buffers = SampleBuffers(self.n, a.rollout_buffer_size)
@@ -617,10 +609,36 @@ def reference_models(self: ActorCriticTrainer) -> Optional[list]:
     "The frozen reference copies (the team's `ref_agents`; None when reference KL is off)."
     return self.team.ref_agents
 
+# %% ../../nbs/31_actor_critic.ipynb #cf062dea
+@patch
+def _as_rollout(self: ActorCriticTrainer, eps: list, times: dict) -> Rollout:
+    "The episodes as a Rollout: per agent one Sample per step (episode by episode), one Turn per turn."
+    scored = bool(eps) and bool(eps[0].advantages)                # evaluation leaves the episodes unscored
+    samples = [[Sample(e.prompt_ids[i][t], [e.completion_ids[i][t]], e.advantages[i][t:t + 1].clone(),
+                       (t, e.item_id, e.candidate)) for e in eps for t in range(e.num_turns)] if scored else []
+               for i in range(self.n)]
+    turns = [self._episode_turn([e for e in eps if e.num_turns > t], t, scored)
+             for t in range(max((e.num_turns for e in eps), default=0))]
+    return Rollout(samples, turns, times.get("generate", 0.0), times.get("reward", 0.0), times.get("kl", 0.0),
+                   episodes=eps, times=times)
+
+# %% ../../nbs/31_actor_critic.ipynb #482f8242
+@patch
+def _episode_turn(self: ActorCriticTrainer, at: list, t: int, scored: bool) -> Turn:
+    "Turn t of the episodes that reached it: r; per agent G (returns-to-go), A, KL, lengths; per critic V and y."
+    agents, C = range(self.n), range(len(self.critics))
+    per_critic = lambda f: torch.stack([torch.stack([f(e)[c][t] for c in C]) for e in at]) if scored else None
+    G = torch.stack([discounted_returns(e.rewards, self.args.discount)[t] for e in at])      # the team's return
+    return Turn(torch.tensor([e.rewards[t] for e in at], dtype=torch.float64), torch.stack([G] * self.n),
+                [torch.stack([e.advantages[i][t] for e in at]) for i in agents] if scored else None,
+                [torch.tensor([e.kl[i][t] for e in at]) for i in agents] if at[0].kl else None,
+                [torch.tensor([len(e.completion_ids[i][t]) for e in at]) for i in agents],
+                values=per_critic(lambda e: e.values), targets=per_critic(lambda e: e.targets))
+
 # %% ../../nbs/31_actor_critic.ipynb #8073dbff
 @patch
 def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[int], round_key,
-            k: Optional[int] = None, with_values: bool = True) -> Episodes:
+            k: Optional[int] = None, with_values: bool = True) -> Rollout:
     "Run the episodes of a batch of items; with_values: score them with the critics (values, TD targets, advantages)."
     a, K, tm = self.args, k or self.args.num_generations, {"generate": 0.0, "reward": 0.0, "transition": 0.0}
     if K > 1 and a.num_turns > 1:
@@ -646,7 +664,7 @@ def rollout(self: ActorCriticTrainer, items: Sequence[dict], item_ids: Sequence[
         tm["transition"] += time.perf_counter() - t2
     t3 = time.perf_counter()
     if with_values: self._score_episodes(eps)
-    return Episodes(eps, {**tm, "critic": time.perf_counter() - t3})
+    return self._as_rollout(eps, {**tm, "critic": time.perf_counter() - t3})
 
 # %% ../../nbs/31_actor_critic.ipynb #486dae23
 @patch
@@ -690,7 +708,7 @@ def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples
     "Optimizer steps for agent i (its value head too, when it has one); returns (policy losses, value losses)."
     a, c, tbs = self.args, self.critic_of[i], self.args.train_batch_size
     model, opt = self.team.agents[i], self.team.optimizers[i]
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    adv = torch.cat([s.advantages for s in samples])
     if a.advantage_normalization: adv = normalize_advantages(adv)
     clip, params = getattr(a, "value_clip_range", None), [p for g in opt.param_groups for p in g["params"]]
     pol, val, head = [], [], self.critics[c].head if value_samples is not None else None
@@ -731,16 +749,10 @@ def _update_critic(self: ActorCriticTrainer, c: int, samples: list) -> list:
 
 # %% ../../nbs/31_actor_critic.ipynb #30ea4254
 @patch
-def _store(self: ActorCriticTrainer, eps: list):
-    "One ActorSample per agent and one ValueSample per critic for every turn of every (complete) episode."
-    for e in eps:
-        for t in range(e.num_turns):
-            for i in range(self.n):
-                adv = float(e.advantages[i][t])
-                self.buffers[i].add(ActorSample(e.prompt_ids[i][t], e.completion_ids[i][t], adv))
-            for c in range(len(self.critics)):
-                y, v = float(e.targets[c][t]), float(e.values[c][t])
-                self.value_buffers[c].add(ValueSample(e.critic_ids[c][t], y, v))
+def _value_samples(self: ActorCriticTrainer, eps: list) -> list:
+    "Per critic: one ValueSample (its text's ids, the TD target y, V at collection) per step of every episode."
+    return [[ValueSample(e.critic_ids[c][t], float(e.targets[c][t]), float(e.values[c][t]))
+             for e in eps for t in range(e.num_turns)] for c in range(len(self.critics))]
 
 @patch
 def _update_full_buffers(self: ActorCriticTrainer, flush: bool = False) -> dict:
@@ -789,36 +801,33 @@ def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dic
 
 # %% ../../nbs/31_actor_critic.ipynb #4f1689a4
 @patch
-def _turn_metrics(self: ActorCriticTrainer, eps: list) -> dict:
-    m, C = {}, range(len(self.critics))
-    for t in range(max(e.num_turns for e in eps)):
-        at = [e for e in eps if e.num_turns > t]
-        r = np.array([e.rewards[t] for e in at])
-        k = f"turn_{t + 1}"
+def _turn_metrics(self: ActorCriticTrainer, ro: Rollout) -> dict:
+    "Per turn (its Turn: the episodes that reached it) rewards, returns, values, targets; per episode turns, stops."
+    m = {}
+    for t, st in enumerate(ro.turns):
+        r, k = st.rewards.numpy(), f"turn_{t + 1}"
         m[f"{k}/reward_mean"], m[f"{k}/reward_std"] = float(r.mean()), float(r.std())
-        G = [float(discounted_returns(e.rewards, self.args.discount)[t]) for e in at]
-        m[f"{k}/expected_return"] = float(np.mean(G))
-        if at[0].values:
-            m[f"{k}/value_mean"] = float(np.mean([float(e.values[c][t]) for e in at for c in C]))
-            m[f"{k}/td_target_mean"] = float(np.mean([float(e.targets[c][t]) for e in at for c in C]))
-        m[f"{k}/num_episodes"] = len(at)
-    m["episode/turns_mean"] = float(np.mean([e.num_turns for e in eps]))
-    m["episode/early_stop_rate"] = float(np.mean([e.early_stop for e in eps]))
+        m[f"{k}/expected_return"] = float(np.mean(st.returns[0].tolist()))       # every agent's G
+        if st.values is not None:
+            m[f"{k}/value_mean"] = float(np.mean(st.values.flatten().tolist()))
+            m[f"{k}/td_target_mean"] = float(np.mean(st.targets.flatten().tolist()))
+        m[f"{k}/num_episodes"] = len(r)
+    m["episode/turns_mean"] = float(np.mean([e.num_turns for e in ro.episodes]))
+    m["episode/early_stop_rate"] = float(np.mean([e.early_stop for e in ro.episodes]))
     return m
 
 # %% ../../nbs/31_actor_critic.ipynb #cf525974
 @patch
-def _batch_metrics(self: ActorCriticTrainer, ro: Episodes, upd: dict, wall: float) -> dict:
-    eps = ro.episodes
-    m = self._turn_metrics(eps)
-    ntok = sum(len(c) for e in eps for i in range(self.n) for c in e.completion_ids[i])
+def _batch_metrics(self: ActorCriticTrainer, ro: Rollout, upd: dict, wall: float) -> dict:
+    m = self._turn_metrics(ro)
+    ntok = sum(len(s.completion) for agent in ro.samples for s in agent)
     m.update({"tokens_per_s": ntok / max(wall, 1e-9), "time/batch": wall,
               **{f"time/{k}": v for k, v in ro.times.items()}})
     for i in range(self.n):
-        A = torch.cat([e.advantages[i] for e in eps])
+        A = torch.cat([s.advantages for s in ro.samples[i]])                 # every step of agent i, episode by episode
         m[f"agent_{i}/adv_mean"], m[f"agent_{i}/adv_std"] = float(A.mean()), float(A.std(unbiased=False))
-        m[f"agent_{i}/completion_len"] = float(np.mean([len(c) for e in eps for c in e.completion_ids[i]]))
-        if eps[0].kl: m[f"agent_{i}/kl"] = float(np.mean([x for e in eps for x in e.kl[i]]))
+        m[f"agent_{i}/completion_len"] = float(np.mean([len(s.completion) for s in ro.samples[i]]))
+        if ro.turns[0].kl is not None: m[f"agent_{i}/kl"] = float(np.mean([x for e in ro.episodes for x in e.kl[i]]))
         if i in upd["policy"]:
             m[f"agent_{i}/loss"] = float(np.mean(upd["policy"][i]))
             m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
@@ -829,27 +838,20 @@ def _batch_metrics(self: ActorCriticTrainer, ro: Episodes, upd: dict, wall: floa
     return m
 
 # %% ../../nbs/31_actor_critic.ipynb #f88efb4b
-from ..engine import run_options
-
 @patch
 def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    a = self.args
-    if self.train_dataset is None:
-        raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
-                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
-                                        allow_config_changes))
-    with run:                                                               # Ctrl-C: a checkpoint, then exit
-        for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
-            t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
-            with self.sampler.planned(key, self._batches_ahead(order, b, per_epoch, len(ids))):
-                ro = self._rollout_batch(ids, key)                           # all processes' episodes, in order
-            self._store(ro.episodes)
+    parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
+             "sampler": self.sampler}                                     # what a checkpoint holds
+    with Run.for_trainer(self, parts, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
+                         checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
+        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+            t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
+            ro = self._rollout_batch(ids, key, self._batches_ahead(order, b, run.per_epoch, len(ids)))  # in order
+            self.buffers.add_each(ro.samples)                                # per agent: a Sample per step
+            self.value_buffers.add_each(self._value_samples(ro.episodes))      # per critic: its TD targets
             t1, upd = time.perf_counter(), self._update_full_buffers()
             rec = self._batch_metrics(ro, upd, time.perf_counter() - t0)
             run.end_of_batch({**rec, "time/update": time.perf_counter() - t1, **ev}, rollouts=ro.episodes)
@@ -857,26 +859,16 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
 
 # %% ../../nbs/31_actor_critic.ipynb #f87eb399
 @patch
-def _start_run(self: ActorCriticTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
-    "The run: checkpoints hold the team, the critics, both kinds of buffers and the sampler's cache."
-    parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
-             "sampler": self.sampler}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)", **opts)
-    self.output_dir = run.output_dir                        # the directory the run claimed
-    run.metrics_callback = getattr(self, "metrics_callback", None)
-    return run
-
-@patch
-def _rollout_batch(self: ActorCriticTrainer, ids, round_key) -> Episodes:
-    "This process' share of the batch's episodes; under data parallel, every process' episodes in one-process order."
+def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
+    "This process' share of the batch's episodes (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
+    with self.sampler.planned(round_key, list(ahead)):
+        ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
-    parts = [p for p in self.dist.gather(ro) if p is not None]
+    parts = [p for p in self.dist.gather(None if ro is None else (ro.episodes, ro.times)) if p is not None]
     pos = {int(j): k for k, j in enumerate(ids)}
-    eps = sorted((e for p in parts for e in p.episodes), key=lambda e: (pos[e.item_id], e.candidate))
-    return Episodes(eps, {k: max(p.times[k] for p in parts) for k in parts[0].times})
+    eps = sorted((e for p in parts for e in p[0]), key=lambda e: (pos[e.item_id], e.candidate))
+    return self._as_rollout(eps, {k: max(p[1][k] for p in parts) for k in parts[0][1]})
 
 @patch
 def _epoch_order(self: ActorCriticTrainer, epoch: int) -> np.ndarray:

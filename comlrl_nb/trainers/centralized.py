@@ -19,10 +19,11 @@ from ..advantages import advantage_stats, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..distributed import DistContext
-from ..team import Team, team_attr, validate_dataset
-from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, run_options
+from ..team import Team, team_attr, trainer_inputs, validate_dataset
+from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run
 from ..config import CollaborationFields, TrainerConfig, compose
-from .reinforce import MAGRPOConfig, Sample
+from ..rollout import Sample, Turn, merge_turns, samples_from
+from .reinforce import MAGRPOConfig
 from .madpo import central_evaluate
 
 # %% auto #0
@@ -61,17 +62,12 @@ class CentralizedMAGRPOTrainer:
                  centralized_parser=None, eval_logger=None, eval_aggregator=None, wandb_config: Optional[dict] = None,
                  train_reward=None):
         args = self._check_args(args, agents, num_agents, tokenizer, reward_func, eval_logger, eval_aggregator)
-        self.args, self.n = args, args.num_agents
-        self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset, eval_logger,
+                       eval_aggregator, wandb_config)                    # args, n, reward_fn, datasets, ...
         self.build_prompt = centralized_prompt_builder or centralized_prompt
         self.parse = centralized_parser or parse_agent_sections
         self.train_reward = train_reward     # MARLHF: f(actor prompts, joint texts, items) in training only
-        fs = resolve_formatters(formatters, self.n)                      # every row checked once, named on error
-        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, fs) for ds, nm in
-                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
-        self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, num_policies=1)
-        self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0]}
         self.buffers = SampleBuffers(1, args.rollout_buffer_size)          # the actor's samples, drained by updates
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
@@ -135,18 +131,20 @@ def score(self: CentralizedMAGRPOTrainer, completions: Sequence[str], items: Seq
 # %% ../../nbs/32_centralized.ipynb #64ad9dce
 @dataclass
 class JointRollout:
-    "A batch of the joint actor: its samples; rewards, returns, advantages, KL, lengths [items, K]; counts, timings."
-    samples: list
-    rewards: torch.Tensor
-    returns: torch.Tensor
-    advantages: torch.Tensor
-    kl: Optional[torch.Tensor]
-    lengths: torch.Tensor
+    "A batch of the joint actor: its Samples, the batch's one Turn (the actor its one agent), unparsed count, timings."
+    samples: list                                 # the actor's Samples, one per item
+    turn: Turn                                    # rewards, returns, A, KL, lengths [items, K]; the Completions
     unparsed: int
     time_generate: float = 0.0
     time_reward: float = 0.0
     time_kl: float = 0.0
-    comps: Optional[object] = None                # the actor's Completions (in-process only)
+    def __getattr__(self, name: str):
+        "rewards, returns, advantages, kl, lengths, comps: the turn's (the actor's, of the per-agent ones)."
+        if name == "rewards": return self.turn.rewards
+        if name in ("returns", "advantages", "kl", "lengths", "comps"):
+            v = getattr(self.turn, name)
+            return None if v is None else v[0]
+        raise AttributeError(f"'JointRollout' object has no attribute '{name}'")
 
 @patch
 def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: Sequence[tuple], k: int,
@@ -181,14 +179,10 @@ def rollout(self: CentralizedMAGRPOTrainer, items: Sequence[dict], item_ids: Seq
     kl = self._reference_kl(c) if self.team.ref_agents is not None else None
     adv = node_advantages(penalized_returns(R, kl, a.reference_kl_coef) if kl is not None else R,
                           a.advantage_mode, a.advantage_normalization)
-    samples = []
-    for b, j in enumerate(item_ids):
-        r = c.rows(b)
-        p = c.prompt_ids[r][0][c.prompt_mask[r][0] == 1].cpu()
-        comps = [c.completion_ids[x][c.completion_mask[x] == 1].cpu() for x in range(r.start, r.stop)]
-        samples.append(Sample(p, comps, adv[b].detach().float().cpu(), (0, int(j), ())))
-    return JointRollout(samples, R, R, adv, kl, c.lengths.cpu().view(c.num_prompts, K), s["unparsed"],
-                        t1 - t0 - s["time_reward"], s["time_reward"], time.perf_counter() - t1, c)
+    samples = samples_from(c, adv, [(0, int(j), ()) for j in item_ids])
+    turn = Turn(R, R[None], [adv], None if kl is None else [kl], [c.lengths.cpu().view(c.num_prompts, K)], [c])
+    return JointRollout(samples, turn, s["unparsed"], t1 - t0 - s["time_reward"], s["time_reward"],
+                        time.perf_counter() - t1)
 
 # %% ../../nbs/32_centralized.ipynb #94ca8fdd
 @patch
@@ -246,17 +240,11 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    a = self.args
-    if self.train_dataset is None:
-        raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
-                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
-                                        allow_config_changes))
-    with run:                                                               # Ctrl-C: a checkpoint, then exit
-        for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_buffer(flush=True)):
-            t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
+    with Run.for_trainer(self, {"team": self.team, "buffers": self.buffers}, resume_from_checkpoint, stop_after_batch,
+                         checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes,
+                         desc=f"{self.algo} (1 actor, {self.n} roles)") as run:   # Ctrl-C: a checkpoint, then exit
+        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_buffer(flush=True)):
+            t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
             ro = self._rollout_batch(ids, key)
             self.buffers.add_each([ro.samples])
             t1 = time.perf_counter()
@@ -267,16 +255,6 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/32_centralized.ipynb #ec0432b8
-@patch
-def _start_run(self: CentralizedMAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
-    "The run: checkpoints hold the team (actor, optimizer, reference) and the buffer (plus position, RNG)."
-    parts = {"team": self.team, "buffers": self.buffers}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} (1 actor, {self.n} roles)", **opts)
-    self.output_dir = run.output_dir                        # the directory the run claimed (runs/<algo>/<time>/...)
-    run.metrics_callback = getattr(self, "metrics_callback", None)
-    return run
-
 @patch
 def _epoch_order(self: CentralizedMAGRPOTrainer, epoch: int) -> np.ndarray:
     return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
@@ -294,14 +272,12 @@ def _rollout_batch(self: CentralizedMAGRPOTrainer, ids, round_key) -> JointRollo
     local = self.dist.shard(ids)
     ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
-    parts = [p for p in self.dist.gather(None if ro is None else replace(ro, comps=None)) if p is not None]
+    slim = None if ro is None else replace(ro, turn=replace(ro.turn, comps=None))
+    parts = [p for p in self.dist.gather(slim) if p is not None]
     pos = {int(j): k for k, j in enumerate(ids)}
     samples = sorted((s for p in parts for s in p.samples), key=lambda s: pos[s.key[1]])
-    cat = lambda f: torch.cat([getattr(p, f) for p in parts])
     times = (max(getattr(p, f) for p in parts) for f in ("time_generate", "time_reward", "time_kl"))
-    return JointRollout(samples, cat("rewards"), cat("returns"), cat("advantages"),
-                        cat("kl") if parts[0].kl is not None else None, cat("lengths"),
-                        sum(p.unparsed for p in parts), *times)
+    return JointRollout(samples, merge_turns([p.turn for p in parts]), sum(p.unparsed for p in parts), *times)
 
 # %% ../../nbs/32_centralized.ipynb #a8366997
 @patch

@@ -21,12 +21,12 @@ from ..advantages import advantage_stats, check_advantage_mode, node_advantages,
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
-from ..team import Team, team_attr, validate_dataset
+from ..team import Team, team_attr, trainer_inputs, validate_dataset
 from ..engine import Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run
 
 # %% auto #0
-__all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'Sample', 'Turn', 'Rollout', 'MAGRPOTrainer',
-           'MAREINFORCETrainer', 'MARLOOTrainer', 'MAReMaxTrainer']
+__all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'MAREINFORCETrainer',
+           'MARLOOTrainer', 'MAReMaxTrainer', 'Sample', 'Turn', 'Rollout']
 
 # %% ../../nbs/30_reinforce.ipynb #1b40b11f
 from ..config import (AdvantageFields, BaselineFields, BufferFields, CheckpointFields, DeviceFields, EvalFields,
@@ -74,51 +74,8 @@ class MAReMaxConfig(MAGRPOConfig):
     "MAReMax: the group's best return is the baseline."
 
 # %% ../../nbs/30_reinforce.ipynb #241c754d
-@dataclass
-class Sample:
-    "One node for one agent: prompt ids, K completion ids, K advantages."
-    prompt: torch.Tensor
-    completions: list
-    advantages: torch.Tensor
-    key: tuple = ()        # (depth, item id, branch path): the order of samples in a one-process run
-
-def _samples_from(comps, adv: torch.Tensor, nodes=None, item_ids=None) -> list[Sample]:
-    out = []
-    for b in range(comps.num_prompts):
-        r = comps.rows(b)
-        p = comps.prompt_ids[r][0][comps.prompt_mask[r][0] == 1].cpu()
-        cs = [comps.completion_ids[j][comps.completion_mask[j] == 1].cpu() for j in range(r.start, r.stop)]
-        key = (nodes[b].depth, int(item_ids[nodes[b].item]), nodes[b].path) if nodes is not None else ()
-        out.append(Sample(p, cs, adv[b].detach().float().cpu(), key))
-    return out
-
-# %% ../../nbs/30_reinforce.ipynb #7293620a
-@dataclass
-class Turn:
-    "One tree level of a batch: joint rewards [nodes, J], returns [n, nodes, K], per-agent advantages, KL, lengths."
-    rewards: torch.Tensor
-    returns: torch.Tensor
-    advantages: list
-    kl: Optional[list]
-    lengths: list
-    comps: Optional[list] = None                # per agent Completions (in-process only)
-    def __getitem__(self, key: str): return getattr(self, key)
-
-@dataclass
-class Rollout:
-    "A batch: every agent's samples, one Turn per level, timings; in-process also the trees and the prompts."
-    samples: list
-    turns: list
-    time_generate: float = 0.0
-    time_reward: float = 0.0
-    time_kl: float = 0.0
-    levels: Optional[list] = None
-    prompts: Optional[list] = None
-    def __getitem__(self, key: str):
-        "Dict-style access: 'turn_stats' is `turns`; 'comps', 'rewards', 'returns', 'advantages', 'kl' the root's."
-        if key == "turn_stats": return self.turns
-        if key in ("comps", "rewards", "returns", "advantages", "kl"): return getattr(self.turns[0], key)
-        return getattr(self, key)
+from ..rollout import Rollout, Sample, Turn, merge_turns, samples_from
+_all_ = ["Sample", "Turn", "Rollout"]           # the shared data model (20_rollout), importable from here as before
 
 # %% ../../nbs/30_reinforce.ipynb #e4ce329e
 def _check_agent_spec(args, agents):
@@ -152,17 +109,12 @@ class MAGRPOTrainer:
                  eval_aggregator=None, wandb_config: Optional[dict] = None, evaluator: Optional[Callable] = None):
         args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                                 external_transition)
-        self.args, self.n = args, args.num_agents
-        self.reward_fn = RewardFunction(reward_func, self.n, reward_processor, args.reward_batched)
+        formatters = trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset,
+                                    eval_logger, eval_aggregator, wandb_config)     # args, n, reward_fn, datasets, ...
         self.evaluator = evaluator          # an evaluation to run instead of this one (MARLHF's, with the task reward)
-        formatters = resolve_formatters(formatters, self.n)
-        self.train_dataset, self.eval_dataset = (validate_dataset(ds, nm, formatters) for ds, nm in
-                                                 ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")))
         self.external_transition = external_transition
-        self.eval_logger, self.eval_aggregator, self.wandb_config = eval_logger, eval_aggregator, wandb_config
         P = self._num_policies(args)                              # models trained (MADPO's centralized mode: 1)
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config, P)
-        self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0] * P}
         self.buffers = SampleBuffers(self.n, args.rollout_buffer_size)      # one per agent, drained by updates
         self.sampler = Sampler(self.team, args.seed)                         # owns the sampled-ahead completions
@@ -260,7 +212,8 @@ def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int],
     samples, turns = [[] for _ in range(self.n)], []
     for level in levels:
         turn = self._level_turn(level, K, timers)
-        for i in range(self.n): samples[i] += _samples_from(turn.comps[i], turn.advantages[i], level, item_ids)
+        keys = [(nd.depth, int(item_ids[nd.item]), nd.path) for nd in level]      # the one-process order
+        for i in range(self.n): samples[i] += samples_from(turn.comps[i], turn.advantages[i], keys)
         turns.append(turn)
     return Rollout(samples, turns, timers["generate"], timers["reward"], timers["kl"], levels, prompts)
 
@@ -370,26 +323,18 @@ def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
 
 
 # %% ../../nbs/30_reinforce.ipynb #c2c37bcd
-from ..engine import run_options
-
 @patch
 def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    a = self.args
-    if self.train_dataset is None:
-        raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
-    per_epoch, R = math.ceil(len(self.train_dataset) / a.rollout_batch_size), a.rollout_batch_size
-    run = self._start_run(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
-                          **run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit,
-                                        allow_config_changes))
-    with run:                                                               # Ctrl-C: a checkpoint, then exit
-        for order, b in run.batches(per_epoch, self._epoch_order, lambda: self._update_full_buffers(flush=True)):
-            t0, ids, key = time.perf_counter(), order[b * R:(b + 1) * R], ("train", run.state["epoch"])
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
-            with self.sampler.planned(key, self._batches_ahead(order, b, per_epoch, len(ids))):
-                ro = self._rollout_batch(ids, key)                           # all processes' samples, in order
+    with Run.for_trainer(self, {"team": self.team, "buffers": self.buffers, "sampler": self.sampler},  # checkpointed
+                         resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
+                         checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
+        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+            t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
+            ahead = self._batches_ahead(order, b, run.per_epoch, len(ids))    # sampled with this batch, cached
+            ro = self._rollout_batch(ids, key, ahead)                          # all processes' samples, in order
             self.buffers.add_each(ro.samples)
             losses, timing = self._timed_update()
             run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev},
@@ -397,16 +342,6 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/30_reinforce.ipynb #64472d21
-@patch
-def _start_run(self: MAGRPOTrainer, resume_from_checkpoint, stop_after_batch, total: int, **opts) -> Run:
-    "The run of this trainer: checkpoints hold the team, the buffers and the sampler's cache (plus position, RNG)."
-    parts = {"team": self.team, "buffers": self.buffers, "sampler": self.sampler}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
-    run.start(resume_from_checkpoint, stop_after_batch, total, f"{self.algo} ({self.n} agents)", **opts)
-    self.output_dir = run.output_dir                        # the directory the run claimed (runs/<algo>/<time>/...)
-    run.metrics_callback = getattr(self, "metrics_callback", None)
-    return run
-
 @patch
 def _epoch_order(self: MAGRPOTrainer, epoch: int) -> np.ndarray:
     return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
@@ -421,11 +356,12 @@ def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: in
 
 # %% ../../nbs/30_reinforce.ipynb #3e1f3bb4
 @patch
-def _rollout_batch(self: MAGRPOTrainer, ids, round_key) -> Rollout:
-    "This process' share of the batch rolled out; under data parallel, every process' rollouts gathered in order."
+def _rollout_batch(self: MAGRPOTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
+    "This process' share of the batch rolled out (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
-    return self._gather_rollouts(ro, ids)
+    with self.sampler.planned(round_key, list(ahead)):
+        ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
+        return self._gather_rollouts(ro, ids)
 
 @patch
 def _timed_update(self: MAGRPOTrainer) -> tuple[dict, dict]:
@@ -470,12 +406,8 @@ def _gather_rollouts(self: MAGRPOTrainer, ro: Optional[Rollout], ids) -> Rollout
     pos = {int(j): k for k, j in enumerate(ids)}
     order = lambda smp: (smp.key[0], pos[smp.key[1]], smp.key[2])
     samples = [sorted((x for p in parts for x in p.samples[i]), key=order) for i in range(self.n)]
-    turns = []
-    for t in range(max(len(p.turns) for p in parts)):
-        ts = [p.turns[t] for p in parts if len(p.turns) > t]
-        cat = lambda f: [torch.cat([getattr(x, f)[i] for x in ts]) for i in range(self.n)]
-        turns.append(Turn(torch.cat([x.rewards for x in ts]), torch.cat([x.returns for x in ts], 1), cat("advantages"),
-                          cat("kl") if ts[0].kl is not None else None, cat("lengths")))
+    turns = [merge_turns([p.turns[t] for p in parts if len(p.turns) > t])
+             for t in range(max(len(p.turns) for p in parts))]
     times = (max(getattr(p, f) for p in parts) for f in ("time_generate", "time_reward", "time_kl"))
     return Rollout(samples, turns, *times)
 
