@@ -225,6 +225,10 @@ def test_cli_trains_centralized_marlhf_with_an_actor_critic_backend(tmp_path, al
     assert rep["config"]["collaboration_mode"] == "centralized" and rep["config"]["rl_algorithm"] == algo
     assert "unparsed" in rep["heldout_before"]
     assert (out / "final" / "agent_0").is_dir() and not (out / "final" / "agent_1").exists()
+    from types import SimpleNamespace
+    from comlrl_nb.cli import _algo_overrides                        # a real model is its own critic's backbone
+    ov = _algo_overrides("marlhf", MARLHFConfig, SimpleNamespace(num_turns=1), "org/model", {"rl_algorithm": algo})
+    assert ov["critic_model_name"] == ov["reward_model_name"] == "org/model"
 
 
 @pytest.mark.parametrize("algo", ["maac", "iac"])

@@ -175,7 +175,7 @@ def learned_reward(self: MARLHFTrainer, *completions, prompts=None, **_) -> list
 
 @patch
 def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
-    "Evaluation with the task reward (never the learned one): centralized, the one actor's (parsed roles); else MAGRPO's."
+    "Evaluation with the task reward (never the learned one): centralized, the one actor's parsed roles; else MAGRPO's."
     if self.central is not None: return self.central.evaluate(num_samples)
     return MAGRPOTrainer.evaluate(self, num_samples)
 
@@ -246,7 +246,7 @@ def _pair_sampler(self: MARLHFTrainer) -> Optional[Callable]:
 
 # %% ../../nbs/43_marlhf.ipynb #e7a1c002
 class ActorRoles:
-    "The one-agent team of an actor-critic backend seen as the `n` roles its actor writes: role formatters, else the team."
+    "The one-agent team of an actor-critic backend as the `n` roles its actor writes: role formatters, else the team."
     def __init__(self, team, formatters, n: int):
         self.team, self.n, self.formatters = team, n, resolve_formatters(formatters, n)
 
