@@ -282,7 +282,7 @@ def _overrides(args) -> dict:
         k, v = kv.split("=", 1); ov[k.strip()] = _coerce(v)
     return ov
 
-def _models(spec: str, n: int, algo: str = "magrpo", models: int | None = None) -> dict:
+def _models(spec: str, n: int, algo: str = "magrpo", models: int | None = None, backend_critic: bool = False) -> dict:
     "Trainer model arguments for `--model`: agents (`models` of them, default n), plus a critic (maac/iac) or a reward-model backbone (marlhf)."
     if spec == "tiny":
         from comlrl_nb.models import make_tiny_model
@@ -290,6 +290,7 @@ def _models(spec: str, n: int, algo: str = "magrpo", models: int | None = None) 
         kw = {"agents": [m] * (models or n), "tokenizer": tok}
         if algo in ("maac", "iac"): kw["critic_model"] = make_tiny_model(seed=1, tokenizer=tok)[0]
         if algo in ("marlhf", "marlhf_iter"): kw.update(reward_model=make_tiny_model(seed=2, tokenizer=tok)[0], reward_tokenizer=tok)
+        if backend_critic: kw["backend_kwargs"] = {"critic_model": make_tiny_model(seed=1, tokenizer=tok)[0]}  # maac/iac
         return kw
     return {"agent_model": spec, "num_agents": n}
 
@@ -303,6 +304,8 @@ def _algo_overrides(algo: str, cfg_cls, task, model: str, user: dict) -> dict:
         if algo in ("maac", "iac"): ov["num_generations"] = 1
     if model != "tiny" and algo in ("maac", "iac") and "critic_model_name" in names: ov["critic_model_name"] = model
     if model != "tiny" and algo in ("marlhf", "marlhf_iter") and "reward_model_name" in names: ov["reward_model_name"] = model
+    if model != "tiny" and algo in ("marlhf", "marlhf_iter") and user.get("rl_algorithm") in ("maac", "iac") \
+            and user.get("use_separate_critic", True) is not False: ov["critic_model_name"] = model   # the backend's
     return ov
 
 # %% ../nbs/80_cli.ipynb #ec5379ff
@@ -325,8 +328,9 @@ def cmd_train(args) -> dict:
     extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
     if task.eval_logger is not None: extra.update(eval_logger=task.eval_logger, eval_aggregator=task.eval_aggregator)
     P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents   # models trained
+    critic = getattr(cfg, "rl_algorithm", None) in ("maac", "iac") and getattr(cfg, "use_separate_critic", True)  # MARLHF
     with sw("load"):
-        trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P), reward_func=task.reward_func,
+        trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P, critic), reward_func=task.reward_func,
                               formatters=task.formatters, args=cfg, train_dataset=task.train_dataset,
                               eval_dataset=task.eval_dataset or None, **extra)
     print(f"[comlrl-nb] agents loaded in {sw.phases['load']['wall_s']:.1f}s")

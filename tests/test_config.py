@@ -100,6 +100,18 @@ def test_marlhf_passes_reference_kl_to_actor_critic_backends(algo):
     assert backend.reference_kl_enabled is True and backend.reference_kl_coef == 0.5
 
 
+@pytest.mark.parametrize("algo", ["maac", "iac"])
+def test_centralized_marlhf_actor_critic_config_has_one_agent(algo):
+    "Centralized: the backend's team is the one actor (its devices: the first of a per-role list); the rest is copied."
+    from comlrl_nb.trainers.marlhf import central_ac_config
+    cfg = MARLHFConfig(collaboration_mode="centralized", rl_algorithm=algo, num_generations=1, value_loss_coef=0.3,
+                       agent_devices=["cpu", "cpu"], reference_kl_enabled=True, reference_devices=["cpu", "cpu"])
+    backend = central_ac_config(cfg, rl_backend(algo))
+    assert type(backend) is rl_backend(algo).config_class and backend.num_agents == 1
+    assert (backend.agent_devices, backend.reference_devices, backend.value_loss_coef) == ("cpu", "cpu", 0.3)
+    assert backend.reference_kl_enabled and backend.num_generations == 1
+
+
 @pytest.mark.parametrize("algo", ["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"])
 def test_map_backend_config_is_the_old_same_name_copy(algo):
     extra = {"value_loss_coef": 0.3} if algo in ("maac", "iac") else {"reference_kl_enabled": True}
@@ -186,8 +198,10 @@ def test_marlhf_collaboration_mode_and_dpo_beta(cls):
     assert (c.collaboration_mode, c.dpo_beta) == ("decentralized", 0.1)
     assert cls(collaboration_mode="Decentralized".lower(), dpo_beta=0.1).collaboration_mode == "decentralized"
     assert cls(collaboration_mode="centralized").collaboration_mode == "centralized"     # one actor, centralized MAGRPO
-    with pytest.raises(ValueError, match="rl_algorithm='maac' has no centralized backend"):
-        cls(collaboration_mode="centralized", rl_algorithm="maac")
+    for algo in ("maac", "iac"):                                     # one actor, MAAC/IAC over a one-agent team
+        assert cls(collaboration_mode="centralized", rl_algorithm=algo, num_generations=1).num_agents == 2
+    with pytest.raises(ValueError, match="num_turns=2"):
+        cls(collaboration_mode="centralized", rl_algorithm="iac", num_turns=2)
     with pytest.raises(ValueError, match="collaboration_mode='misspelled' is invalid"):
         cls(collaboration_mode="misspelled")
     with pytest.raises(ValueError, match="dpo_beta=0.5 is not used by .*there is no DPO loss"):

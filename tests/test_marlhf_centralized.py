@@ -1,5 +1,5 @@
-"""Centralized MARLHF (one actor writes every role; centralized MAGRPO on a reward model of the joint text): resume,
-the CLI, and the errors of agent counts and modes."""
+"""Centralized MARLHF (one actor writes every role, trained on a reward model of the joint text by centralized MAGRPO,
+or by MAAC/IAC over a one-agent team): resume, the CLI, and the errors of agent counts and modes."""
 import json
 
 import pytest
@@ -76,8 +76,7 @@ def test_centralized_marlhf_resume_gives_the_same_weights(tmp_path):
 
 def test_centralized_marlhf_modes_and_agent_counts(tmp_path):
     m, tok = make_tiny_model(seed=0)
-    with pytest.raises(ValueError, match="rl_algorithm='maac' has no centralized backend"):
-        MARLHFConfig(collaboration_mode="centralized", rl_algorithm="maac")
+    assert MARLHFConfig(collaboration_mode="centralized", rl_algorithm="maac", num_generations=1).num_agents == 2
     with pytest.raises(ValueError, match="exactly one actor"):
         MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, reward_model=m,
                       args=MARLHFConfig(collaboration_mode="centralized"))
@@ -101,16 +100,18 @@ def test_cli_trains_centralized_marlhf(tmp_path, capsys):
 
 # ---------------------------------------------------------------- iterative MARLHF, centralized
 
-def central_iter(tmp, **kw):
+def central_iter(tmp, trainer_kw=None, **kw):
     from comlrl_nb.trainers.iterative import MARLHFIterConfig, MARLHFIterTrainer
     m, tok = make_tiny_model(seed=0)
     cfg = dict(collaboration_mode="centralized", num_iterations=2, num_train_epochs=1, num_generations=4,
                preference_num_candidates=4, preference_pairs_per_sample=4, max_new_tokens=6, temperature=1.0, top_p=1.0,
                top_k=None, reward_learning_rate=1e-3, reward_num_train_epochs=1, reward_train_batch_size=4,
                rollout_batch_size=2, eval_interval=0, logging_steps=1000, progress_bar=False, save_steps=1,
-               output_dir=str(tmp), **kw)
+               output_dir=str(tmp))
+    cfg.update(kw)
     return MARLHFIterTrainer(agent_model=m, tokenizer=tok, reward_func=vowels, args=MARLHFIterConfig(**cfg),
-                             train_dataset=ITEMS, eval_dataset=ITEMS, reward_model=m, centralized_parser=halves)
+                             train_dataset=ITEMS, eval_dataset=ITEMS, reward_model=m, centralized_parser=halves,
+                             **(trainer_kw or {}))
 
 
 def test_centralized_marlhf_iter_rounds_and_resume(tmp_path):
@@ -131,3 +132,121 @@ def test_centralized_marlhf_iter_rounds_and_resume(tmp_path):
         assert torch.equal(x, y)
     with pytest.raises(ValueError, match="use preference_scoring_reward='task'"):
         central_iter(tmp_path / "x", preference_scoring_reward="reward_model")
+
+
+# ---------------------------------------------------------------- the actor-critic backends (maac, iac), centralized
+
+def central_ac(tmp, algo="maac", **kw):
+    m, tok = make_tiny_model(seed=0)
+    critic, _ = make_tiny_model(seed=5)
+    cfg = MARLHFConfig(**{**BASE, "rl_algorithm": algo, "num_generations": 1, "output_dir": str(tmp), **kw})
+    return MARLHFTrainer(agent_model=m, tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS,
+                         eval_dataset=ITEMS, reward_model=m, centralized_parser=halves,
+                         backend_kwargs={"critic_model": critic})
+
+
+def critic_params(tr):
+    return [p.detach().clone() for c in tr.policy_trainer.critics for p in c.parameters()]
+
+
+@pytest.mark.parametrize("algo", ["maac", "iac"])
+def test_centralized_marlhf_actor_critic_trains_one_actor_and_its_critic(tmp_path, algo):
+    from comlrl_nb.trainers.actor_critic import IACTrainer, MAACTrainer
+    from comlrl_nb.trainers.marlhf import CentralActor
+    tr = central_ac(tmp_path, algo, reference_kl_enabled=True, reference_devices="cpu")
+    pt = tr.policy_trainer
+    assert type(pt) is {"maac": MAACTrainer, "iac": IACTrainer}[algo] and type(tr.central) is CentralActor
+    assert pt.n == len(tr.agents) == len(pt.critics) == len(pt.team.ref_agents) == 1 and tr.args.num_agents == 2
+    seen = []
+    generate = pt.team.generate
+    pt.team.generate = lambda i, prompts, *a, **k: seen.extend(prompts) or generate(i, prompts, *a, **k)
+    actor, critic, rm = params(tr.agents), critic_params(tr), params([tr.reward_model])
+    out = tr.train()
+    assert out["num_pairs"] == 8 and out["global_batch"] == 4
+    joint = {tr.central.joint_prompt(it)[1] for it in ITEMS}
+    assert seen and set(seen) == joint                          # collection and training: the actor's joint prompt
+    assert any(not torch.equal(a, b) for a, b in zip(actor, params(tr.agents)))
+    assert any(not torch.equal(a, b) for a, b in zip(critic, critic_params(tr)))
+    assert any(not torch.equal(a, b) for a, b in zip(rm, params([tr.reward_model])))           # fitted, then frozen
+    assert all(torch.isfinite(p).all() for p in tr.agents[0].parameters())
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert "agent_0/kl" in rows[-1] and "agent_1/loss" not in rows[-1]
+    # training reward: r_phi(x, z) of the actor's joint text; evaluation: the task reward of the parsed roles
+    e = pt.rollout(ITEMS[:1], [0], ("check", 0)).episodes[0]
+    learned = tr.reward_model.score([e.inputs[0]], [e.responses[0]])
+    torch.testing.assert_close(torch.tensor(e.rewards), torch.tensor(learned), atol=1e-5, rtol=0)
+    ev = tr.evaluate(2)
+    x = tr.central_sample(ITEMS[:2], [(tr.args.seed, "eval", j, "actor") for j in range(2)], 1)
+    assert ev["eval/turn_1/reward_mean"] == pytest.approx(sum(vowels(*x["texts"])) / 2, abs=1e-12)
+    assert ev["eval/unparsed_rate"] == 0.0
+
+
+@pytest.mark.parametrize("algo", ["maac", "iac"])
+def test_centralized_marlhf_actor_critic_resume_gives_the_same_weights(tmp_path, algo):
+    full = central_ac(tmp_path / "full", algo, save_steps=2)
+    full.train()
+    part = central_ac(tmp_path / "part", algo, save_steps=2)
+    st = part.train(stop_after_batch=3)
+    assert st["stopped"] and st["global_batch"] == 3
+    resumed = central_ac(tmp_path / "part", algo, save_steps=2)
+    assert resumed.train(resume_from_checkpoint=True)["global_batch"] == 4
+    assert resumed.pairs == full.pairs
+    for x, y in zip(params(full.agents) + critic_params(full) + params([full.reward_model]),
+                    params(resumed.agents) + critic_params(resumed) + params([resumed.reward_model])):
+        assert torch.equal(x, y)
+
+
+def test_centralized_marlhf_actor_critic_agent_counts(tmp_path):
+    m, tok = make_tiny_model(seed=0)
+    args = MARLHFConfig(collaboration_mode="centralized", rl_algorithm="iac", num_generations=1)
+    with pytest.raises(ValueError, match="exactly one actor model for 2 roles"):
+        MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, reward_model=m, args=args,
+                      backend_kwargs={"critic_model": m})
+    with pytest.raises(ValueError, match="one critic"):
+        MARLHFTrainer(agents=[m], tokenizer=tok, reward_func=vowels, reward_model=m, args=args,
+                      backend_kwargs={"critics": [m, m]})
+    with pytest.raises(ValueError, match="critic"):                  # no critic source: the backend names the options
+        MARLHFTrainer(agents=[m], tokenizer=tok, reward_func=vowels, reward_model=m, args=args)
+    with pytest.raises(ValueError, match="num_turns=2"):
+        MARLHFConfig(collaboration_mode="centralized", rl_algorithm="maac", num_turns=2)
+    heads = MARLHFTrainer(agents=[m], tokenizer=tok, reward_func=vowels, reward_model=m, args=MARLHFConfig(
+        collaboration_mode="centralized", rl_algorithm="iac", num_generations=1, use_separate_critic=False))
+    assert heads.policy_trainer.critics[0].shared and heads.policy_trainer.critics[0].backbone is heads.agents[0]
+
+
+@pytest.mark.parametrize("algo", ["maac", "iac"])
+def test_cli_trains_centralized_marlhf_with_an_actor_critic_backend(tmp_path, algo):
+    out = tmp_path / "run"
+    rc = main(["train", "--algo", "marlhf", "--model", "tiny", "--output-dir", str(out), "--heldout-samples", "2",
+               "--set", "progress_bar=false", "num_train_epochs=1", "collaboration_mode=centralized",
+               f"rl_algorithm={algo}"])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["config"]["collaboration_mode"] == "centralized" and rep["config"]["rl_algorithm"] == algo
+    assert "unparsed" in rep["heldout_before"]
+    assert (out / "final" / "agent_0").is_dir() and not (out / "final" / "agent_1").exists()
+    from types import SimpleNamespace
+    from comlrl_nb.cli import _algo_overrides                        # a real model is its own critic's backbone
+    ov = _algo_overrides("marlhf", MARLHFConfig, SimpleNamespace(num_turns=1), "org/model", {"rl_algorithm": algo})
+    assert ov["critic_model_name"] == ov["reward_model_name"] == "org/model"
+
+
+@pytest.mark.parametrize("algo", ["maac", "iac"])
+def test_centralized_marlhf_iter_actor_critic_rounds_and_resume(tmp_path, algo):
+    def make(d):
+        return central_iter(d, rl_algorithm=algo, num_generations=1,
+                            trainer_kw={"backend_kwargs": {"critic_model": make_tiny_model(seed=5)[0]}})
+    full = make(tmp_path / "full")
+    assert full.policy_trainer.algo == algo and full.policy_trainer.n == 1 and full.n == 2
+    critic = critic_params(full)
+    out = full.train()
+    rows = [r for r in out["rounds"] if r.get("iteration", 0) >= 1]
+    assert len(rows) == 2 and all(r["round/pairs"] > 0 and r["policy/batches"] == 2 for r in rows)
+    assert any(not torch.equal(a, b) for a, b in zip(critic, critic_params(full)))
+    part = make(tmp_path / "part")
+    assert part.train(stop_after_round=1)["stopped"]
+    resumed = make(tmp_path / "part")
+    resumed.train(resume_from_checkpoint=True)
+    for x, y in zip(params(full.agents) + critic_params(full) + params([full.reward_model]),
+                    params(resumed.agents) + critic_params(resumed) + params([resumed.reward_model])):
+        assert torch.equal(x, y)

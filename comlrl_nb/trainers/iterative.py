@@ -618,11 +618,12 @@ class MARLHFIterTrainer(PreferenceRounds):
         self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
                          eval_aggregator, wandb_config)
         hooks = central_hooks(args, centralized_prompt_builder, centralized_parser, centralized_comparator_adapter)
-        self.policy_trainer = pt = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
-                                                       backend_kwargs, hooks)
-        self.team = pt.team
-        if args.collaboration_mode == "centralized":                # the comparator prompts and parses as the actor
-            self.build_prompt, self.parse_item = pt.build_prompt, lambda text, n, item=None: pt.parse(text, n)
+        self.policy_trainer, self.central = make_policy_trainer(self, agent_model, agents, tokenizer, formatters,
+                                                                model_config, backend_kwargs, hooks)
+        ca = self.central                                 # centralized: samples and evaluates the one actor
+        self.team = (ca or self.policy_trainer).team      # the backend's agents (centralized: seen as the roles)
+        if ca is not None:                                 # the comparator prompts and parses as the actor
+            self.build_prompt, self.parse_item = ca.build_prompt, lambda text, n, item=None: ca.parse(text, n)
         builder, parser = self._comparator_hooks(comparator_prompt_builder, comparator_parser,
                                                  centralized_comparator_adapter)
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
@@ -641,11 +642,11 @@ class MARLHFIterTrainer(PreferenceRounds):
 
     def central_sample(self, items, keys, k: int) -> dict:
         "Centralized: the actor's k joint completions per item, split into role answers, not scored."
-        return self.policy_trainer.central_sample(items, keys, k, reward=None)
+        return self.central.central_sample(items, keys, k, reward=None)
 
     def evaluate(self, num_samples: Optional[int] = None) -> dict:
-        "Evaluation with the task reward: the centralized backend's own, else MAGRPO's."
-        if self.args.collaboration_mode == "centralized": return self.policy_trainer.evaluate(num_samples)
+        "Evaluation with the task reward: centralized, the one actor's (parsed roles); else MAGRPO's."
+        if self.central is not None: return self.central.evaluate(num_samples)
         return MAGRPOTrainer.evaluate(self, num_samples)
 
 # %% ../../nbs/53_iterative.ipynb #7dec4254

@@ -15,18 +15,21 @@ from ..core import (atomic_write_bytes, check_bool, check_choice, check_number, 
                             resolve_device, seed_everything)
 from ..preference import build_pair_dataset, check_preference_config, load_pairs, resolve_oracle
 from ..reward_model import JointRewardModel, _pair_texts, joint_text
-from ..rewards import RewardFunction
+from ..rewards import RewardFunction, format_prompt, resolve_formatters
+from ..team import validate_dataset
+from ..comparators import centralized_prompt, parse_agent_sections
 from ..engine import CheckpointManager, MetricsLogger
 from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer,
                                           MAReMaxTrainer, _validate_reinforce)
-from .madpo import (FromTeam, adapter_hooks, central_candidates, check_adapter, check_task,
-                                      default_args)
+from .madpo import (FromTeam, adapter_hooks, central_candidates, central_evaluate,
+                                      check_adapter, check_task, default_args)
 from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 
 # %% auto #0
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
            'backend_config', 'make_policy_trainer', 'make_reward_model', 'make_central_trainer', 'reward_texts',
-           'fit_on_pairs', 'RL_ALGORITHMS']
+           'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer',
+           'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -46,18 +49,13 @@ def _marlhf_backend_fields(c, owner: str):
         raise config_error(owner, f"{f.name}={v!r} is not used with rl_algorithm={c.rl_algorithm!r} (only "
                                   f"{', '.join(users)} read it); remove it or pick one of those backends")
 
-_CENTRAL_RL = ("magrpo", "mareinforce", "marloo", "maremax")         # the baselines centralized MAGRPO can take
-
 def _marlhf_collaboration(c, owner: str):
-    "collaboration_mode='centralized': one actor, single-turn, trained by centralized MAGRPO with the chosen baseline."
+    """collaboration_mode='centralized': one actor, single-turn; every rl_algorithm trains it (the group baselines with
+    centralized MAGRPO, maac/iac with their trainer over a one-agent team)."""
     if c.collaboration_mode != "centralized": return
-    if c.rl_algorithm not in _CENTRAL_RL:
-        raise config_error(owner, f"rl_algorithm={c.rl_algorithm!r} has no centralized backend in comlrl_nb: with "
-                                  "collaboration_mode='centralized' the one actor trains with centralized MAGRPO; use "
-                                  "one of magrpo, mareinforce, marloo, maremax, or collaboration_mode='decentralized'")
     if c.num_turns != 1:
-        raise config_error(owner, f"num_turns={c.num_turns}: centralized MARLHF is single-turn like its backend "
-                                  "(CentralizedMAGRPOTrainer); set num_turns=1 or collaboration_mode='decentralized'")
+        raise config_error(owner, f"num_turns={c.num_turns}: centralized MARLHF is single-turn (as in comlrl 1.4.3); "
+                                  "set num_turns=1 or collaboration_mode='decentralized'")
 
 _MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_algorithm (magrpo: mean, mareinforce: "
                                     "raw, marloo: rloo, maremax: max)",
@@ -138,9 +136,9 @@ class MARLHFTrainer:
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         self.output_dir = Path(args.output_dir or Path("runs") / self.algo)
         hooks = central_hooks(args, centralized_prompt_builder, centralized_parser, centralized_comparator_adapter)
-        self.policy_trainer = make_policy_trainer(self, agent_model, agents, tokenizer, formatters, model_config,
-                                                  backend_kwargs, hooks)
-        self.team = self.policy_trainer.team               # the backend's agents collect the pairs
+        self.policy_trainer, self.central = make_policy_trainer(self, agent_model, agents, tokenizer, formatters,
+                                                                model_config, backend_kwargs, hooks)
+        self.team = (self.central or self.policy_trainer).team      # the backend's agents (centralized: as n roles)
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
         self.train_dataset, self.eval_dataset = self.policy_trainer.train_dataset, self.policy_trainer.eval_dataset
 
@@ -156,9 +154,10 @@ def backend_config(backend, args):
     return map_backend_config(args, backend.config_class)
 
 def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model_config,
-                        backend_kwargs: Optional[dict] = None, hooks: Optional[dict] = None):
-    "The `rl_algorithm` backend over the models as given, rewarded by `owner.learned_reward`, evaluated by `owner`."
-    if owner.args.collaboration_mode == "centralized":                  # one actor: see "Centralized MARLHF" below
+                        backend_kwargs: Optional[dict] = None, hooks: Optional[dict] = None) -> tuple:
+    """The `rl_algorithm` backend over the models as given, rewarded by `owner.learned_reward`, evaluated by `owner`;
+    and what samples and evaluates the one actor (centralized mode, see "Centralized MARLHF" below; else None)."""
+    if owner.args.collaboration_mode == "centralized":
         return make_central_trainer(owner, agent_model, agents, tokenizer, formatters, model_config, backend_kwargs,
                                     hooks)
     backend = rl_backend(owner.args.rl_algorithm)
@@ -167,7 +166,7 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
                  eval_dataset=owner.eval_dataset, model_config=model_config, eval_logger=owner.eval_logger,
                  eval_aggregator=owner.eval_aggregator, wandb_config=owner.wandb_config,
                  evaluator=owner.evaluate, **(backend_kwargs or {}))     # evaluation: the owner's, by the task reward
-    return pt
+    return pt, None
 
 @patch
 def learned_reward(self: MARLHFTrainer, *completions, prompts=None, **_) -> list[float]:
@@ -176,8 +175,8 @@ def learned_reward(self: MARLHFTrainer, *completions, prompts=None, **_) -> list
 
 @patch
 def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
-    "Evaluation with the task reward (never the learned one): the centralized backend's own, else MAGRPO's."
-    if self.args.collaboration_mode == "centralized": return self.policy_trainer.evaluate(num_samples)
+    "Evaluation with the task reward (never the learned one): centralized, the one actor's parsed roles; else MAGRPO's."
+    if self.central is not None: return self.central.evaluate(num_samples)
     return MAGRPOTrainer.evaluate(self, num_samples)
 
 # %% ../../nbs/43_marlhf.ipynb #17d3b6b6
@@ -200,14 +199,19 @@ def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents
 
 # %% ../../nbs/43_marlhf.ipynb #d1c0e004
 def make_central_trainer(owner, agent_model, agents, tokenizer, formatters, model_config, backend_kwargs=None,
-                         hooks=None) -> CentralizedMAGRPOTrainer:
-    "One actor for every role: centralized MAGRPO evaluated by the task reward, trained on the learned joint reward."
-    return CentralizedMAGRPOTrainer(
+                         hooks=None) -> tuple:
+    """One actor for every role, evaluated by the task reward, trained on the learned joint reward: centralized MAGRPO
+    (which also samples and evaluates the actor), or for maac/iac their trainer and a `CentralActor` (below)."""
+    if owner.args.rl_algorithm in ("maac", "iac"):
+        return make_central_ac_trainer(owner, agent_model, agents, tokenizer, formatters, model_config, backend_kwargs,
+                                       hooks)
+    pt = CentralizedMAGRPOTrainer(
         agent_model, agents, tokenizer=tokenizer, reward_func=owner.reward_fn.fn,
         reward_processor=owner.reward_fn.processor, formatters=formatters, args=central_backend_config(owner.args),
         train_dataset=owner.train_dataset, eval_dataset=owner.eval_dataset, model_config=model_config,
         eval_logger=owner.eval_logger, eval_aggregator=owner.eval_aggregator, wandb_config=owner.wandb_config,
         train_reward=owner.learned_joint_reward, **(hooks or {}), **(backend_kwargs or {}))
+    return pt, pt
 
 def reward_texts(records, centralized: bool = False) -> tuple[list[str], list[str]]:
     "The winner and loser texts the reward model reads: every role's prompt and answer, or the actor's joint text."
@@ -232,13 +236,140 @@ def learned_joint_reward(self: MARLHFTrainer, actor_prompts, completions, items=
 @patch
 def central_sample(self: MARLHFTrainer, items, keys, k: int) -> dict:
     "Centralized: the actor's k joint completions per item, split into role answers, not scored (collection, CLI)."
-    return self.policy_trainer.central_sample(items, keys, k, reward=None)
+    return self.central.central_sample(items, keys, k, reward=None)
 
 @patch
 def _pair_sampler(self: MARLHFTrainer) -> Optional[Callable]:
     "The collection's sampler: centralized, the actor's joint candidates (as centralized MADPO); else the team's."
     if self.args.collaboration_mode != "centralized": return None
     return lambda chunk, ids, K, round_key: central_candidates(self, chunk, ids, K, round_key)
+
+# %% ../../nbs/43_marlhf.ipynb #e7a1c002
+class ActorRoles:
+    "The one-agent team of an actor-critic backend as the `n` roles its actor writes: role formatters, else the team."
+    def __init__(self, team, formatters, n: int):
+        self.team, self.n, self.formatters = team, n, resolve_formatters(formatters, n)
+
+    def __getattr__(self, name: str):
+        "agents, tokenizers, optimizers, devices, ref_agents, chat, generate, map, state_dict, ...: the team's."
+        team = self.__dict__.get("team")
+        if team is None or name.startswith("__"): raise AttributeError(name)
+        return getattr(team, name)
+
+    def format(self, item, i: int) -> str: return format_prompt(self.formatters[i], item, i)
+    def prompt(self, item, i: int) -> str: return self.chat(0, self.format(item, i))        # as the actor reads it
+    def prompts(self, items) -> list[list[str]]: return [[self.prompt(it, i) for it in items] for i in range(self.n)]
+    def check_dataset(self, ds, name: str): return validate_dataset(ds, name, self.formatters)
+
+# %% ../../nbs/43_marlhf.ipynb #e7a1c004
+class CentralActor:
+    """Centralized MARLHF's one actor under an actor-critic backend: its prompt (the backend's formatter), its parser,
+    its joint samples (pair collection) and evaluation with the task reward on the parsed roles."""
+    def __init__(self, owner, formatters, centralized_prompt_builder=None, centralized_parser=None):
+        self.args, self.n, self.reward_fn = owner.args, owner.args.num_agents, owner.reward_fn
+        self.train_reward = owner.learned_joint_reward                # f(actor prompts, joint texts, items)
+        self.eval_logger, self.eval_aggregator = owner.eval_logger, owner.eval_aggregator
+        self.formatters = resolve_formatters(formatters, self.n)
+        self.build_prompt = centralized_prompt_builder or centralized_prompt
+        self.parse = centralized_parser or parse_agent_sections
+        self.team = self.eval_dataset = None                             # the backend's, once built (`attach`)
+
+    def attach(self, backend) -> "CentralActor":
+        "Sample with the backend's one-agent team (seen as the roles) and evaluate on its eval_dataset."
+        self.team, self.eval_dataset = ActorRoles(backend.team, self.formatters, self.n), backend.eval_dataset
+        return self
+
+@patch
+def _build(self: CentralActor, roles: list, item) -> str:
+    p = self.build_prompt(roles, item)
+    if not isinstance(p, str) or not p.strip():
+        raise ValueError(f"centralized_prompt_builder returned {p!r}; it must return the actor's prompt "
+                         "(a non-empty string)")
+    return p
+
+@patch
+def actor_text(self: CentralActor, item) -> str:
+    "The actor's prompt before any chat template (the backend's one formatter): the builder over the roles' prompts."
+    return self._build([format_prompt(f, item, i) for i, f in enumerate(self.formatters)], item)
+
+@patch
+def joint_prompt(self: CentralActor, item) -> tuple[list[str], str]:
+    "The roles' formatted prompts and the actor's input (chat-templated when on), as the backend builds it."
+    roles = [self.team.format(item, i) for i in range(self.n)]
+    return roles, self.team.chat(0, self._build(roles, item))
+
+# %% ../../nbs/43_marlhf.ipynb #e7a1c005
+@patch
+def split(self: CentralActor, text: str) -> Optional[list[str]]:
+    "The parser's role answers of one joint completion (checked), or None when it does not parse."
+    parts = self.parse(text, self.n)
+    if parts is not None and (isinstance(parts, (str, bytes)) or not isinstance(parts, (list, tuple))
+                              or len(parts) != self.n or not all(isinstance(x, str) for x in parts)):
+        raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings (one per role) or "
+                         "None")
+    return None if parts is None else list(parts)
+
+@patch
+def central_sample(self: CentralActor, items, keys, k: int, reward: Optional[str] = None) -> dict:
+    "Role prompts, actor prompts, k joint completions per item, their role answers (row b*k+j); task rewards if asked."
+    roles, prompts = zip(*[self.joint_prompt(it) for it in items])
+    c = self.team.generate(0, list(prompts), k, list(keys))
+    parts = [self.split(t) for t in c.texts]
+    texts = [[p[i] if p is not None else "" for p in parts] for i in range(self.n)]
+    role_prompts = [[r[i] for r in roles] for i in range(self.n)]
+    rep = lambda xs: [x for x in xs for _ in range(k)]
+    rewards = None if reward is None else self.reward_fn(texts, rep(items), [rep(p) for p in role_prompts])
+    return {"prompts": role_prompts, "actor_prompts": list(prompts), "comps": c, "texts": texts, "rewards": rewards,
+            "unparsed": parts.count(None)}
+
+@patch
+def evaluate(self: CentralActor, num_samples: Optional[int] = None) -> dict:
+    "One joint answer per eval item, the task reward on its parsed roles (as centralized MAGRPO and MADPO evaluate)."
+    return central_evaluate(self, num_samples, lambda x, items: self.reward_fn(x["texts"], items, x["prompts"]))
+
+@patch
+def learned_reward(self: CentralActor, *completions, prompts=None, batch_items=None) -> list[float]:
+    "The backend's training reward (its one agent's completions and inputs): `train_reward` on the joint texts."
+    if prompts is None: raise ValueError("the learned joint reward reads the actor's prompts; the caller passed none")
+    return self.train_reward(prompts[0], completions[0], batch_items)
+
+# %% ../../nbs/43_marlhf.ipynb #e7a1c007
+_ONE_ACTOR_DEVICES = ("agent_devices", "critic_devices", "reference_devices")
+
+def central_ac_config(args, backend):
+    """The actor-critic config of centralized MARLHF: the groups both configs have, one agent (the actor); a device
+    list names the roles' devices and the one actor takes the first, as centralized MAGRPO's team does."""
+    cfg = map_backend_config(args, backend.config_class)
+    first = lambda d: d[0] if isinstance(d, (list, tuple)) else d
+    return replace(cfg, num_agents=1, **{f: first(getattr(cfg, f)) for f in _ONE_ACTOR_DEVICES})
+
+def _check_one_actor(args, agents, tokenizer, backend_kwargs: dict):
+    "Centralized MARLHF's model arguments: one actor, one tokenizer, and (IAC) one critic, named when not."
+    n = args.num_agents
+    if hasattr(agents, "build") or (isinstance(agents, (list, tuple)) and len(agents) != 1):
+        got = f"{len(agents)} agents were" if isinstance(agents, (list, tuple)) else "an adapter spec was"
+        raise ValueError(f"centralized MARLHF trains exactly one actor model for {n} roles, but {got} given: pass "
+                         "agents=[model] or agent_model=")
+    if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
+        raise ValueError(f"{len(tokenizer)} tokenizers were given; the one actor needs one: pass tokenizer=tok")
+    critics = backend_kwargs.get("critics")
+    if isinstance(critics, (list, tuple)) and len(critics) != 1:
+        raise ValueError(f"{len(critics)} critics were given, but centralized MARLHF has one actor and so one critic "
+                         "(MAAC's and IAC's alike): pass critics=[model] or critic_model=")
+
+# %% ../../nbs/43_marlhf.ipynb #e7a1c009
+def make_central_ac_trainer(owner, agent_model, agents, tokenizer, formatters, model_config, backend_kwargs=None,
+                            hooks=None) -> tuple:
+    """MAAC or IAC over a one-agent team (the actor; its formatter is the centralized prompt), rewarded by the frozen
+    reward model on the joint text, evaluated by the owner (task reward); and the `CentralActor` around it."""
+    _check_one_actor(owner.args, agents, tokenizer, backend_kwargs or {})
+    central = CentralActor(owner, formatters, **(hooks or {}))
+    backend = rl_backend(owner.args.rl_algorithm)
+    pt = backend(agent_model, agents, tokenizer=tokenizer, reward_func=central.learned_reward,
+                 formatters=[central.actor_text], args=central_ac_config(owner.args, backend),
+                 train_dataset=owner.train_dataset, eval_dataset=owner.eval_dataset, model_config=model_config,
+                 wandb_config=owner.wandb_config, evaluator=owner.evaluate, **(backend_kwargs or {}))
+    return pt, central.attach(pt)
 
 # %% ../../nbs/43_marlhf.ipynb #75e544fe
 @patch
