@@ -294,20 +294,14 @@ def actor_text(self: CentralActor, item) -> str:
 
 @patch
 def joint_prompt(self: CentralActor, item) -> tuple[list[str], str]:
-    "The roles' formatted prompts and the actor's input (chat-templated when on), as the backend builds it."
-    roles = [self.team.format(item, i) for i in range(self.n)]
-    return roles, self.team.chat(0, self._build(roles, item))
+    "The roles' formatted prompts and the actor's input (chat-templated when on), built as centralized MAGRPO does."
+    return CentralizedMAGRPOTrainer.joint_prompt(self, item)
 
 # %% ../../nbs/43_marlhf.ipynb #e7a1c005
 @patch
 def split(self: CentralActor, text: str) -> Optional[list[str]]:
-    "The parser's role answers of one joint completion (checked), or None when it does not parse."
-    parts = self.parse(text, self.n)
-    if parts is not None and (isinstance(parts, (str, bytes)) or not isinstance(parts, (list, tuple))
-                              or len(parts) != self.n or not all(isinstance(x, str) for x in parts)):
-        raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings (one per role) or "
-                         "None")
-    return None if parts is None else list(parts)
+    "The parser's role answers of one joint completion (checked as centralized MAGRPO checks them), or None."
+    return CentralizedMAGRPOTrainer.split(self, text)
 
 @patch
 def central_sample(self: CentralActor, items, keys, k: int, reward: Optional[str] = None) -> dict:
