@@ -27,7 +27,7 @@ from .reinforce import MAGRPOConfig
 from .madpo import central_evaluate
 
 # %% auto #0
-__all__ = ['CentralizedMAGRPOConfig', 'CentralizedMAGRPOTrainer', 'JointRollout']
+__all__ = ['CentralizedMAGRPOConfig', 'CentralizedMAGRPOTrainer', 'check_one_actor', 'JointRollout']
 
 # %% ../../nbs/32_centralized.ipynb #215755fa
 _SINGLE_TURN = "centralized MAGRPO is single-turn (num_turns=1), as in comlrl 1.4.3"
@@ -73,6 +73,15 @@ class CentralizedMAGRPOTrainer:
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
 
 # %% ../../nbs/32_centralized.ipynb #4dbaee51
+def check_one_actor(who: str, n: int, agents, tokenizer):
+    "One actor model and one tokenizer write the `n` roles; anything else is named with the fix."
+    if hasattr(agents, "build") or (isinstance(agents, (list, tuple)) and len(agents) != 1):
+        got = f"{len(agents)} agents were" if isinstance(agents, (list, tuple)) else "an adapter spec was"
+        raise ValueError(f"{who} trains exactly one actor model for {n} roles, but {got} given: pass agents=[model] "
+                         "or agent_model=")
+    if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
+        raise ValueError(f"{len(tokenizer)} tokenizers were given; the one actor needs one: pass tokenizer=tok")
+
 @patch
 def _check_args(self: CentralizedMAGRPOTrainer, args, agents, num_agents, tokenizer, reward_func, eval_logger,
                 eval_aggregator) -> CentralizedMAGRPOConfig:
@@ -84,12 +93,7 @@ def _check_args(self: CentralizedMAGRPOTrainer, args, agents, num_agents, tokeni
     n = args.num_agents
     if num_agents is not None and num_agents != n:
         raise ValueError(f"num_agents={num_agents} but args.num_agents={n} (the role count); make them agree")
-    if hasattr(agents, "build") or (isinstance(agents, (list, tuple)) and len(agents) != 1):
-        got = f"{len(agents)} agents" if isinstance(agents, (list, tuple)) else "an adapter spec"
-        raise ValueError(f"centralized MAGRPO trains exactly one actor model for {n} roles, but {got} were given: "
-                         "pass agents=[model] or agent_model=")
-    if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
-        raise ValueError(f"{len(tokenizer)} tokenizers were given; the one actor needs one: pass tokenizer=tok")
+    check_one_actor("centralized MAGRPO", n, agents, tokenizer)
     if not callable(reward_func):
         raise ValueError("reward_func is required: a function scoring the roles' answers (see the rewards notebook)")
     if (eval_logger is None) != (eval_aggregator is None):

@@ -23,7 +23,7 @@ from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOT
                                           MAReMaxTrainer, _validate_reinforce)
 from .madpo import (FromTeam, adapter_hooks, central_candidates, central_evaluate,
                                       check_adapter, check_task, default_args)
-from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, check_one_actor
 
 # %% auto #0
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
@@ -340,12 +340,7 @@ def central_ac_config(args, backend):
 def _check_one_actor(args, agents, tokenizer, backend_kwargs: dict):
     "Centralized MARLHF's model arguments: one actor, one tokenizer, and (IAC) one critic, named when not."
     n = args.num_agents
-    if hasattr(agents, "build") or (isinstance(agents, (list, tuple)) and len(agents) != 1):
-        got = f"{len(agents)} agents were" if isinstance(agents, (list, tuple)) else "an adapter spec was"
-        raise ValueError(f"centralized MARLHF trains exactly one actor model for {n} roles, but {got} given: pass "
-                         "agents=[model] or agent_model=")
-    if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
-        raise ValueError(f"{len(tokenizer)} tokenizers were given; the one actor needs one: pass tokenizer=tok")
+    check_one_actor("centralized MARLHF", n, agents, tokenizer)
     critics = backend_kwargs.get("critics")
     if isinstance(critics, (list, tuple)) and len(critics) != 1:
         raise ValueError(f"{len(critics)} critics were given, but centralized MARLHF has one actor and so one critic "
