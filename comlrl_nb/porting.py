@@ -13,9 +13,9 @@ import torch
 from .core import logger
 
 # %% auto #0
-__all__ = ['REWARD_FORMS', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION', 'LIBRARY_MODULES',
-           'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts', 'call_reward_function',
-           'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
+__all__ = ['REWARD_FORMS', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION',
+           'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts',
+           'call_reward_function', 'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
            'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
            'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
@@ -26,17 +26,19 @@ __all__ = ['REWARD_FORMS', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
-_KW = ("batch_items", "prompts")
+_KW = ("batch_items", "prompts")          # the library's keywords: by name or through **kwargs
+OWN_KW = ("agent_prompts",)                # this package's: passed only when named
 
 def reward_call_form(fn: Callable, num_agents: int) -> tuple[str, frozenset]:
-    "How to call `fn` for `num_agents` agents: (form, the keywords among batch_items/prompts it accepts)."
+    "How to call `fn` for `num_agents` agents: (form, the keywords among batch_items/prompts/agent_prompts it accepts)."
     try: params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError): return "unknown", frozenset()
     var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
-    takes = frozenset(k for k in _KW if var_kw or any(p.name == k and p.kind != p.POSITIONAL_ONLY for p in params))
+    named = {p.name for p in params if p.kind != p.POSITIONAL_ONLY}
+    takes = frozenset([k for k in _KW if var_kw or k in named] + [k for k in OWN_KW if k in named])
     pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if any(p.kind == p.VAR_POSITIONAL for p in params): return "varargs", takes
-    core = [p for i, p in enumerate(pos) if p.name != "batch_items" and not (p.name == "prompts" and i > 0)]
+    core = [p for i, p in enumerate(pos) if p.name not in ("batch_items", *OWN_KW) and not (p.name == "prompts" and i > 0)]
     need = [p for p in core if p.default is p.empty]
     n = num_agents
     first_named = bool(core) and core[0].name == "prompts"
@@ -53,8 +55,9 @@ PROMPT_LAYOUTS = ("first", "agents")
 def library_groups(batch_items, prompts, batched: bool = True) -> list[list[int]]:
     "Index runs of consecutive joint responses with the same item and prompts (one each when not batched)."
     if batch_items is None or prompts is None:
-        raise ValueError("a reward in the library form f(prompts, c1, ..., cn) needs the trainer to pass batch_items and "
-                         "prompts, and this call has none; take the completions only (f(c1, ..., cn)) for this caller")
+        raise ValueError("a reward that takes prompts (f(prompts, c1, ..., cn) or prompts=) needs the trainer to pass "
+                         "batch_items and prompts, and this call has none; take the completions only (f(c1, ..., cn)) "
+                         "for this caller")
     J = len(batch_items)
     if any(len(p) != J for p in prompts):
         raise ValueError(f"prompts must hold one entry per joint response ({J}), got lengths {[len(p) for p in prompts]}")
