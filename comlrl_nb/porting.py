@@ -20,7 +20,8 @@ __all__ = ['REWARD_FORMS', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WAN
            'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
            'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
            'reference_kl_enabled', 'reference_kl_coef', 'validate_reference_kl_config', 'clone_reference_models',
-           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name',
+           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer',
+           'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources', 'normalize_reward_lengths',
            'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
            'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers']
 
@@ -439,6 +440,74 @@ def infer_model_name(source) -> Optional[str]:
         name = getattr(cfg, "model_type", None) or getattr(cfg, "_name_or_path", None)
         if name: return str(name)
     return type(source).__name__
+
+# %% ../nbs/90_porting.ipynb #44380ae5
+def _is_tok_list(t) -> bool:
+    return isinstance(t, Sequence) and not isinstance(t, (str, bytes)) and not hasattr(t, "pad_token_id")
+
+def ensure_tokenizer(model, tokenizer):
+    "`tokenizer` with a pad token, else the tokenizer of `model` (an id or path); a model object needs `tokenizer=`."
+    if tokenizer is None:
+        if model is None or not isinstance(model, (str, os.PathLike)):
+            raise ValueError("no tokenizer to use: pass tokenizer= when the model is a model object (or None); "
+                             "a model id or path loads its own")
+        from comlrl_nb.models import load_tokenizer
+        tokenizer = load_tokenizer(model)
+    return ensure_pad_token(tokenizer)
+
+def resolve_tokenizers(model, tokenizer, agents):
+    "One shared tokenizer, or one per agent (given, or loaded from the agents' ids); pad tokens ensured."
+    if agents is None:
+        if _is_tok_list(tokenizer): raise ValueError("a list of tokenizers needs agents= (one tokenizer per agent)")
+        return ensure_pad_token(tokenizer) if tokenizer is not None else ensure_tokenizer(model, None)
+    if tokenizer is None:
+        if _is_tok_list(agents) and all(isinstance(a, (str, os.PathLike)) for a in agents):
+            return [ensure_tokenizer(a, None) for a in agents]
+        raise ValueError("the agents are model objects: pass tokenizer= (one shared, or a list of one per agent)")
+    if not _is_tok_list(tokenizer): return ensure_pad_token(tokenizer)
+    if len(tokenizer) != len(agents):
+        raise ValueError(f"got {len(tokenizer)} tokenizers for {len(agents)} agents; pass one per agent or one shared")
+    return [ensure_pad_token(t) for t in tokenizer]
+
+
+# %% ../nbs/90_porting.ipynb #8fa66457
+def apply_tokenizer_specials(tokenizer, models) -> None:
+    "Write the tokenizer's pad and EOS ids (EOS: the pad id when it has none) into each model's config."
+    tokenizer = ensure_pad_token(tokenizer)
+    pad = tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else pad
+    for m in models:
+        cfg = getattr(getattr(m, "model", None), "config", None) or getattr(m, "config", None)
+        if cfg is not None: cfg.pad_token_id, cfg.eos_token_id = pad, eos
+
+def resolve_model_sources(*, kind: str, model, models, expected_count: int, expected_label: Optional[str] = None,
+                          model_label: str = "model") -> tuple[list, Optional[str]]:
+    "(one source per slot, the first one's name) from `model` (shared) or `models` (a list), checked to agree."
+    label = expected_label or f"num_agents ({expected_count})"
+    if model is None and models is None: raise ValueError(f"pass {model_label} (one for all) or {kind} (a list of {label})")
+    if expected_count < 1: raise ValueError(f"expected_count={expected_count} must be >= 1")
+    if models is None: sources = [model] * expected_count
+    else:
+        if not _is_tok_list(models): raise ValueError(f"{kind} must be a list of {label} models or ids, got "
+                                                      f"{type(models).__name__}; one shared model goes in {model_label}=")
+        if len(models) != expected_count: raise ValueError(f"{kind} has {len(models)} entries but needs {label}")
+        name, names = infer_model_name(model), [infer_model_name(m) for m in models]
+        if model is not None and (name is None or any(n != name for n in names)):
+            raise ValueError(f"{model_label}={name!r} and {kind}={names} disagree; pass one of them")
+        sources = list(models)
+    if any(s is None for s in sources): raise ValueError(f"{kind} has a None entry; give every slot a model or an id")
+    return sources, infer_model_name(sources[0])
+
+def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, algorithm: str) -> list[float]:
+    "The library's actor-critic rule: one agent: as given; else 1 value (one per agent), n values or one per generation."
+    out = [float(r) for r in rewards]
+    if num_agents == 1: return out
+    if num_generations < 1: raise ValueError(f"num_generations={num_generations} must be >= 1")
+    if len(out) == 1: return out * num_agents
+    if len(out) in (num_agents, num_generations): return out
+    raise ValueError(f"the reward function returned {len(out)} values per prompt for multi-agent {algorithm}; "
+                     f"return 1, {num_agents} (one per agent) or {num_generations} (one per generation)")
+
 
 # %% ../nbs/90_porting.ipynb #b6130a73
 class CentralizedComparatorParseError(ValueError):
