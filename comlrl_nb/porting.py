@@ -627,6 +627,16 @@ def _reference_models(self) -> list:
     "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
     return list(getattr(self.team, "ref_agents", None) or [])
 
+def _save_checkpoint(self, output_dir):
+    "The library's `trainer.save_checkpoint(dir)`: this trainer's checkpoint written as `dir` (see 25_engine)."
+    from comlrl_nb.engine import save_trainer_checkpoint
+    return save_trainer_checkpoint(self, output_dir)
+
+def _load_checkpoint(self, checkpoint):
+    "The library's `trainer.load_checkpoint(path)`: restore a checkpoint into this trainer; returns its position."
+    from comlrl_nb.engine import load_trainer_checkpoint
+    return load_trainer_checkpoint(self, checkpoint)
+
 def install_trainer_wrappers() -> list[str]:
     "Wrap every trainer class's own `__init__` with the porting steps and add `num_agents`; returns the classes."
     done = []
@@ -639,6 +649,8 @@ def install_trainer_wrappers() -> list[str]:
                 if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
                 if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
                 if not hasattr(cls, "reference_models"): cls.reference_models = property(_reference_models)
+                if not hasattr(cls, "save_checkpoint"): cls.save_checkpoint = _save_checkpoint
+                if not hasattr(cls, "load_checkpoint"): cls.load_checkpoint = _load_checkpoint
                 done.append(name)
     install_round_callbacks()
     return done
