@@ -82,9 +82,9 @@ def _rf_call_ours(self: RewardFunction, completions, batch_items, prompts) -> li
     return vals
 
 def _rf_call_library(self: RewardFunction, completions, batch_items, prompts) -> list[float]:
-    "As the library calls: once per item group, `prompts` in the trainer's library layout, `batch_items=[item]`."
+    "As the library calls: per joint response (layout 'first') or per item, library `prompts`, `batch_items=[item]`."
     vals = []
-    for g in library_groups(batch_items, prompts, self.batched):
+    for g in library_groups(batch_items, prompts, self.batched and self.prompt_layout == "agents"):
         lib = library_prompts(prompts, g[0], self.prompt_layout)
         kw = {"batch_items": [batch_items[g[0]]]} if self.pass_items else {}
         if self.form != "prompts_first" and self.pass_prompts: kw["prompts"] = lib

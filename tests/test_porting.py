@@ -236,8 +236,8 @@ def test_actor_critic_reward_looks_its_item_up_by_prompt(tmp_path, wandb, model_
 @pytest.mark.parametrize("algo", ["magrpo", "maac", "iac"])
 def test_keyword_prompts_reward_finds_its_item_in_every_trainer(tmp_path, model_dir, algo):
     """A reward taking `prompts=` (and `batch_items=`) by keyword, as the library's own helpers do, gets what the library
-    passes: MAGRPO [agent 1's prompt], MAAC/IAC [every agent's prompt], with `batch_items=[item]`, one call per item,
-    also when a batch holds several items; so looking the item up by prompt scores the right item."""
+    passes: MAGRPO [agent 1's prompt] per joint response, MAAC/IAC [every agent's prompt] per item, with
+    `batch_items=[item]`, also when a batch holds several items; so looking the item up by prompt scores the right item."""
     from comlrl_nb.trainers.actor_critic import IACConfig, IACTrainer
     torch.set_num_threads(1)
     calls = []
@@ -265,7 +265,7 @@ def test_keyword_prompts_reward_finds_its_item_in_every_trainer(tmp_path, model_
         assert all(isinstance(p, str) for p in prompts)
         assert len(prompts) == (1 if algo == "magrpo" else 2)
         assert prompts[0] == FORMATTERS[0](PROMPT_TO_ITEM[prompts[0]])
-        assert n == 2                                                 # the item's two generations in one call
+        assert n == (1 if algo == "magrpo" else 2)      # as the library: per joint response / per item
 
 
 def test_per_agent_prompt_lists_come_by_agent_prompts_and_a_mismatch_is_an_error():
