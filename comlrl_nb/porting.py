@@ -13,7 +13,7 @@ import torch
 from .core import logger
 
 # %% auto #0
-__all__ = ['REWARD_FORMS', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION',
+__all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION',
            'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts',
            'call_reward_function', 'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
@@ -27,7 +27,8 @@ __all__ = ['REWARD_FORMS', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WAN
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
-_KW = ("batch_items", "prompts")          # the library's keywords: by name or through **kwargs
+_KW = ("batch_items", "prompts")          # the library's keywords
+VAR_KW = ("batch_items",)                  # the ones **kwargs receives (prompts= only when named, see below)
 OWN_KW = ("agent_prompts",)                # this package's: passed only when named
 
 def reward_call_form(fn: Callable, num_agents: int) -> tuple[str, frozenset]:
@@ -36,7 +37,7 @@ def reward_call_form(fn: Callable, num_agents: int) -> tuple[str, frozenset]:
     except (TypeError, ValueError): return "unknown", frozenset()
     var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
     named = {p.name for p in params if p.kind != p.POSITIONAL_ONLY}
-    takes = frozenset([k for k in _KW if var_kw or k in named] + [k for k in OWN_KW if k in named])
+    takes = frozenset([k for k in _KW if k in named or (var_kw and k in VAR_KW)] + [k for k in OWN_KW if k in named])
     pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if any(p.kind == p.VAR_POSITIONAL for p in params): return "varargs", takes
     core = [p for i, p in enumerate(pos) if p.name not in ("batch_items", *OWN_KW) and not (p.name == "prompts" and i > 0)]
@@ -94,6 +95,8 @@ def call_reward_function(reward_func, prompts, agent_completions, *, num_agents:
             try: return _floats(t())
             except TypeError as e: first = first or e
         raise first
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(reward_func).parameters.values())
+    if var_kw and form != "prompts_first": takes = takes | {"prompts"}        # the library's utility: **kwargs gets it
     kw = {k: v for k, v in (("batch_items", batch_items), ("prompts", prompts)) if k in takes and v is not None}
     args = [prompts, *comps] if form == "prompts_first" else [comps] if form == "lists" else comps
     try: return _floats(reward_func(*args, **kw))

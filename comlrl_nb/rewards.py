@@ -67,18 +67,27 @@ def _rf_call(self: RewardFunction, completions: Sequence[Sequence[str]], batch_i
         vals = [_to_floats([self._process(v)], self.processor, 1)[0] for v in vals]
     return vals
 
+def _item_runs(batch_items) -> list[list[int]]:
+    "Index runs of consecutive joint responses with the same task item."
+    runs: list[list[int]] = []
+    for j, it in enumerate(batch_items):
+        if runs and (it is batch_items[j - 1] or it == batch_items[j - 1]): runs[-1].append(j)
+        else: runs.append([j])
+    return runs
+
 def _rf_call_ours(self: RewardFunction, completions, batch_items, prompts) -> list[float]:
-    "This package's form: one call for all J joint responses (or one per joint response when not batched)."
+    "This package's form: one call for the batch, per item run when it takes batch_items, per response if not batched."
     J = len(completions[0])
-    kw = {}
-    if self.pass_items and batch_items is not None: kw["batch_items"] = list(batch_items)
-    if self.pass_agent_prompts and prompts is not None: kw["agent_prompts"] = [list(p) for p in prompts]
-    if self.batched: return _to_floats(self._invoke([list(c) for c in completions], kw), self.fn, J,
-                                       hint="; if it scores one joint response per call, set reward_batched=False")
+    items = batch_items if self.pass_items and batch_items is not None else None
+    if not self.batched: groups = [[j] for j in range(J)]
+    elif items is not None and not self.pass_agent_prompts: groups = _item_runs(items)
+    else: groups = [list(range(J))]
     vals = []
-    for j in range(J):
-        kj = {k: ([v[j]] if k == "batch_items" else [[p[j]] for p in v]) for k, v in kw.items()}
-        vals += _to_floats(self._invoke([[c[j]] for c in completions], kj), self.fn, 1)
+    for g in groups:
+        kw = {} if items is None else {"batch_items": [items[j] for j in g]}
+        if self.pass_agent_prompts and prompts is not None: kw["agent_prompts"] = [[p[j] for j in g] for p in prompts]
+        hint = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""
+        vals += _to_floats(self._invoke([[c[j] for j in g] for c in completions], kw), self.fn, len(g), hint=hint)
     return vals
 
 def _rf_call_library(self: RewardFunction, completions, batch_items, prompts) -> list[float]:

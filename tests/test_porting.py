@@ -268,6 +268,29 @@ def test_keyword_prompts_reward_finds_its_item_in_every_trainer(tmp_path, model_
         assert n == (1 if algo == "magrpo" else 2)      # as the library: per joint response / per item
 
 
+@pytest.mark.parametrize("algo", ["magrpo", "maac"])
+def test_batch_items_first_entry_is_the_scored_item_with_several_items_per_batch(tmp_path, model_dir, algo):
+    "A library reward reading `batch_items[0]` (no prompts) is called per item, so it never scores another item's answers."
+    torch.set_num_threads(1)
+    calls = []
+
+    def reward(writer, critic, batch_items=None):
+        calls.append([it["task_id"] for it in batch_items])
+        return [1.0 if batch_items[0]["task_id"] == "t0" else 0.0 for _ in writer]
+
+    common = dict(num_agents=2, num_train_epochs=1, max_new_tokens=3, num_generations=2, rollout_batch_size=2,
+                  rollout_buffer_size=4, logging_steps=1, output_dir=str(tmp_path / "run"))
+    if algo == "magrpo":
+        trainer = MAGRPOTrainer(agent_model=model_dir, reward_func=reward, formatters=FORMATTERS, train_dataset=ITEMS,
+                                args=MAGRPOConfig(**common))
+    else:
+        trainer = MAACTrainer(agent_model=model_dir, critics=[model_dir], reward_func=reward, formatters=FORMATTERS,
+                              train_dataset=ITEMS, args=MAACConfig(eval_interval=0, **common))
+    trainer.train()
+    assert sorted(c[0] for c in calls) == ["t0", "t1"]                  # one call per item of the batch
+    assert all(len(set(c)) == 1 and len(c) == 2 for c in calls)          # each with that item's two joint responses
+
+
 def test_per_agent_prompt_lists_come_by_agent_prompts_and_a_mismatch_is_an_error():
     from comlrl_nb.rewards import RewardError, RewardFunction
     comps, items = [["a", "b"], ["c", "d"]], [ITEMS[0], ITEMS[1]]
