@@ -100,8 +100,8 @@ def _rf_call_library(self: RewardFunction, completions, batch_items, prompts) ->
         if self.pass_agent_prompts: kw["agent_prompts"] = [[p[j] for j in g] for p in prompts]
         comps = [[c[j] for j in g] for c in completions]
         lists = [lib] + comps if self.form == "prompts_first" else comps
-        vals += _to_floats(self._invoke(lists, kw), self.fn, len(g), hint=" of one task item" + self._prompts_note()
-                           + "; if it scores one joint response per call, set reward_batched=False")
+        one = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""
+        vals += _to_floats(self._invoke(lists, kw), self.fn, len(g), hint=" of one task item" + self._prompts_note() + one)
     return vals
 
 def _rf_prompts_note(self: RewardFunction) -> str:
@@ -115,8 +115,10 @@ def _rf_invoke(self: RewardFunction, lists, kw):
     try: return self.fn(lists, **kw) if self.list_of_lists else self.fn(*lists, **kw)
     except RewardError: raise
     except Exception as e:
-        raise RewardError(f"reward function '{self.__name__}' raised {type(e).__name__}: {e}"
-                          + self._prompts_note()) from e
+        note = self._prompts_note()
+        if isinstance(e, KeyError) and e.args == ("prompts",) and "prompts" not in kw:
+            note = " (prompts= is passed only to a function that names it, not through **kwargs: add prompts=None)"
+        raise RewardError(f"reward function '{self.__name__}' raised {type(e).__name__}: {e}" + note) from e
 
 def _rf_process(self: RewardFunction, v: float):
     try: return self.processor(v)
