@@ -20,7 +20,7 @@ __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogge
            'set_rng_state', 'CheckpointManager', 'start_run', 'eval_count', 'stop_after', 'run_epochs', 'batches_ahead',
            'keep_ahead', 'Sampler', 'new_figure', 'plot_run', 'plot_run_background', 'wait_for_plots', 'Run',
            'SampleBuffers', 'check_checkpoint_options', 'run_options', 'callback_metrics', 'claim_output_dir',
-           'release_output_dir', 'config_json']
+           'release_output_dir', 'config_json', 'trainer_run', 'save_trainer_checkpoint', 'load_trainer_checkpoint']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -751,3 +751,59 @@ def evaluation(self: Run, evaluate: Callable[[], dict], b: int) -> dict:
     "`evaluate()` on the main process at every eval_interval-th batch of an epoch (its first included); else {}."
     a = self.args
     return evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
+
+# %% ../nbs/25_engine.ipynb #ad4d1e18
+import inspect
+
+class _Built(Exception):
+    "Raised in place of `Run.start` inside `trainer_run`: carries the run as the trainer built it."
+    def __init__(self, run): super().__init__("run built, not started"); self.run = run
+
+def trainer_run(trainer) -> Run:
+    "The Run the trainer's train() would use (its checkpoint components, position and config), built but not started."
+    build = getattr(trainer, "_start_run", None)
+    if build is None: raise TypeError(f"{type(trainer).__name__} has no run of its own to save or load; use "
+                                      "train(checkpoint_dir=...) and train(resume_from_checkpoint=...)")
+    start, out = Run.start, trainer.output_dir
+    def built(self, *a, **k): raise _Built(self)
+    Run.start = built
+    try: build(None, None, **({"total": 0} if "total" in inspect.signature(build).parameters else {}))
+    except _Built as b: return b.run
+    finally: Run.start, trainer.output_dir = start, out
+    raise RuntimeError(f"{type(trainer).__name__}._start_run returned without starting its run")
+
+
+# %% ../nbs/25_engine.ipynb #1f4a0ebd
+def save_trainer_checkpoint(trainer, output_dir) -> Path:
+    "Write the trainer's checkpoint as the directory `output_dir` (replacing a checkpoint there, atomically)."
+    target = Path(output_dir).expanduser().absolute()
+    if target.is_symlink() or (target.exists() and not (target / "trainer_state.json").is_file()):
+        raise FileExistsError(f"{target} exists and is not a checkpoint; save to a new directory "
+                              "(only an existing checkpoint is replaced)")
+    run = trainer_run(trainer)
+    if not run.dist.is_main: return target
+    state = run.checkpoint()
+    info = {**run.checkpoint_info(), "config": config_json(state["config"])}
+    tmp_root = target.parent / f".{target.name}.saving"
+    shutil.rmtree(tmp_root, ignore_errors=True)
+    new = CheckpointManager(tmp_root, None, run.algo, run.num_agents).save(run.state[run.step_key], state, info)
+    if not target.exists(): os.replace(new, target)
+    elif not _swap(new, target):                          # no atomic exchange: the old one aside, the new one in
+        os.replace(target, tmp_root / "old")
+        os.replace(new, target)
+    shutil.rmtree(tmp_root, ignore_errors=True)
+    _fsync_dir(target.parent)
+    logger.info(f"checkpoint saved: {target}")
+    return target
+
+def load_trainer_checkpoint(trainer, checkpoint) -> dict:
+    "Restore a checkpoint directory (or a run directory's newest) into the trainer; returns the restored position."
+    p = Path(checkpoint).expanduser()
+    if not p.exists(): raise FileNotFoundError(f"{p} does not exist; pass a checkpoint directory or a run directory")
+    run = trainer_run(trainer)
+    if (p / "trainer_state.json").is_file(): root, which = p.parent, p
+    else: root, which = (p / "checkpoints" if (p / "checkpoints").is_dir() else p), True
+    run.ckpt = CheckpointManager(root, None, run.algo, run.num_agents)
+    run.restore(which)
+    return dict(run.state)
+

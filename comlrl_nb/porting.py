@@ -13,30 +13,34 @@ import torch
 from .core import logger
 
 # %% auto #0
-__all__ = ['REWARD_FORMS', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION', 'LIBRARY_MODULES',
-           'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts', 'call_reward_function',
-           'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
+__all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION',
+           'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts',
+           'call_reward_function', 'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
            'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
            'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
            'reference_kl_enabled', 'reference_kl_coef', 'validate_reference_kl_config', 'clone_reference_models',
-           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name',
+           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer',
+           'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources', 'normalize_reward_lengths',
            'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
            'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
-_KW = ("batch_items", "prompts")
+_KW = ("batch_items", "prompts")          # the library's keywords
+VAR_KW = ("batch_items",)                  # the ones **kwargs receives (prompts= only when named, see below)
+OWN_KW = ("agent_prompts",)                # this package's: passed only when named
 
 def reward_call_form(fn: Callable, num_agents: int) -> tuple[str, frozenset]:
-    "How to call `fn` for `num_agents` agents: (form, the keywords among batch_items/prompts it accepts)."
+    "How to call `fn` for `num_agents` agents: (form, the keywords among batch_items/prompts/agent_prompts it accepts)."
     try: params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError): return "unknown", frozenset()
     var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
-    takes = frozenset(k for k in _KW if var_kw or any(p.name == k and p.kind != p.POSITIONAL_ONLY for p in params))
+    named = {p.name for p in params if p.kind != p.POSITIONAL_ONLY}
+    takes = frozenset([k for k in _KW if k in named or (var_kw and k in VAR_KW)] + [k for k in OWN_KW if k in named])
     pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if any(p.kind == p.VAR_POSITIONAL for p in params): return "varargs", takes
-    core = [p for i, p in enumerate(pos) if p.name != "batch_items" and not (p.name == "prompts" and i > 0)]
+    core = [p for i, p in enumerate(pos) if p.name not in ("batch_items", *OWN_KW) and not (p.name == "prompts" and i > 0)]
     need = [p for p in core if p.default is p.empty]
     n = num_agents
     first_named = bool(core) and core[0].name == "prompts"
@@ -53,8 +57,9 @@ PROMPT_LAYOUTS = ("first", "agents")
 def library_groups(batch_items, prompts, batched: bool = True) -> list[list[int]]:
     "Index runs of consecutive joint responses with the same item and prompts (one each when not batched)."
     if batch_items is None or prompts is None:
-        raise ValueError("a reward in the library form f(prompts, c1, ..., cn) needs the trainer to pass batch_items and "
-                         "prompts, and this call has none; take the completions only (f(c1, ..., cn)) for this caller")
+        raise ValueError("a reward that takes prompts (f(prompts, c1, ..., cn) or prompts=) needs the trainer to pass "
+                         "batch_items and prompts, and this call has none; take the completions only (f(c1, ..., cn)) "
+                         "for this caller")
     J = len(batch_items)
     if any(len(p) != J for p in prompts):
         raise ValueError(f"prompts must hold one entry per joint response ({J}), got lengths {[len(p) for p in prompts]}")
@@ -90,6 +95,8 @@ def call_reward_function(reward_func, prompts, agent_completions, *, num_agents:
             try: return _floats(t())
             except TypeError as e: first = first or e
         raise first
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(reward_func).parameters.values())
+    if var_kw and form != "prompts_first": takes = takes | {"prompts"}        # the library's utility: **kwargs gets it
     kw = {k: v for k, v in (("batch_items", batch_items), ("prompts", prompts)) if k in takes and v is not None}
     args = [prompts, *comps] if form == "prompts_first" else [comps] if form == "lists" else comps
     try: return _floats(reward_func(*args, **kw))
@@ -437,6 +444,74 @@ def infer_model_name(source) -> Optional[str]:
         if name: return str(name)
     return type(source).__name__
 
+# %% ../nbs/90_porting.ipynb #44380ae5
+def _is_tok_list(t) -> bool:
+    return isinstance(t, Sequence) and not isinstance(t, (str, bytes)) and not hasattr(t, "pad_token_id")
+
+def ensure_tokenizer(model, tokenizer):
+    "`tokenizer` with a pad token, else the tokenizer of `model` (an id or path); a model object needs `tokenizer=`."
+    if tokenizer is None:
+        if model is None or not isinstance(model, (str, os.PathLike)):
+            raise ValueError("no tokenizer to use: pass tokenizer= when the model is a model object (or None); "
+                             "a model id or path loads its own")
+        from comlrl_nb.models import load_tokenizer
+        tokenizer = load_tokenizer(model)
+    return ensure_pad_token(tokenizer)
+
+def resolve_tokenizers(model, tokenizer, agents):
+    "One shared tokenizer, or one per agent (given, or loaded from the agents' ids); pad tokens ensured."
+    if agents is None:
+        if _is_tok_list(tokenizer): raise ValueError("a list of tokenizers needs agents= (one tokenizer per agent)")
+        return ensure_pad_token(tokenizer) if tokenizer is not None else ensure_tokenizer(model, None)
+    if tokenizer is None:
+        if _is_tok_list(agents) and all(isinstance(a, (str, os.PathLike)) for a in agents):
+            return [ensure_tokenizer(a, None) for a in agents]
+        raise ValueError("the agents are model objects: pass tokenizer= (one shared, or a list of one per agent)")
+    if not _is_tok_list(tokenizer): return ensure_pad_token(tokenizer)
+    if len(tokenizer) != len(agents):
+        raise ValueError(f"got {len(tokenizer)} tokenizers for {len(agents)} agents; pass one per agent or one shared")
+    return [ensure_pad_token(t) for t in tokenizer]
+
+
+# %% ../nbs/90_porting.ipynb #8fa66457
+def apply_tokenizer_specials(tokenizer, models) -> None:
+    "Write the tokenizer's pad and EOS ids (EOS: the pad id when it has none) into each model's config."
+    tokenizer = ensure_pad_token(tokenizer)
+    pad = tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else pad
+    for m in models:
+        cfg = getattr(getattr(m, "model", None), "config", None) or getattr(m, "config", None)
+        if cfg is not None: cfg.pad_token_id, cfg.eos_token_id = pad, eos
+
+def resolve_model_sources(*, kind: str, model, models, expected_count: int, expected_label: Optional[str] = None,
+                          model_label: str = "model") -> tuple[list, Optional[str]]:
+    "(one source per slot, the first one's name) from `model` (shared) or `models` (a list), checked to agree."
+    label = expected_label or f"num_agents ({expected_count})"
+    if model is None and models is None: raise ValueError(f"pass {model_label} (one for all) or {kind} (a list of {label})")
+    if expected_count < 1: raise ValueError(f"expected_count={expected_count} must be >= 1")
+    if models is None: sources = [model] * expected_count
+    else:
+        if not _is_tok_list(models): raise ValueError(f"{kind} must be a list of {label} models or ids, got "
+                                                      f"{type(models).__name__}; one shared model goes in {model_label}=")
+        if len(models) != expected_count: raise ValueError(f"{kind} has {len(models)} entries but needs {label}")
+        name, names = infer_model_name(model), [infer_model_name(m) for m in models]
+        if model is not None and (name is None or any(n != name for n in names)):
+            raise ValueError(f"{model_label}={name!r} and {kind}={names} disagree; pass one of them")
+        sources = list(models)
+    if any(s is None for s in sources): raise ValueError(f"{kind} has a None entry; give every slot a model or an id")
+    return sources, infer_model_name(sources[0])
+
+def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, algorithm: str) -> list[float]:
+    "The library's actor-critic rule: one agent: as given; else 1 value (one per agent), n values or one per generation."
+    out = [float(r) for r in rewards]
+    if num_agents == 1: return out
+    if num_generations < 1: raise ValueError(f"num_generations={num_generations} must be >= 1")
+    if len(out) == 1: return out * num_agents
+    if len(out) in (num_agents, num_generations): return out
+    raise ValueError(f"the reward function returned {len(out)} values per prompt for multi-agent {algorithm}; "
+                     f"return 1, {num_agents} (one per agent) or {num_generations} (one per generation)")
+
+
 # %% ../nbs/90_porting.ipynb #b6130a73
 class CentralizedComparatorParseError(ValueError):
     "A centralized completion could not be split into one output per agent."
@@ -555,6 +630,16 @@ def _reference_models(self) -> list:
     "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
     return list(getattr(self.team, "ref_agents", None) or [])
 
+def _save_checkpoint(self, output_dir):
+    "The library's `trainer.save_checkpoint(dir)`: this trainer's checkpoint written as `dir` (see 25_engine)."
+    from comlrl_nb.engine import save_trainer_checkpoint
+    return save_trainer_checkpoint(self, output_dir)
+
+def _load_checkpoint(self, checkpoint):
+    "The library's `trainer.load_checkpoint(path)`: restore a checkpoint into this trainer; returns its position."
+    from comlrl_nb.engine import load_trainer_checkpoint
+    return load_trainer_checkpoint(self, checkpoint)
+
 def install_trainer_wrappers() -> list[str]:
     "Wrap every trainer class's own `__init__` with the porting steps and add `num_agents`; returns the classes."
     done = []
@@ -567,6 +652,8 @@ def install_trainer_wrappers() -> list[str]:
                 if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
                 if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
                 if not hasattr(cls, "reference_models"): cls.reference_models = property(_reference_models)
+                if not hasattr(cls, "save_checkpoint"): cls.save_checkpoint = _save_checkpoint
+                if not hasattr(cls, "load_checkpoint"): cls.load_checkpoint = _load_checkpoint
                 done.append(name)
     install_round_callbacks()
     return done

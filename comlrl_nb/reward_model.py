@@ -136,10 +136,10 @@ def _score(self: JointRewardModel, prompts: Sequence[Sequence[str]], responses: 
     return self.score_texts([joint_text([p[j] for p in prompts], [r[j] for r in responses]) for j in range(J)], batch_size).tolist()
 
 def _as_reward_func(self: JointRewardModel, batch_size: int = 16) -> Callable:
-    "The model as a reward function: `f(*completions_per_agent, prompts=...) -> list[float]`."
-    def learned_reward(*completions, prompts=None, **_):
-        if prompts is None: raise ValueError("the learned reward needs prompts= (the trainers pass them)")
-        return self.score(prompts, completions, batch_size)
+    "The model as a reward function: `f(*completions_per_agent, agent_prompts=...) -> list[float]`."
+    def learned_reward(*completions, agent_prompts=None, **_):
+        if agent_prompts is None: raise ValueError("the learned reward needs agent_prompts= (the trainers pass them)")
+        return self.score(agent_prompts, completions, batch_size)
     return learned_reward
 
 JointRewardModel.score_texts, JointRewardModel.score, JointRewardModel.as_reward_func = _score_texts, _score, _as_reward_func

@@ -52,6 +52,8 @@ class RewardFunction:
         self.fn, self.n, self.processor, self.batched = fn, num_agents, processor, batched
         self.form, takes = reward_call_form(fn, num_agents)       # agents | prompts_first | lists | varargs | unknown
         self.pass_items, self.pass_prompts = "batch_items" in takes, "prompts" in takes
+        self.pass_agent_prompts = "agent_prompts" in takes           # this package's per-agent lists, by name only
+        self.per_item = self.form == "prompts_first" or (self.pass_prompts and not self.pass_agent_prompts)
         self.list_of_lists, self.prompt_layout = self.form == "lists", prompt_layout
         self.__name__ = _fn_name(fn)
 
@@ -59,41 +61,64 @@ class RewardFunction:
 def _rf_call(self: RewardFunction, completions: Sequence[Sequence[str]], batch_items=None, prompts=None) -> list[float]:
     "Scores of the J joint responses given per-agent lists of completions (each of length J)."
     if len(completions) != self.n: raise ValueError(f"expected completions for {self.n} agents, got {len(completions)}")
-    if self.form == "prompts_first": vals = self._call_library(completions, batch_items, prompts)
+    if self.per_item: vals = self._call_library(completions, batch_items, prompts)
     else: vals = self._call_ours(completions, batch_items, prompts)
     if self.processor is not None:
         vals = [_to_floats([self._process(v)], self.processor, 1)[0] for v in vals]
     return vals
 
+def _item_runs(batch_items) -> list[list[int]]:
+    "Index runs of consecutive joint responses with the same task item."
+    runs: list[list[int]] = []
+    for j, it in enumerate(batch_items):
+        if runs and (it is batch_items[j - 1] or it == batch_items[j - 1]): runs[-1].append(j)
+        else: runs.append([j])
+    return runs
+
 def _rf_call_ours(self: RewardFunction, completions, batch_items, prompts) -> list[float]:
-    "This package's form: one call for all J joint responses (or one per joint response when not batched)."
+    "This package's form: one call for the batch, per item run when it takes batch_items, per response if not batched."
     J = len(completions[0])
-    kw = {}
-    if self.pass_items and batch_items is not None: kw["batch_items"] = list(batch_items)
-    if self.pass_prompts and prompts is not None: kw["prompts"] = [list(p) for p in prompts]
-    if self.batched: return _to_floats(self._invoke([list(c) for c in completions], kw), self.fn, J,
-                                       hint="; if it scores one joint response per call, set reward_batched=False")
+    items = batch_items if self.pass_items and batch_items is not None else None
+    if not self.batched: groups = [[j] for j in range(J)]
+    elif items is not None and not self.pass_agent_prompts: groups = _item_runs(items)
+    else: groups = [list(range(J))]
     vals = []
-    for j in range(J):
-        kj = {k: ([v[j]] if k == "batch_items" else [[p[j]] for p in v]) for k, v in kw.items()}
-        vals += _to_floats(self._invoke([[c[j]] for c in completions], kj), self.fn, 1)
+    for g in groups:
+        kw = {} if items is None else {"batch_items": [items[j] for j in g]}
+        if self.pass_agent_prompts and prompts is not None: kw["agent_prompts"] = [[p[j] for j in g] for p in prompts]
+        hint = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""
+        vals += _to_floats(self._invoke([[c[j] for j in g] for c in completions], kw), self.fn, len(g), hint=hint)
     return vals
 
 def _rf_call_library(self: RewardFunction, completions, batch_items, prompts) -> list[float]:
-    "The library's form f(prompts, c1, ..., cn): one call per item group, prompts in the trainer's library layout."
+    "As the library calls: per joint response (layout 'first') or per item, library `prompts`, `batch_items=[item]`."
     vals = []
-    for g in library_groups(batch_items, prompts, self.batched):
+    for g in library_groups(batch_items, prompts, self.batched and self.prompt_layout == "agents"):
+        lib = library_prompts(prompts, g[0], self.prompt_layout)
         kw = {"batch_items": [batch_items[g[0]]]} if self.pass_items else {}
-        lists = [library_prompts(prompts, g[0], self.prompt_layout)] + [[c[j] for j in g] for c in completions]
-        vals += _to_floats(self._invoke(lists, kw), self.fn, len(g),
-                           hint=" of one task item; if it scores one joint response per call, set reward_batched=False")
+        if self.form != "prompts_first" and self.pass_prompts: kw["prompts"] = lib
+        if self.pass_agent_prompts: kw["agent_prompts"] = [[p[j] for j in g] for p in prompts]
+        comps = [[c[j] for j in g] for c in completions]
+        lists = [lib] + comps if self.form == "prompts_first" else comps
+        one = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""
+        vals += _to_floats(self._invoke(lists, kw), self.fn, len(g), hint=" of one task item" + self._prompts_note() + one)
     return vals
+
+def _rf_prompts_note(self: RewardFunction) -> str:
+    "What `prompts` held, for the errors of a function called per item (it may expect per-agent lists)."
+    if not self.per_item: return ""
+    what = "[agent 1's prompt]" if self.prompt_layout == "first" else "[each agent's prompt]"
+    return (f" (its prompts held {what} of that item, as comlrl passes them; to get one list per agent with one "
+            f"entry per joint response, take agent_prompts= instead)")
 
 def _rf_invoke(self: RewardFunction, lists, kw):
     try: return self.fn(lists, **kw) if self.list_of_lists else self.fn(*lists, **kw)
     except RewardError: raise
     except Exception as e:
-        raise RewardError(f"reward function '{self.__name__}' raised {type(e).__name__}: {e}") from e
+        note = self._prompts_note()
+        if isinstance(e, KeyError) and e.args == ("prompts",) and "prompts" not in kw:
+            note = " (prompts= is passed only to a function that names it, not through **kwargs: add prompts=None)"
+        raise RewardError(f"reward function '{self.__name__}' raised {type(e).__name__}: {e}" + note) from e
 
 def _rf_process(self: RewardFunction, v: float):
     try: return self.processor(v)
@@ -102,6 +127,7 @@ def _rf_process(self: RewardFunction, v: float):
 
 RewardFunction.__call__, RewardFunction._invoke, RewardFunction._process = _rf_call, _rf_invoke, _rf_process
 RewardFunction._call_ours, RewardFunction._call_library = _rf_call_ours, _rf_call_library
+RewardFunction._prompts_note = _rf_prompts_note
 
 # %% ../nbs/04_rewards.ipynb #2aa2a4f9
 def _key_message(e: KeyError) -> str:

@@ -113,8 +113,8 @@ def test_early_termination_stops_the_episode(tmp_path):
         n_calls.append(1)
         return revise(**kw)
 
-    def reward(a, b, prompts):                                      # 1.0 once the prompt has been revised
-        return [1.0 if "revise" in p else 0.0 for p in prompts[0]]
+    def reward(a, b, agent_prompts):                                    # 1.0 once the prompt has been revised
+        return [1.0 if "revise" in p else 0.0 for p in agent_prompts[0]]
 
     tr = make(tmp_path, reward=reward, transition=count, num_turns=3, early_termination_threshold=0.5, discount=0.9)
     eps = tr.rollout(PROMPTS[:2], [0, 1], ("t", 0))["episodes"]

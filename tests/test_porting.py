@@ -233,6 +233,77 @@ def test_actor_critic_reward_looks_its_item_up_by_prompt(tmp_path, wandb, model_
     assert any(x > 0 for x in rewards)                     # the items were found, so t0 scores 1
 
 
+@pytest.mark.parametrize("algo", ["magrpo", "maac", "iac"])
+def test_keyword_prompts_reward_finds_its_item_in_every_trainer(tmp_path, model_dir, algo):
+    """A reward taking `prompts=` (and `batch_items=`) by keyword, as the library's own helpers do, gets what the library
+    passes: MAGRPO [agent 1's prompt] per joint response, MAAC/IAC [every agent's prompt] per item, with
+    `batch_items=[item]`, also when a batch holds several items; so looking the item up by prompt scores the right item."""
+    from comlrl_nb.trainers.actor_critic import IACConfig, IACTrainer
+    torch.set_num_threads(1)
+    calls = []
+
+    def reward(writer, critic, *, prompts, batch_items):
+        item = next((PROMPT_TO_ITEM[p] for p in prompts if p in PROMPT_TO_ITEM), {})
+        calls.append((list(prompts), item.get("task_id"), batch_items[0]["task_id"], len(batch_items), len(writer)))
+        return [1.0 if item.get("task_id") == "t0" else 0.0 for _ in writer]
+
+    common = dict(num_train_epochs=1, max_new_tokens=3, rollout_batch_size=2, logging_steps=1,
+                  output_dir=str(tmp_path / "run"))
+    if algo == "magrpo":
+        trainer = MAGRPOTrainer(agent_model=model_dir, reward_func=reward, formatters=FORMATTERS, train_dataset=ITEMS,
+                                args=MAGRPOConfig(num_agents=2, num_generations=2, rollout_buffer_size=4, **common))
+    else:
+        cfg, cls = (MAACConfig, MAACTrainer) if algo == "maac" else (IACConfig, IACTrainer)
+        trainer = cls(agent_model=model_dir, critics=[model_dir] * (1 if algo == "maac" else 2), reward_func=reward,
+                      formatters=FORMATTERS, train_dataset=ITEMS,
+                      args=cfg(num_agents=2, num_generations=2, rollout_buffer_size=4, eval_interval=0, **common))
+    trainer.train()
+
+    assert {c[1] for c in calls} == {"t0", "t1"}, calls           # both items of the one batch were found
+    for prompts, found, given, n_items, n in calls:
+        assert found == given and n_items == 1, (prompts, found, given)
+        assert all(isinstance(p, str) for p in prompts)
+        assert len(prompts) == (1 if algo == "magrpo" else 2)
+        assert prompts[0] == FORMATTERS[0](PROMPT_TO_ITEM[prompts[0]])
+        assert n == (1 if algo == "magrpo" else 2)      # as the library: per joint response / per item
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "maac"])
+def test_batch_items_first_entry_is_the_scored_item_with_several_items_per_batch(tmp_path, model_dir, algo):
+    "A library reward reading `batch_items[0]` (no prompts) is called per item, so it never scores another item's answers."
+    torch.set_num_threads(1)
+    calls = []
+
+    def reward(writer, critic, batch_items=None):
+        calls.append([it["task_id"] for it in batch_items])
+        return [1.0 if batch_items[0]["task_id"] == "t0" else 0.0 for _ in writer]
+
+    common = dict(num_agents=2, num_train_epochs=1, max_new_tokens=3, num_generations=2, rollout_batch_size=2,
+                  rollout_buffer_size=4, logging_steps=1, output_dir=str(tmp_path / "run"))
+    if algo == "magrpo":
+        trainer = MAGRPOTrainer(agent_model=model_dir, reward_func=reward, formatters=FORMATTERS, train_dataset=ITEMS,
+                                args=MAGRPOConfig(**common))
+    else:
+        trainer = MAACTrainer(agent_model=model_dir, critics=[model_dir], reward_func=reward, formatters=FORMATTERS,
+                              train_dataset=ITEMS, args=MAACConfig(eval_interval=0, **common))
+    trainer.train()
+    assert sorted(c[0] for c in calls) == ["t0", "t1"]                  # one call per item of the batch
+    assert all(len(set(c)) == 1 and len(c) == 2 for c in calls)          # each with that item's two joint responses
+
+
+def test_per_agent_prompt_lists_come_by_agent_prompts_and_a_mismatch_is_an_error():
+    from comlrl_nb.rewards import RewardError, RewardFunction
+    comps, items = [["a", "b"], ["c", "d"]], [ITEMS[0], ITEMS[1]]
+    prompts = [[FORMATTERS[0](it) for it in items], [FORMATTERS[1](it) for it in items]]
+    seen = []
+    rf = RewardFunction(lambda w, c, agent_prompts: seen.append(agent_prompts) or [0.0, 1.0], 2)
+    assert rf(comps, items, prompts) == [0.0, 1.0] and seen == [prompts]       # one batched call, per-agent lists
+    # written for per-agent lists but taking prompts=: the library layout arrives, and the error names the fix
+    rf = RewardFunction(lambda w, c, prompts: [float(p in PROMPT_TO_ITEM) for p in prompts[0]], 2)
+    with pytest.raises(RewardError, match="take agent_prompts= instead"):
+        rf(comps, items, prompts)
+
+
 def test_library_form_reward_without_prompts_is_an_error_not_a_silent_value():
     from comlrl_nb.rewards import RewardFunction
     rf = RewardFunction(lambda prompts, a, b: [1.0] * len(a), 2)
@@ -373,3 +444,36 @@ def test_the_library_resume_workflow(tmp_path, wandb, monkeypatch):
     straight.train()                                              # the same four epochs without a break
     assert all(torch.equal(p, q) for a, b in zip(trainer.agents, straight.agents)
                for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "maac"])
+def test_save_checkpoint_and_load_checkpoint_as_the_library_names_them(tmp_path, model_dir, algo):
+    "`trainer.save_checkpoint(dir)` after training, `load_checkpoint(dir)` into a fresh trainer: the same weights and position."
+    torch.set_num_threads(1)
+
+    def build():
+        common = dict(num_agents=2, num_train_epochs=1, max_new_tokens=3, num_generations=2, rollout_buffer_size=2,
+                      logging_steps=1, output_dir=str(tmp_path / "run"))
+        reward = lambda a, b: [float(len(x) < len(y)) for x, y in zip(a, b)]
+        if algo == "magrpo":
+            return MAGRPOTrainer(agent_model=model_dir, reward_func=reward, formatters=FORMATTERS, train_dataset=ITEMS,
+                                 args=MAGRPOConfig(**common))
+        return MAACTrainer(agent_model=model_dir, critics=[model_dir], reward_func=reward, formatters=FORMATTERS,
+                           train_dataset=ITEMS, args=MAACConfig(eval_interval=0, **common))
+
+    trained = build()
+    trained.train()
+    with torch.no_grad():                                          # weights that differ from a fresh trainer's for sure
+        for p in trained.agents[0].parameters():
+            p.add_(0.01)
+    saved = trained.save_checkpoint(tmp_path / "saved")
+    from comlrl_nb.porting import read_checkpoint_metadata
+    assert read_checkpoint_metadata(saved)["sequence"] == trained.state["global_batch"] > 0
+    fresh = build()
+    w = lambda t: torch.cat([p.detach().flatten() for p in t.agents[0].parameters()])
+    assert not torch.equal(w(fresh), w(trained))
+    position = fresh.load_checkpoint(saved)
+    assert position["global_batch"] == trained.state["global_batch"] == fresh.state["global_batch"]
+    assert torch.equal(w(fresh), w(trained))
+    with pytest.raises(FileExistsError, match="is not a checkpoint"):
+        trained.save_checkpoint(tmp_path / "run")                  # a run directory is not overwritten

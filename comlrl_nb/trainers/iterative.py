@@ -632,9 +632,9 @@ class MARLHFIterTrainer(PreferenceRounds):
         self._rm_initial = {k: v.detach().cpu().clone() for k, v in self.reward_model.state_dict().items()}
         self._rm_fitted = False
 
-    def learned_reward(self, *completions, prompts=None, **_) -> list[float]:
+    def learned_reward(self, *completions, agent_prompts=None, **_) -> list[float]:
         "The policy phase's reward: the frozen reward model's score of each joint response."
-        return self.reward_model.score(prompts, completions, self.args.reward_score_batch_size)
+        return self.reward_model.score(agent_prompts, completions, self.args.reward_score_batch_size)
 
     def learned_joint_reward(self, actor_prompts, completions, items=None) -> list[float]:
         "Centralized: the frozen reward model's score of each joint completion, read with the actor's prompt."

@@ -169,9 +169,9 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
     return pt, None
 
 @patch
-def learned_reward(self: MARLHFTrainer, *completions, prompts=None, **_) -> list[float]:
+def learned_reward(self: MARLHFTrainer, *completions, agent_prompts=None, **_) -> list[float]:
     "The policy phase's reward: the frozen reward model's score of each joint response."
-    return self.reward_model.score(prompts, completions, self.args.reward_score_batch_size)
+    return self.reward_model.score(agent_prompts, completions, self.args.reward_score_batch_size)
 
 @patch
 def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
