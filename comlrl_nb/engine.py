@@ -720,17 +720,18 @@ def finish(self: Run, plot: Optional[Callable] = None, png: str = "training_curv
 
 # %% ../nbs/25_engine.ipynb #4ff388f7
 @patch(cls_method=True)
-def for_trainer(cls: Run, trainer, components: dict, resume_from_checkpoint=None,
+def for_trainer(cls: Run, trainer, resume_from_checkpoint=None,
                 stop_after_batch: Optional[int] = None, checkpoint_dir=None, checkpoint_interval: int = 1,
                 checkpoint_total_limit: Optional[int] = None, allow_config_changes: Sequence[str] = (),
                 desc: Optional[str] = None) -> Run:
-    "A trainer's run over its train_dataset in batches of rollout_batch_size items: checked, started (or resumed)."
+    """A trainer's run over its train_dataset in batches of rollout_batch_size items: checked, started (or resumed).
+    The run itself (its checkpoint components) is the trainer's `new_run()`."""
     if trainer.train_dataset is None:
         raise ValueError("train() needs train_dataset= (a datasets.Dataset or a list of dicts)")
     a, n = trainer.args, trainer.n
     per_epoch = math.ceil(len(trainer.train_dataset) / a.rollout_batch_size)
     opts = run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes)
-    run = cls(a, trainer.algo, trainer.output_dir, components, trainer.wandb_config, trainer.dist, n, trainer.state)
+    run = trainer.new_run()
     run.per_epoch = per_epoch
     run.start(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
               desc or f"{trainer.algo} ({n} agents)", **opts)
@@ -753,24 +754,12 @@ def evaluation(self: Run, evaluate: Callable[[], dict], b: int) -> dict:
     return evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
 
 # %% ../nbs/25_engine.ipynb #ad4d1e18
-import inspect
-
-class _Built(Exception):
-    "Raised in place of `Run.start` inside `trainer_run`: carries the run as the trainer built it."
-    def __init__(self, run): super().__init__("run built, not started"); self.run = run
-
 def trainer_run(trainer) -> Run:
     "The Run the trainer's train() would use (its checkpoint components, position and config), built but not started."
-    build = getattr(trainer, "_start_run", None)
+    build = getattr(trainer, "new_run", None)
     if build is None: raise TypeError(f"{type(trainer).__name__} has no run of its own to save or load; use "
                                       "train(checkpoint_dir=...) and train(resume_from_checkpoint=...)")
-    start, out = Run.start, trainer.output_dir
-    def built(self, *a, **k): raise _Built(self)
-    Run.start = built
-    try: build(None, None, **({"total": 0} if "total" in inspect.signature(build).parameters else {}))
-    except _Built as b: return b.run
-    finally: Run.start, trainer.output_dir = start, out
-    raise RuntimeError(f"{type(trainer).__name__}._start_run returned without starting its run")
+    return build()
 
 
 # %% ../nbs/25_engine.ipynb #1f4a0ebd

@@ -839,13 +839,18 @@ def _batch_metrics(self: ActorCriticTrainer, ro: Rollout, upd: dict, wall: float
 
 # %% ../../nbs/31_actor_critic.ipynb #f88efb4b
 @patch
+def new_run(self: ActorCriticTrainer) -> Run:
+    "This trainer's run, not started: its checkpoints hold the team, critics, both buffers and the sampler's cache."
+    parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
+             "sampler": self.sampler}
+    return Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
+
+@patch
 def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    parts = {"team": self.team, "critics": self.critics, "buffers": self.buffers, "value_buffers": self.value_buffers,
-             "sampler": self.sampler}                                     # what a checkpoint holds
-    with Run.for_trainer(self, parts, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
+    with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
                          checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
         for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)

@@ -240,11 +240,17 @@ def evaluate(self: CentralizedMAGRPOTrainer, num_samples: Optional[int] = None) 
 
 # %% ../../nbs/32_centralized.ipynb #362631f6
 @patch
+def new_run(self: CentralizedMAGRPOTrainer) -> Run:
+    "This trainer's run, not started: its checkpoints hold the team (the one actor) and its sample buffer."
+    return Run(self.args, self.algo, self.output_dir, {"team": self.team, "buffers": self.buffers},
+               self.wandb_config, self.dist, self.n, self.state)
+
+@patch
 def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    with Run.for_trainer(self, {"team": self.team, "buffers": self.buffers}, resume_from_checkpoint, stop_after_batch,
+    with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch,
                          checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes,
                          desc=f"{self.algo} (1 actor, {self.n} roles)") as run:   # Ctrl-C: a checkpoint, then exit
         for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_buffer(flush=True)):

@@ -512,12 +512,18 @@ def _load_round_entries(self: PreferenceRounds, s: dict):
 
 # %% ../../nbs/53_iterative.ipynb #8148ceae
 @patch
-def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int], **opts) -> Run:
-    "The run, counting rounds; a fresh one warns about another run's replay files, snapshots S_0, evaluates round 0."
+def new_run(self: PreferenceRounds) -> Run:
+    "The rounds' run, not started: its checkpoints hold the team and the rounds' entries (pairs, replay, comparator)."
     parts = {"team": self.team, "rounds": RunEntries(self._round_entries, self._load_round_entries)}
     record = SimpleNamespace(**config_record(self.args))        # what a checkpoint stores: secrets hidden
     run = Run(record, self.algo, self.output_dir, parts, self.wandb_config, None, self.n, self.state, "iteration")
     run.on_dir = self._use_dir                       # the replay and snapshot directories follow the claimed one
+    return run
+
+@patch
+def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int], **opts) -> Run:
+    "The run, counting rounds; a fresh one warns about another run's replay files, snapshots S_0, evaluates round 0."
+    run = self.new_run()
     run.start(resume_from_checkpoint, stop_after_round, self.args.num_iterations, f"{self.algo} rounds",
               stop_env="COMLRL_NB_STOP_AFTER_ROUND", **opts)          # rounds: their own variable, not the batches'
     if resume_from_checkpoint: return run

@@ -399,10 +399,15 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
 
 # %% ../../nbs/42_madpo.ipynb #2d86b1c4
 @patch
+def new_run(self: MADPOTrainer) -> Run:
+    "This trainer's run, not started: its checkpoints hold the team and the pairs (plus the position and random state)."
+    return Run(self.args, self.algo, self.output_dir, {"team": self.team, "pairs": PairsEntry(self)},
+               self.wandb_config, self.dist, self.n, self.state)
+
+@patch
 def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **opts) -> Run:
-    "The run of this trainer: its checkpoints hold the team and the pairs (plus the position and the random state)."
-    parts = {"team": self.team, "pairs": PairsEntry(self)}
-    run = Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
+    "The run, started (or resumed) with an empty bar: the batches are counted once the pairs are known."
+    run = self.new_run()
     run.start(resume_from_checkpoint, stop_after_batch, 0, f"{self.algo} ({self.n} agents)", **opts)
     self.output_dir = run.output_dir                        # the directory the run claimed
     run.metrics_callback = getattr(self, "metrics_callback", None)

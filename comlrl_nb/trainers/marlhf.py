@@ -322,10 +322,10 @@ def evaluate(self: CentralActor, num_samples: Optional[int] = None) -> dict:
     return central_evaluate(self, num_samples, lambda x, items: self.reward_fn(x["texts"], items, x["prompts"]))
 
 @patch
-def learned_reward(self: CentralActor, *completions, prompts=None, batch_items=None) -> list[float]:
+def learned_reward(self: CentralActor, *completions, agent_prompts=None, batch_items=None) -> list[float]:
     "The backend's training reward (its one agent's completions and inputs): `train_reward` on the joint texts."
-    if prompts is None: raise ValueError("the learned joint reward reads the actor's prompts; the caller passed none")
-    return self.train_reward(prompts[0], completions[0], batch_items)
+    if agent_prompts is None: raise ValueError("the learned joint reward reads the actor's prompts; the caller passed none")
+    return self.train_reward(agent_prompts[0], completions[0], batch_items)
 
 # %% ../../nbs/43_marlhf.ipynb #e7a1c007
 _ONE_ACTOR_DEVICES = ("agent_devices", "critic_devices", "reference_devices")

@@ -324,12 +324,17 @@ def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
 
 # %% ../../nbs/30_reinforce.ipynb #c2c37bcd
 @patch
+def new_run(self: MAGRPOTrainer) -> Run:
+    "This trainer's run, not started: its checkpoints hold the team, the sample buffers and the sampler's cache."
+    parts = {"team": self.team, "buffers": self.buffers, "sampler": self.sampler}
+    return Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
+
+@patch
 def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
           allow_config_changes=()) -> dict:
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
-    with Run.for_trainer(self, {"team": self.team, "buffers": self.buffers, "sampler": self.sampler},  # checkpointed
-                         resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
+    with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
                          checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
         for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
             t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
