@@ -80,7 +80,9 @@ def timed(fn, key):
         try: return fn(*args, **kw)
         finally: split[key] += time.perf_counter() - t
     return w
-for mod in (P, R, D, I, C, A): mod.generate_completions = timed(mod.generate_completions, "generate")
+import comlrl_nb.team as T
+for mod in (P, R, D, I, C, A, T):           # every module that samples through its own name of generate_completions
+    if hasattr(mod, "generate_completions"): mod.generate_completions = timed(mod.generate_completions, "generate")
 W.RewardFunction.__call__ = timed(W.RewardFunction.__call__, "reward")
 J.fit_texts = timed(J.fit_texts, "reward_model_fit")
 D.MADPOTrainer._update = timed(D.MADPOTrainer._update, "update")
