@@ -14,8 +14,8 @@ from .core import autocast, check_choice, derive_seed, logger
 
 # %% auto #0
 __all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts',
-           'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'generate_completions', 'check_joint_mode',
-           'joint_indices', 'compose_joint', 'per_agent_returns']
+           'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_forward', 'generate_completions',
+           'check_joint_mode', 'joint_indices', 'compose_joint', 'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 class RowNoise:
@@ -151,7 +151,8 @@ def fast_decodable(model) -> bool:
     if cls.__name__ not in _FAST_CLASSES or not cls.__module__.startswith("transformers.models.") or cfg is None: return False
     if getattr(cfg, "_attn_implementation", None) != "sdpa" or (getattr(cfg, "pretraining_tp", 1) or 1) != 1: return False
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())): return False
-    if model.training and getattr(cfg, "attention_dropout", 0.0): return False
+    if model.training and (getattr(cfg, "attention_dropout", 0.0) or getattr(model.model, "gradient_checkpointing", False)):
+        return False
     return not _hooked(model)
 
 # %% ../nbs/02_generation.ipynb #e2f04f12
@@ -174,16 +175,16 @@ def _layer_weights(layer) -> tuple:
 
 # %% ../nbs/02_generation.ipynb #a81b4a66
 class FastDecoder:
-    "Decoding steps of a Llama/Qwen2 model after an HF prefill: its cache copied into a preallocated one, then `step`."
-    def __init__(self, model, cache, prompt_mask: torch.Tensor, max_new_tokens: int):
+    "Decoding steps of a Llama/Qwen2 model after the prefill: its keys/values copied into a preallocated cache, then `step`."
+    def __init__(self, model, kv: Sequence[tuple], prompt_mask: torch.Tensor, max_new_tokens: int):
         m = model.model
         self.embed, self.rotary, self.norm, self.head = m.embed_tokens, m.rotary_emb, m.norm, model.lm_head
         self.layers, self.kv = [_layer_weights(layer) for layer in m.layers], []
         B, self.L = prompt_mask.shape
-        for lay in cache.layers:                           # [rows, kv heads, prompt + new tokens, head dim]
-            kv = [x.new_empty(*x.shape[:2], self.L + max_new_tokens, x.shape[-1]) for x in (lay.keys, lay.values)]
-            kv[0][:, :, :self.L], kv[1][:, :, :self.L] = lay.keys, lay.values
-            self.kv.append(kv)
+        for keys, values in kv:                           # [rows, kv heads, prompt + new tokens, head dim]
+            pair = [x.new_empty(*x.shape[:2], self.L + max_new_tokens, x.shape[-1]) for x in (keys, values)]
+            pair[0][:, :, :self.L], pair[1][:, :, :self.L] = keys, values
+            self.kv.append(pair)
         ones = prompt_mask.new_ones(B, max_new_tokens, dtype=torch.bool)   # no padding: no mask (as HF decides)
         self.pad = None if bool(prompt_mask.all()) else torch.cat([prompt_mask.bool(), ones], 1)[:, None, None, :]
 
@@ -212,13 +213,46 @@ def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
     self.L = L + 1
     return F.linear(_rms(h, self.norm.weight, self.norm.variance_epsilon), self.head.weight, self.head.bias)[:, -1]
 
+# %% ../nbs/02_generation.ipynb #d4ca760b
+def _sdpa_full(q, k, v, pad, g: int, sc: float):
+    "SDPA over whole sequences as HF calls it: no padding -> is_causal (GQA in the kernel); else the bool mask, KV repeated."
+    F = torch.nn.functional
+    if pad is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=True,
+                                              **({"enable_gqa": True} if g > 1 else {}))
+    if g > 1:
+        B, H, S, D = k.shape
+        k, v = (x[:, :, None].expand(B, H, g, S, D).reshape(B, H * g, S, D) for x in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=pad, dropout_p=0.0, scale=sc, is_causal=False)
+
+def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, keep: int = 1,
+                 kv_out: Optional[list] = None) -> torch.Tensor:
+    "Logits [B, keep, V] of the last `keep` positions, as the HF forward of a `fast_decodable` model computes them."
+    F, m, (B, S) = torch.nn.functional, model.model, ids.shape
+    h = m.embed_tokens.forward(ids)
+    cos, sin = (x.unsqueeze(1) for x in m.rotary_emb.forward(h, pos))
+    pad = None if bool(mask.all()) else \
+        torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()[None, None] & mask.bool()[:, None, None, :]
+    for layer in m.layers:
+        w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = _layer_weights(layer)
+        x = _rms(h, w1, e1)
+        q, k, v = (F.linear(x, w, b).view(B, S, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if kv_out is not None: kv_out.append((k, v))
+        o = _sdpa_full(q, k, v, pad, g, sc).reshape(B, -1, S, hd).transpose(1, 2).contiguous().reshape(B, S, -1).contiguous()
+        h = h + F.linear(o, ow, ob)
+        x = _rms(h, w2, e2)
+        h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
+    h = _rms(h, m.norm.weight, m.norm.variance_epsilon)[:, -keep:]
+    return F.linear(h, model.lm_head.weight, model.lm_head.bias)
+
 # %% ../nbs/02_generation.ipynb #3de2d1cf
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, max_new_tokens: int = 32,
                          temperature: float = 1.0, top_p: float = 1.0, top_k: Optional[int] = None,
                          keys: Optional[Sequence[tuple]] = None, seed: int = 0, autocast_dtype=None,
                          fast: bool = True) -> Completions:
-    "Sample `k` completions per prompt with one cached decoding loop over all B*k rows (`fast`: `FastDecoder` steps where exact)."
+    "Sample `k` completions per prompt with one cached decoding loop over all B*k rows (`fast`: `fast_forward`/`FastDecoder` where exact)."
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, device)
     ids, mask, max_new_tokens = fit_context(model, ids, mask, max_new_tokens)
@@ -231,16 +265,19 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, m
     cache, cur, cur_mask, dec = DynamicCache(), ids, mask, None
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     done = torch.zeros(B * k, dtype=torch.bool, device=device); out, out_mask = [], []
+    kv = [] if fast and fast_decodable(model) else None    # the fast path: prefill's keys/values land here
     for t in range(max_new_tokens):
         kw = {fk["cache_kw"]: cache, "use_cache": True, **({"logits_to_keep": 1} if fk["keep"] else {})}
         with autocast(device, autocast_dtype):
-            logits = dec.step(cur, pos) if dec is not None else \
-                model(input_ids=cur, attention_mask=cur_mask, position_ids=pos, **kw).logits[:, -1]
+            if dec is not None: logits = dec.step(cur, pos)
+            elif kv is not None: logits = fast_forward(model, cur, cur_mask, pos, 1, kv)[:, -1]
+            else: logits = model(input_ids=cur, attention_mask=cur_mask, position_ids=pos, **kw).logits[:, -1]
         if t == 0 and k > 1:                     # prefill once per prompt, then fan the cache out to the K samples
-            cache.batch_repeat_interleave(k); logits = logits.repeat_interleave(k, 0)
+            if kv is None: cache.batch_repeat_interleave(k)
+            else: kv = [(a.repeat_interleave(k, 0), b.repeat_interleave(k, 0)) for a, b in kv]
+            logits = logits.repeat_interleave(k, 0)
             ids, mask, cur_mask, pos = (x.repeat_interleave(k, 0) for x in (ids, mask, cur_mask, pos))
-        if t == 0 and fast and max_new_tokens > 1 and hasattr(cache, "layers") and fast_decodable(model):
-            dec = FastDecoder(model, cache, mask, max_new_tokens)
+        if t == 0 and kv is not None: dec = FastDecoder(model, kv, mask, max_new_tokens)
         nxt = filter_and_sample(logits, gens, temperature, top_p, top_k)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
         out.append(nxt); out_mask.append(~done)
