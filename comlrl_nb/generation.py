@@ -153,6 +153,10 @@ def fast_decodable(model) -> bool:
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())): return False
     if model.training and (getattr(cfg, "attention_dropout", 0.0) or getattr(model.model, "gradient_checkpointing", False)):
         return False
+    linears = [model.lm_head] + [getattr(getattr(layer, part), name) for layer in model.model.layers
+                                 for part, names in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down")))
+                                 for name in (f"{n}_proj" for n in names)]
+    if any(type(x) is not torch.nn.Linear for x in linears): return False     # quantized or adapter layers: HF forward
     return not _hooked(model)
 
 # %% ../nbs/02_generation.ipynb #e2f04f12
