@@ -14,8 +14,8 @@ from .core import autocast, check_choice, derive_seed, logger
 
 # %% auto #0
 __all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts',
-           'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_forward', 'generate_completions',
-           'check_joint_mode', 'joint_indices', 'compose_joint', 'per_agent_returns']
+           'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden', 'fast_forward',
+           'generate_completions', 'check_joint_mode', 'joint_indices', 'compose_joint', 'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 class RowNoise:
@@ -138,7 +138,7 @@ def fit_context(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: in
 
 
 # %% ../nbs/02_generation.ipynb #2bf5e46d
-_FAST_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+_FAST_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "LlamaModel", "Qwen2Model")   # the LMs and their bodies
 
 def _hooked(model) -> bool:
     from torch.nn.modules import module as M
@@ -146,14 +146,17 @@ def _hooked(model) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in model.modules())
 
 def fast_decodable(model) -> bool:
-    "Whether `FastDecoder` computes exactly what this model's HF forward computes (else the HF forward is used)."
+    "Whether `FastDecoder`/`fast_forward` (an LM) or `fast_hidden` (its body) compute exactly what its HF forward computes."
     cls, cfg = type(model), getattr(model, "config", None)
     if cls.__name__ not in _FAST_CLASSES or not cls.__module__.startswith("transformers.models.") or cfg is None: return False
     if getattr(cfg, "_attn_implementation", None) != "sdpa" or (getattr(cfg, "pretraining_tp", 1) or 1) != 1: return False
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())): return False
-    if model.training and (getattr(cfg, "attention_dropout", 0.0) or getattr(model.model, "gradient_checkpointing", False)):
+    if model.training and (getattr(cfg, "attention_dropout", 0.0) or
+                           getattr(getattr(model, "model", model), "gradient_checkpointing", False)):
         return False
-    linears = [model.lm_head] + [getattr(getattr(layer, part), name) for layer in model.model.layers
+    body = getattr(model, "model", model) if hasattr(model, "lm_head") else model
+    linears = [model.lm_head] if hasattr(model, "lm_head") else []
+    linears += [getattr(getattr(layer, part), name) for layer in body.layers
                                  for part, names in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down")))
                                  for name in (f"{n}_proj" for n in names)]
     if any(type(x) is not torch.nn.Linear for x in linears): return False     # quantized or adapter layers: HF forward
@@ -229,15 +232,14 @@ def _sdpa_full(q, k, v, pad, g: int, sc: float):
         k, v = (x[:, :, None].expand(B, H, g, S, D).reshape(B, H * g, S, D) for x in (k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=pad, dropout_p=0.0, scale=sc, is_causal=False)
 
-def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, keep: int = 1,
-                 kv_out: Optional[list] = None) -> torch.Tensor:
-    "Logits [B, keep, V] of the last `keep` positions, as the HF forward of a `fast_decodable` model computes them."
-    F, m, (B, S) = torch.nn.functional, model.model, ids.shape
-    h = m.embed_tokens.forward(ids)
-    cos, sin = (x.unsqueeze(1) for x in m.rotary_emb.forward(h, pos))
+def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv_out: Optional[list] = None) -> torch.Tensor:
+    "Final (normed) hidden states [B, S, H] of a Llama/Qwen2 body (`model.model`), as its HF forward computes them."
+    F, (B, S) = torch.nn.functional, ids.shape
+    h = body.embed_tokens.forward(ids)
+    cos, sin = (x.unsqueeze(1) for x in body.rotary_emb.forward(h, pos))
     pad = None if bool(mask.all()) else \
         torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()[None, None] & mask.bool()[:, None, None, :]
-    for layer in m.layers:
+    for layer in body.layers:
         w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = _layer_weights(layer)
         x = _rms(h, w1, e1)
         q, k, v = (F.linear(x, w, b).view(B, S, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
@@ -247,8 +249,13 @@ def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
         h = h + F.linear(o, ow, ob)
         x = _rms(h, w2, e2)
         h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
-    h = _rms(h, m.norm.weight, m.norm.variance_epsilon)[:, -keep:]
-    return F.linear(h, model.lm_head.weight, model.lm_head.bias)
+    return _rms(h, body.norm.weight, body.norm.variance_epsilon)
+
+def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, keep: int = 1,
+                 kv_out: Optional[list] = None) -> torch.Tensor:
+    "Logits [B, keep, V] of the last `keep` positions, as the HF forward of a `fast_decodable` model computes them."
+    h = fast_hidden(model.model, ids, mask, pos, kv_out)[:, -keep:]
+    return torch.nn.functional.linear(h, model.lm_head.weight, model.lm_head.bias)
 
 # %% ../nbs/02_generation.ipynb #3de2d1cf
 @torch.no_grad()
