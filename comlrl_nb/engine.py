@@ -375,7 +375,7 @@ def _plot_is_current(metrics, out_png) -> bool:
     return os.path.getmtime(out_png) >= os.path.getmtime(metrics)
 
 def plot_run_background(metrics, out_png, title: str = "training run", plot: Optional[Callable] = None):
-    "`plot(metrics, out_png, title)` (default `plot_run`) in a thread (records read now); returns the thread or None (PNG current); errors are logged."
+    "`plot(metrics, out_png, title)` (default `plot_run`) in a thread; the thread, or None when the PNG is current."
     if _plot_is_current(metrics, out_png): return None
     rows = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
     def draw():
@@ -716,7 +716,8 @@ def finish(self: Run, plot: Optional[Callable] = None, png: str = "training_curv
     self.bar.close()
     self.metrics.close()
     if self.dist.is_main and self.args.save_plot:
-        try: plot_run_background(self.metrics.path, self.output_dir / png, title or f"{self.algo}: reward per batch", plot)
+        title = title or f"{self.algo}: reward per batch"
+        try: plot_run_background(self.metrics.path, self.output_dir / png, title, plot)
         except Exception as e: logger.warning(f"could not draw the run plot: {e}")
     self.dist.barrier()
     self.release()

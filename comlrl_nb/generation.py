@@ -19,13 +19,14 @@ __all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Com
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 class RowNoise:
-    "Each row's uniforms from its own generator, drawn `chunk` steps at a time: one call per row per chunk, not per step."
+    "Each row's uniforms from its own generator, drawn many steps at a time: one call per row per chunk, not per step."
     def __init__(self, gens: Sequence[torch.Generator], steps: int, budget: int = 1 << 22):
         self.gens, self.left, self.budget, self.buf, self.t = list(gens), steps, budget, None, 0
     def next(self, width: int) -> torch.Tensor:
-        "The next step's uniforms, [rows, width] contiguous: the same numbers as `torch.rand(width, generator=g)` per row."
+        "The next step's uniforms [rows, width]: the numbers `torch.rand(width, generator=g)` gives per row."
         if self.buf is not None and self.buf.shape[-1] != width:
-            raise ValueError(f"RowNoise draws {self.buf.shape[-1]} numbers per row and step, asked for {width}; use one per width")
+            raise ValueError(f"RowNoise draws {self.buf.shape[-1]} numbers per row and step, asked for {width}; "
+                             "use one RowNoise per width")
         if self.buf is None or self.t == self.buf.shape[0]:
             n = max(1, min(self.left, self.budget // max(1, width * len(self.gens))))
             self.buf, self.t, self.left = torch.empty(n, len(self.gens), width), 0, self.left - n
@@ -34,12 +35,13 @@ class RowNoise:
         return self.buf[self.t - 1]
 
 def _gumbel(shape_last: int, gens, device) -> torch.Tensor:
-    u = gens.next(shape_last) if isinstance(gens, RowNoise) else torch.stack([torch.rand(shape_last, generator=g) for g in gens])
+    if isinstance(gens, RowNoise): u = gens.next(shape_last)
+    else: u = torch.stack([torch.rand(shape_last, generator=g) for g in gens])
     return -torch.log(-torch.log(u.to(device).clamp_(1e-10, 1.0 - 1e-7)))
 
 def filter_and_sample(logits: torch.Tensor, gens, temperature: float = 1.0,
                       top_p: float = 1.0, top_k: Optional[int] = None) -> torch.Tensor:
-    "Sample one token per row from softmax(logits/T) restricted to the top-k and nucleus (top-p) sets; `gens`: one generator per row, or a `RowNoise`."
+    "One token per row from softmax(logits/T) within the top-k and top-p sets; `gens`: generators or a `RowNoise`."
     logits = logits.float()
     if temperature == 0: return logits.argmax(-1)
     if top_k is not None and 0 < top_k < logits.shape[-1]:          # None or 0: no top-k filtering (as HF generate)
@@ -146,10 +148,12 @@ def _hooked(model) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in model.modules())
 
 def fast_decodable(model) -> bool:
-    "Whether `FastDecoder`/`fast_forward` (an LM) or `fast_hidden` (its body) compute exactly what its HF forward computes."
+    "Whether `FastDecoder`/`fast_forward` (an LM) or `fast_hidden` (a body) compute exactly what its HF forward does."
     cls, cfg = type(model), getattr(model, "config", None)
-    if cls.__name__ not in _FAST_CLASSES or not cls.__module__.startswith("transformers.models.") or cfg is None: return False
-    if getattr(cfg, "_attn_implementation", None) != "sdpa" or (getattr(cfg, "pretraining_tp", 1) or 1) != 1: return False
+    if cls.__name__ not in _FAST_CLASSES or not cls.__module__.startswith("transformers.models.") or cfg is None:
+        return False
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or (getattr(cfg, "pretraining_tp", 1) or 1) != 1:
+        return False
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())): return False
     if model.training and (getattr(cfg, "attention_dropout", 0.0) or
                            getattr(getattr(model, "model", model), "gradient_checkpointing", False)):
@@ -182,7 +186,7 @@ def _layer_weights(layer) -> tuple:
 
 # %% ../nbs/02_generation.ipynb #a81b4a66
 class FastDecoder:
-    "Decoding steps of a Llama/Qwen2 model after the prefill: its keys/values copied into a preallocated cache, then `step`."
+    "Decoding steps of a Llama/Qwen2 model after the prefill: its keys/values in a preallocated cache, then `step`."
     def __init__(self, model, kv: Sequence[tuple], prompt_mask: torch.Tensor, max_new_tokens: int):
         m = model.model
         self.embed, self.rotary, self.norm, self.head = m.embed_tokens, m.rotary_emb, m.norm, model.lm_head
@@ -203,13 +207,15 @@ def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
     cos, sin = (x.unsqueeze(1) for x in self.rotary.forward(h, pos))
     B, L, F = h.shape[0], self.L, torch.nn.functional
     mask = None if self.pad is None else self.pad[..., :L + 1]
-    for (w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc), kv in zip(self.layers, self.kv):
+    for weights, kv in zip(self.layers, self.kv):
+        w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = weights
         x = _rms(h, w1, e1)
         q, k, v = (F.linear(x, w, b).view(B, 1, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
         kv[0][:, :, L:L + 1], kv[1][:, :, L:L + 1] = _rotate(k, cos, sin), v
         K, V, q = kv[0][:, :, :L + 1], kv[1][:, :, :L + 1], _rotate(q, cos, sin)
         if g > 1 and mask is None:                        # the calls HF's sdpa_attention_forward makes for one query
-            o = F.scaled_dot_product_attention(q, K, V, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=False, enable_gqa=True)
+            o = F.scaled_dot_product_attention(q, K, V, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=False,
+                                               enable_gqa=True)
         else:
             o = F.scaled_dot_product_attention(q.reshape(B, -1, g, hd) if g > 1 else q, K, V, attn_mask=mask,
                                                dropout_p=0.0, scale=sc, is_causal=False)
@@ -222,7 +228,7 @@ def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
 
 # %% ../nbs/02_generation.ipynb #d4ca760b
 def _sdpa_full(q, k, v, pad, g: int, sc: float):
-    "SDPA over whole sequences as HF calls it: no padding -> is_causal (GQA in the kernel); else the bool mask, KV repeated."
+    "SDPA over whole sequences as HF calls it: no padding: is_causal (GQA in the kernel); else the bool mask."
     F = torch.nn.functional
     if pad is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=True,
@@ -232,7 +238,8 @@ def _sdpa_full(q, k, v, pad, g: int, sc: float):
         k, v = (x[:, :, None].expand(B, H, g, S, D).reshape(B, H * g, S, D) for x in (k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=pad, dropout_p=0.0, scale=sc, is_causal=False)
 
-def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv_out: Optional[list] = None) -> torch.Tensor:
+def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                kv_out: Optional[list] = None) -> torch.Tensor:
     "Final (normed) hidden states [B, S, H] of a Llama/Qwen2 body (`model.model`), as its HF forward computes them."
     F, (B, S) = torch.nn.functional, ids.shape
     h = body.embed_tokens.forward(ids)
@@ -245,7 +252,8 @@ def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, 
         q, k, v = (F.linear(x, w, b).view(B, S, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if kv_out is not None: kv_out.append((k, v))
-        o = _sdpa_full(q, k, v, pad, g, sc).reshape(B, -1, S, hd).transpose(1, 2).contiguous().reshape(B, S, -1).contiguous()
+        o = _sdpa_full(q, k, v, pad, g, sc).reshape(B, -1, S, hd).transpose(1, 2).contiguous()
+        o = o.reshape(B, S, -1).contiguous()
         h = h + F.linear(o, ow, ob)
         x = _rms(h, w2, e2)
         h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
@@ -263,13 +271,14 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, m
                          temperature: float = 1.0, top_p: float = 1.0, top_k: Optional[int] = None,
                          keys: Optional[Sequence[tuple]] = None, seed: int = 0, autocast_dtype=None,
                          fast: bool = True) -> Completions:
-    "Sample `k` completions per prompt with one cached decoding loop over all B*k rows (`fast`: `fast_forward`/`FastDecoder` where exact)."
+    "Sample `k` completions per prompt with one cached decoding loop over all B*k rows (`fast`: the exact fast path)."
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, device)
     ids, mask, max_new_tokens = fit_context(model, ids, mask, max_new_tokens)
     B = ids.shape[0]; keys = list(keys) if keys is not None else [(seed, b) for b in range(B)]
     if len(keys) != B: raise ValueError(f"got {len(keys)} sampling keys for {B} prompts")
-    gens = RowNoise([torch.Generator().manual_seed(derive_seed(*keys[r // k], r % k)) for r in range(B * k)], max_new_tokens)
+    gens = [torch.Generator().manual_seed(derive_seed(*keys[r // k], r % k)) for r in range(B * k)]
+    gens = RowNoise(gens, max_new_tokens)
     fk, stop = _forward_kwargs(model), torch.tensor(eos_ids(model, tokenizer), device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(stop[0])
     from transformers import DynamicCache

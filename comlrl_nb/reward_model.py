@@ -112,7 +112,7 @@ def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask:
     ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with autocast(self.device, autocast_dtype):
-        if fast_decodable(self.body): h = fast_hidden(self.body, ids, mask, pos)         # the same bits, fewer Python steps
+        if fast_decodable(self.body): h = fast_hidden(self.body, ids, mask, pos)     # the same bits, less Python
         else: h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
     last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
     return self.head(h[torch.arange(len(last), device=h.device), last].float()).squeeze(-1)

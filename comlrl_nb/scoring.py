@@ -36,7 +36,7 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     kw = {"logits_to_keep": C + 1} if _forward_kwargs(model)["keep"] else {}
     with autocast(dev, autocast_dtype):
-        if fast_decodable(model): logits = fast_forward(model, ids, att, pos, C + 1)     # same numbers, fewer Python steps
+        if fast_decodable(model): logits = fast_forward(model, ids, att, pos, C + 1)     # the same bits, less Python
         else: logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False, **kw).logits
     logits = logits[:, -(C + 1):-1].float()                         # position P-1+t predicts completion token t
     tgt = completion_ids.to(dev)
