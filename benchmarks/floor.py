@@ -110,6 +110,8 @@ def main() -> None:
         c0, t0 = time.process_time(), time.perf_counter()
         tr.train()
         train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        import comlrl_nb.engine as E
+        if hasattr(E, "wait_for_plots"): E.wait_for_plots()   # the background plot, outside the timed call and the next step
         (row,) = [json.loads(ln) for ln in open(os.path.join(out_dir, "metrics.jsonl")) if ln.strip()]
         steps = [row.get(f"agent_{i}/optimizer_steps") for i in range(2)]
         del tr

@@ -80,16 +80,18 @@ def timed(fn, key):
         try: return fn(*args, **kw)
         finally: split[key] += time.perf_counter() - t
     return w
-for mod in (P, R, D, I, C, A): mod.generate_completions = timed(mod.generate_completions, "generate")
+import comlrl_nb.team as T
+for mod in (P, R, D, I, C, A, T):           # every module that samples through its own name of generate_completions
+    if hasattr(mod, "generate_completions"): mod.generate_completions = timed(mod.generate_completions, "generate")
 W.RewardFunction.__call__ = timed(W.RewardFunction.__call__, "reward")
 J.fit_texts = timed(J.fit_texts, "reward_model_fit")
 D.MADPOTrainer._update = timed(D.MADPOTrainer._update, "update")
 R.MAGRPOTrainer._update_full_buffers = timed(R.MAGRPOTrainer._update_full_buffers, "update")
 A.ActorCriticTrainer._update_full_buffers = timed(A.ActorCriticTrainer._update_full_buffers, "update")
 bu.seed_like_peer(0)
-t0 = time.perf_counter(); tr.train(); dt = time.perf_counter() - t0
+c0, t0 = time.process_time(), time.perf_counter(); tr.train(); dt, cpu = time.perf_counter() - t0, time.process_time() - c0
 split["reward"] = max(0.0, split["reward"])
-print("RESULT " + json.dumps({"train_s": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print("RESULT " + json.dumps({"train_s": dt, "train_cpu_s": cpu, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                               "split": split, "pairs": len(getattr(tr, "pairs", []))}))
 '''
 

@@ -367,14 +367,22 @@ def plot_run(metrics, out_png=None, title: str = "training run"):
     return fig
 
 # %% ../nbs/25_engine.ipynb #c3e0d002
+import threading
 _PLOTS: list = []
+_PLOT_LOCK = threading.Lock()
 
-def plot_run_background(metrics, out_png, title: str = "training run"):
-    "`plot_run(metrics, out_png, title)` in a thread (records read now); returns the thread; errors are logged."
-    import threading
+def _plot_is_current(metrics, out_png) -> bool:
+    "The PNG exists and is newer than the metrics file it was drawn from (records given as a list: never current)."
+    if not isinstance(metrics, (str, os.PathLike)) or not os.path.exists(out_png): return False
+    return os.path.getmtime(out_png) >= os.path.getmtime(metrics)
+
+def plot_run_background(metrics, out_png, title: str = "training run", plot: Optional[Callable] = None):
+    "`plot(metrics, out_png, title)` (default `plot_run`) in a thread; the thread, or None when the PNG is current."
+    if _plot_is_current(metrics, out_png): return None
     rows = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
     def draw():
-        try: plot_run(rows, out_png, title)
+        try:
+            with _PLOT_LOCK: (plot or plot_run)(rows, out_png, title)
         except Exception as e: logger.warning(f"could not draw the run plot {out_png}: {e}")
     t = threading.Thread(target=draw, name="comlrl_nb-plot"); t.start(); _PLOTS.append(t)
     return t
@@ -708,11 +716,12 @@ def _mark(self: Run):
 @patch
 def finish(self: Run, plot: Optional[Callable] = None, png: str = "training_curves.png",
            title: Optional[str] = None) -> dict:
-    "Close the bar and trackers, draw the run plot (main process), wait for all; the final state."
+    "Close the bar and trackers, start the run plot in the background (main process), wait for all; the final state."
     self.bar.close()
     self.metrics.close()
     if self.dist.is_main and self.args.save_plot:
-        try: (plot or plot_run)(self.metrics.path, self.output_dir / png, title or f"{self.algo}: reward per batch")
+        title = title or f"{self.algo}: reward per batch"
+        try: plot_run_background(self.metrics.path, self.output_dir / png, title, plot)
         except Exception as e: logger.warning(f"could not draw the run plot: {e}")
     self.dist.barrier()
     self.release()

@@ -9,21 +9,39 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
+from fastcore.basics import patch
 from .core import autocast, check_choice, derive_seed, logger
 
 # %% auto #0
-__all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts', 'context_length',
-           'fit_context', 'generate_completions', 'check_joint_mode', 'joint_indices', 'compose_joint',
-           'per_agent_returns']
+__all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts',
+           'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden', 'fast_forward',
+           'generate_completions', 'check_joint_mode', 'joint_indices', 'compose_joint', 'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
-def _gumbel(shape_last: int, gens: Sequence[torch.Generator], device) -> torch.Tensor:
-    u = torch.stack([torch.rand(shape_last, generator=g) for g in gens]).to(device)
-    return -torch.log(-torch.log(u.clamp_(1e-10, 1.0 - 1e-7)))
+class RowNoise:
+    "Each row's uniforms from its own generator, drawn many steps at a time: one call per row per chunk, not per step."
+    def __init__(self, gens: Sequence[torch.Generator], steps: int, budget: int = 1 << 22):
+        self.gens, self.left, self.budget, self.buf, self.t = list(gens), steps, budget, None, 0
+    def next(self, width: int) -> torch.Tensor:
+        "The next step's uniforms [rows, width]: the numbers `torch.rand(width, generator=g)` gives per row."
+        if self.buf is not None and self.buf.shape[-1] != width:
+            raise ValueError(f"RowNoise draws {self.buf.shape[-1]} numbers per row and step, asked for {width}; "
+                             "use one RowNoise per width")
+        if self.buf is None or self.t == self.buf.shape[0]:
+            n = max(1, min(self.left, self.budget // max(1, width * len(self.gens))))
+            self.buf, self.t, self.left = torch.empty(n, len(self.gens), width), 0, self.left - n
+            for r, g in enumerate(self.gens): self.buf[:, r] = torch.rand(n * width, generator=g).view(n, width)
+        self.t += 1
+        return self.buf[self.t - 1]
 
-def filter_and_sample(logits: torch.Tensor, gens: Sequence[torch.Generator], temperature: float = 1.0,
+def _gumbel(shape_last: int, gens, device) -> torch.Tensor:
+    if isinstance(gens, RowNoise): u = gens.next(shape_last)
+    else: u = torch.stack([torch.rand(shape_last, generator=g) for g in gens])
+    return -torch.log(-torch.log(u.to(device).clamp_(1e-10, 1.0 - 1e-7)))
+
+def filter_and_sample(logits: torch.Tensor, gens, temperature: float = 1.0,
                       top_p: float = 1.0, top_k: Optional[int] = None) -> torch.Tensor:
-    "Sample one token per row from softmax(logits/T) restricted to the top-k and nucleus (top-p) sets."
+    "One token per row from softmax(logits/T) within the top-k and top-p sets; `gens`: generators or a `RowNoise`."
     logits = logits.float()
     if temperature == 0: return logits.argmax(-1)
     if top_k is not None and 0 < top_k < logits.shape[-1]:          # None or 0: no top-k filtering (as HF generate)
@@ -64,10 +82,16 @@ class Completions:
                            self.texts[r], count, self.k, None if self.ended is None else self.ended[r])
 
 # %% ../nbs/02_generation.ipynb #6e444dcf
+import functools
+
+@functools.lru_cache(maxsize=64)
+def _forward_kwargs_of(forward) -> dict:
+    params = inspect.signature(forward).parameters             # once per forward function: inspect is slow per call
+    return {"cache_kw": "cache" if "cache" in params else "past_key_values", "keep": "logits_to_keep" in params}
+
 def _forward_kwargs(model) -> dict:
     target = getattr(model, "signature_target", model)         # adapter agents forward to their base model
-    params = inspect.signature(target.forward).parameters
-    return {"cache_kw": "cache" if "cache" in params else "past_key_values", "keep": "logits_to_keep" in params}
+    return _forward_kwargs_of(vars(target).get("forward") or type(target).forward)
 
 def eos_ids(model, tokenizer) -> list[int]:
     "Every token id that ends a completion: the tokenizer's EOS and the model's generation_config EOS (int or list)."
@@ -115,38 +139,172 @@ def fit_context(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: in
     return ids, mask, new
 
 
+# %% ../nbs/02_generation.ipynb #2bf5e46d
+_FAST_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "LlamaModel", "Qwen2Model")   # the LMs and their bodies
+
+def _hooked(model) -> bool:
+    from torch.nn.modules import module as M
+    if M._global_forward_hooks or M._global_forward_pre_hooks: return True
+    return any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in model.modules())
+
+def fast_decodable(model) -> bool:
+    "Whether `FastDecoder`/`fast_forward` (an LM) or `fast_hidden` (a body) compute exactly what its HF forward does."
+    cls, cfg = type(model), getattr(model, "config", None)
+    if cls.__name__ not in _FAST_CLASSES or not cls.__module__.startswith("transformers.models.") or cfg is None:
+        return False
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or (getattr(cfg, "pretraining_tp", 1) or 1) != 1:
+        return False
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())): return False
+    if model.training and (getattr(cfg, "attention_dropout", 0.0) or
+                           getattr(getattr(model, "model", model), "gradient_checkpointing", False)):
+        return False
+    body = getattr(model, "model", model) if hasattr(model, "lm_head") else model
+    linears = [model.lm_head] if hasattr(model, "lm_head") else []
+    linears += [getattr(getattr(layer, part), name) for layer in body.layers
+                                 for part, names in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down")))
+                                 for name in (f"{n}_proj" for n in names)]
+    if any(type(x) is not torch.nn.Linear for x in linears): return False     # quantized or adapter layers: HF forward
+    return not _hooked(model)
+
+# %% ../nbs/02_generation.ipynb #e2f04f12
+def _rms(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    "RMSNorm as the Llama/Qwen2 modules compute it (fp32 statistics, weight times the input dtype)."
+    x = h.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x.to(h.dtype)
+
+def _rotate(x: torch.Tensor, cos, sin) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), -1) * sin)
+
+def _layer_weights(layer) -> tuple:
+    at, mlp, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
+    return (n1.weight, n1.variance_epsilon, at.q_proj.weight, at.q_proj.bias, at.k_proj.weight, at.k_proj.bias,
+            at.v_proj.weight, at.v_proj.bias, at.o_proj.weight, at.o_proj.bias, n2.weight, n2.variance_epsilon,
+            mlp.gate_proj.weight, mlp.gate_proj.bias, mlp.up_proj.weight, mlp.up_proj.bias, mlp.down_proj.weight,
+            mlp.down_proj.bias, mlp.act_fn.forward, at.head_dim, at.num_key_value_groups, at.scaling)
+
+# %% ../nbs/02_generation.ipynb #a81b4a66
+class FastDecoder:
+    "Decoding steps of a Llama/Qwen2 model after the prefill: its keys/values in a preallocated cache, then `step`."
+    def __init__(self, model, kv: Sequence[tuple], prompt_mask: torch.Tensor, max_new_tokens: int):
+        m = model.model
+        self.embed, self.rotary, self.norm, self.head = m.embed_tokens, m.rotary_emb, m.norm, model.lm_head
+        self.layers, self.kv = [_layer_weights(layer) for layer in m.layers], []
+        B, self.L = prompt_mask.shape
+        for keys, values in kv:                           # [rows, kv heads, prompt + new tokens, head dim]
+            pair = [x.new_empty(*x.shape[:2], self.L + max_new_tokens, x.shape[-1]) for x in (keys, values)]
+            pair[0][:, :, :self.L], pair[1][:, :, :self.L] = keys, values
+            self.kv.append(pair)
+        ones = prompt_mask.new_ones(B, max_new_tokens, dtype=torch.bool)   # no padding: no mask (as HF decides)
+        self.pad = None if bool(prompt_mask.all()) else torch.cat([prompt_mask.bool(), ones], 1)[:, None, None, :]
+
+# %% ../nbs/02_generation.ipynb #7b5a80b6
+@patch
+def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    "Next-token logits [rows, vocab] for one new token per row (`ids`, `pos`: [rows, 1])."
+    h = self.embed.forward(ids)
+    cos, sin = (x.unsqueeze(1) for x in self.rotary.forward(h, pos))
+    B, L, F = h.shape[0], self.L, torch.nn.functional
+    mask = None if self.pad is None else self.pad[..., :L + 1]
+    for weights, kv in zip(self.layers, self.kv):
+        w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = weights
+        x = _rms(h, w1, e1)
+        q, k, v = (F.linear(x, w, b).view(B, 1, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
+        kv[0][:, :, L:L + 1], kv[1][:, :, L:L + 1] = _rotate(k, cos, sin), v
+        K, V, q = kv[0][:, :, :L + 1], kv[1][:, :, :L + 1], _rotate(q, cos, sin)
+        if g > 1 and mask is None:                        # the calls HF's sdpa_attention_forward makes for one query
+            o = F.scaled_dot_product_attention(q, K, V, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=False,
+                                               enable_gqa=True)
+        else:
+            o = F.scaled_dot_product_attention(q.reshape(B, -1, g, hd) if g > 1 else q, K, V, attn_mask=mask,
+                                               dropout_p=0.0, scale=sc, is_causal=False)
+        o = o.reshape(B, -1, 1, hd).transpose(1, 2).contiguous().reshape(B, 1, -1).contiguous()
+        h = h + F.linear(o, ow, ob)
+        x = _rms(h, w2, e2)
+        h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
+    self.L = L + 1
+    return F.linear(_rms(h, self.norm.weight, self.norm.variance_epsilon), self.head.weight, self.head.bias)[:, -1]
+
+# %% ../nbs/02_generation.ipynb #d4ca760b
+def _sdpa_full(q, k, v, pad, g: int, sc: float):
+    "SDPA over whole sequences as HF calls it: no padding: is_causal (GQA in the kernel); else the bool mask."
+    F = torch.nn.functional
+    if pad is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=True,
+                                              **({"enable_gqa": True} if g > 1 else {}))
+    if g > 1:
+        B, H, S, D = k.shape
+        k, v = (x[:, :, None].expand(B, H, g, S, D).reshape(B, H * g, S, D) for x in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=pad, dropout_p=0.0, scale=sc, is_causal=False)
+
+def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                kv_out: Optional[list] = None) -> torch.Tensor:
+    "Final (normed) hidden states [B, S, H] of a Llama/Qwen2 body (`model.model`), as its HF forward computes them."
+    F, (B, S) = torch.nn.functional, ids.shape
+    h = body.embed_tokens.forward(ids)
+    cos, sin = (x.unsqueeze(1) for x in body.rotary_emb.forward(h, pos))
+    pad = None if bool(mask.all()) else \
+        torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()[None, None] & mask.bool()[:, None, None, :]
+    for layer in body.layers:
+        w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = _layer_weights(layer)
+        x = _rms(h, w1, e1)
+        q, k, v = (F.linear(x, w, b).view(B, S, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if kv_out is not None: kv_out.append((k, v))
+        o = _sdpa_full(q, k, v, pad, g, sc).reshape(B, -1, S, hd).transpose(1, 2).contiguous()
+        o = o.reshape(B, S, -1).contiguous()
+        h = h + F.linear(o, ow, ob)
+        x = _rms(h, w2, e2)
+        h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
+    return _rms(h, body.norm.weight, body.norm.variance_epsilon)
+
+def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, keep: int = 1,
+                 kv_out: Optional[list] = None) -> torch.Tensor:
+    "Logits [B, keep, V] of the last `keep` positions, as the HF forward of a `fast_decodable` model computes them."
+    h = fast_hidden(model.model, ids, mask, pos, kv_out)[:, -keep:]
+    return torch.nn.functional.linear(h, model.lm_head.weight, model.lm_head.bias)
+
 # %% ../nbs/02_generation.ipynb #3de2d1cf
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, max_new_tokens: int = 32,
                          temperature: float = 1.0, top_p: float = 1.0, top_k: Optional[int] = None,
-                         keys: Optional[Sequence[tuple]] = None, seed: int = 0, autocast_dtype=None) -> Completions:
-    "Sample `k` completions per prompt with one cached decoding loop over all B*k rows."
+                         keys: Optional[Sequence[tuple]] = None, seed: int = 0, autocast_dtype=None,
+                         fast: bool = True) -> Completions:
+    "Sample `k` completions per prompt with one cached decoding loop over all B*k rows (`fast`: the exact fast path)."
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, device)
     ids, mask, max_new_tokens = fit_context(model, ids, mask, max_new_tokens)
     B = ids.shape[0]; keys = list(keys) if keys is not None else [(seed, b) for b in range(B)]
     if len(keys) != B: raise ValueError(f"got {len(keys)} sampling keys for {B} prompts")
     gens = [torch.Generator().manual_seed(derive_seed(*keys[r // k], r % k)) for r in range(B * k)]
+    gens = RowNoise(gens, max_new_tokens)
     fk, stop = _forward_kwargs(model), torch.tensor(eos_ids(model, tokenizer), device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(stop[0])
     from transformers import DynamicCache
-    cache, cur, cur_mask = DynamicCache(), ids, mask
+    cache, cur, cur_mask, dec = DynamicCache(), ids, mask, None
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     done = torch.zeros(B * k, dtype=torch.bool, device=device); out, out_mask = [], []
+    kv = [] if fast and fast_decodable(model) else None    # the fast path: prefill's keys/values land here
     for t in range(max_new_tokens):
         kw = {fk["cache_kw"]: cache, "use_cache": True, **({"logits_to_keep": 1} if fk["keep"] else {})}
         with autocast(device, autocast_dtype):
-            logits = model(input_ids=cur, attention_mask=cur_mask, position_ids=pos, **kw).logits[:, -1]
+            if dec is not None: logits = dec.step(cur, pos)
+            elif kv is not None: logits = fast_forward(model, cur, cur_mask, pos, 1, kv)[:, -1]
+            else: logits = model(input_ids=cur, attention_mask=cur_mask, position_ids=pos, **kw).logits[:, -1]
         if t == 0 and k > 1:                     # prefill once per prompt, then fan the cache out to the K samples
-            cache.batch_repeat_interleave(k); logits = logits.repeat_interleave(k, 0)
+            if kv is None: cache.batch_repeat_interleave(k)
+            else: kv = [(a.repeat_interleave(k, 0), b.repeat_interleave(k, 0)) for a, b in kv]
+            logits = logits.repeat_interleave(k, 0)
             ids, mask, cur_mask, pos = (x.repeat_interleave(k, 0) for x in (ids, mask, cur_mask, pos))
+        if t == 0 and kv is not None: dec = FastDecoder(model, kv, mask, max_new_tokens)
         nxt = filter_and_sample(logits, gens, temperature, top_p, top_k)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
         out.append(nxt); out_mask.append(~done)
         done = done | torch.isin(nxt, stop)
         if bool(done.all()): break
-        cur, cur_mask = nxt[:, None], torch.cat([cur_mask, torch.ones_like(nxt)[:, None]], 1)
-        pos = pos[:, -1:] + 1
+        cur, pos = nxt[:, None], pos[:, -1:] + 1
+        if dec is None: cur_mask = torch.cat([cur_mask, torch.ones_like(nxt)[:, None]], 1)
     cids = torch.stack(out, 1) if out else ids.new_zeros(B * k, 0)
     cmask = torch.stack(out_mask, 1).long() if out else ids.new_zeros(B * k, 0)
     texts = tokenizer.batch_decode(cids.masked_fill(cmask == 0, pad).tolist(), skip_special_tokens=True)

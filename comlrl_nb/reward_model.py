@@ -12,6 +12,7 @@ from .core import autocast, keyed_generator, resolve_device
 from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
 from .engine import adamw
+from .generation import fast_decodable, fast_hidden
 
 # %% auto #0
 __all__ = ['joint_text', 'bradley_terry_numbers', 'plot_bradley_terry', 'bradley_terry_widget', 'JointRewardModel',
@@ -112,7 +113,8 @@ def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask:
     ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with autocast(self.device, autocast_dtype):
-        h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+        if fast_decodable(self.body): h = fast_hidden(self.body, ids, mask, pos)     # the same bits, less Python
+        else: h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
     last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
     return self.head(h[torch.arange(len(last), device=h.device), last].float()).squeeze(-1)
 

@@ -251,7 +251,7 @@ def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[fl
         opt.step()
         self.state["optimizer_steps"][i] += 1
         tm = self._update_times.setdefault(i, [0.0, 0.0])
-        tm[0], tm[1] = tm[0] + t0, tm[1] + time.perf_counter() - t1        # score | backward + step
+        tm[0], tm[1] = tm[0] + t1 - t0, tm[1] + time.perf_counter() - t1   # score | backward + step
     model.eval()
     return losses
 

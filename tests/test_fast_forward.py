@@ -1,0 +1,78 @@
+"""The fast paths of 02_generation (FastDecoder, fast_forward, fast_hidden) against the HF forward, bit for bit, on
+a tiny random Qwen2 (biases on q/k/v, grouped-query heads) and the tiny Llama: sampled tokens, logits, gradients."""
+import copy
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from comlrl_nb.core import autocast
+from comlrl_nb.generation import encode_prompts, fast_decodable, fast_forward, fast_hidden, generate_completions
+from comlrl_nb.models import make_tiny_model
+from comlrl_nb.scoring import completion_logprobs
+
+torch.set_num_threads(1)
+PROMPTS = ["Write a story about a robot", "Hi", "Explain physics"]
+
+
+def tiny_qwen2():
+    _, tok = make_tiny_model("llama")
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).eval(), tok
+
+
+@pytest.fixture(params=["qwen2", "llama"])
+def model_tok(request):
+    return tiny_qwen2() if request.param == "qwen2" else make_tiny_model("llama")
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_sampling_same_tokens(model_tok, dtype):
+    model, tok = model_tok
+    assert fast_decodable(model)
+    kw = dict(k=3, max_new_tokens=20, temperature=0.9, top_p=0.95, top_k=40, keys=[(0, "t", j) for j in range(3)],
+              autocast_dtype=dtype)
+    a, b = generate_completions(model, tok, PROMPTS, fast=False, **kw), generate_completions(model, tok, PROMPTS, **kw)
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.texts == b.texts
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_logprobs_and_grads_same(model_tok, dtype):
+    model, tok = model_tok
+    c = generate_completions(model, tok, PROMPTS, k=2, max_new_tokens=12, keys=[(1, j) for j in range(3)])
+    slow = copy.deepcopy(model).train()
+    hook = slow.register_forward_hook(lambda *a: None)          # a hooked model keeps the HF forward
+    assert not fast_decodable(slow)
+    model.train()
+    a_tok, a_seq = completion_logprobs(model, c.prompt_ids, c.prompt_mask, c.completion_ids, c.completion_mask, dtype)
+    b_tok, b_seq = completion_logprobs(slow, c.prompt_ids, c.prompt_mask, c.completion_ids, c.completion_mask, dtype)
+    a_seq.sum().backward()
+    b_seq.sum().backward()
+    hook.remove()
+    assert torch.equal(a_tok, b_tok)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), slow.parameters()))
+
+
+def test_body_hidden_states_right_padding(model_tok):
+    model, tok = model_tok
+    ids, mask = encode_prompts(tok, PROMPTS)
+    shift = [int((m == 0).sum()) for m in mask]                  # to right padding, as the reward model encodes
+    ids = torch.stack([torch.roll(r, -s) for r, s in zip(ids, shift)])
+    mask = torch.stack([torch.roll(m, -s) for m, s in zip(mask, shift)])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+        assert torch.equal(fast_hidden(model.model, ids, mask, pos), ref)
+        full = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=3).logits
+        assert torch.equal(fast_forward(model, ids, mask, pos, 3), full)
+
+
+def test_other_models_keep_hf():
+    gpt2, _ = make_tiny_model("gpt2")
+    assert not fast_decodable(gpt2)
+    m, _ = make_tiny_model("llama")
+    m.config._attn_implementation = "eager"
+    assert not fast_decodable(m)
