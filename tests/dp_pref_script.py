@@ -1,6 +1,6 @@
 """Run by tests/test_distributed.py (preference trainers), once alone and once under `accelerate launch`.
 
-argv: output directory, algo (madpo, madpo_central, madpo_iter, reward_model, marlhf), optional stop-after and resume flags."""
+argv: output directory, algo (madpo, madpo_central, madpo_iter, reward_model, marlhf, marlhf_central), optional stop-after and resume flags."""
 import json
 import os
 import sys
@@ -40,9 +40,12 @@ if algo == "reward_model":                      # the MARLHF reward fit: 7 pairs
     os.makedirs(out, exist_ok=True)
     params = list(rm.parameters())
     if rank == 0: json.dump(hist, open(os.path.join(out, "history.json"), "w"))
-elif algo == "marlhf":                          # the whole run: collection, reward fit, MAGRPO policy phase
-    tr = MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data, reward_model=m,
+elif algo in ("marlhf", "marlhf_central"):    # the whole run: collection, reward fit, (centralized) MAGRPO phase
+    central = algo == "marlhf_central"
+    tr = MARLHFTrainer(agents=[m] if central else [m, m], tokenizer=tok, reward_func=vowels, train_dataset=data,
+                       reward_model=m, centralized_parser=halves if central else None,
                        args=MARLHFConfig(num_train_epochs=1, num_generations=2, reward_num_train_epochs=2,
+                                         collaboration_mode="centralized" if central else "decentralized",
                                          reward_train_batch_size=3, reward_learning_rate=1e-5, save_steps=1,
                                          **{k: v for k, v in common.items() if k != "dpo_beta"}))
     res = tr.train(resume_from_checkpoint=True if resume else None, stop_after_batch=stop)

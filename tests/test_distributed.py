@@ -50,7 +50,8 @@ def test_two_processes_match_one(tmp_path, algo, turns):
 
 
 PREF = HERE / "dp_pref_script.py"
-PORTS = {"madpo": 29541, "madpo_central": 29542, "madpo_iter": 29543, "reward_model": 29544, "marlhf": 29545}
+PORTS = {"madpo": 29541, "madpo_central": 29542, "madpo_iter": 29543, "reward_model": 29544, "marlhf": 29545,
+         "marlhf_central": 29546}
 
 
 def _launch(out, algo, port, *extra):
@@ -74,7 +75,7 @@ def _json(p):
     return json.loads(Path(p).read_text())
 
 
-@pytest.mark.parametrize("algo", ["madpo", "madpo_central", "madpo_iter", "reward_model", "marlhf"])
+@pytest.mark.parametrize("algo", ["madpo", "madpo_central", "madpo_iter", "reward_model", "marlhf", "marlhf_central"])
 def test_preference_two_processes_match_one(tmp_path, algo):
     """MADPO (decentralized and centralized), MADPOIter, the MARLHF reward-model fit and a whole MARLHF run: two
     processes collect, score and train their shares and end with a one-process run's weights, files written once by
@@ -98,7 +99,7 @@ def test_preference_two_processes_match_one(tmp_path, algo):
             if k.startswith(("dpo/", "agent_", "collection/", "round/")) and counted:
                 assert a[k] == pytest.approx(v, abs=1e-5, nan_ok=True), k       # the same pairs, losses, counts
     assert sorted(p.name for p in (dp / "checkpoints").iterdir()) == sorted(p.name for p in (one / "checkpoints").iterdir())
-    if algo == "marlhf":                              # pairs, reward-model log and state written once, as alone
+    if algo.startswith("marlhf"):                     # pairs, reward-model log and state written once, as alone
         assert _json(dp / "pairs.json") == _json(one / "pairs.json")
         rm_rows = lambda d: read_metrics(d / "reward_model" / "metrics.jsonl")
         assert [r["step"] for r in rm_rows(dp)] == [r["step"] for r in rm_rows(one)]
