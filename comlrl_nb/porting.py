@@ -17,13 +17,14 @@ __all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_K
            'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts',
            'call_reward_function', 'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
-           'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
-           'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
-           'reference_kl_enabled', 'reference_kl_coef', 'validate_reference_kl_config', 'clone_reference_models',
-           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer',
-           'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources', 'normalize_reward_lengths',
-           'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
-           'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers']
+           'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'EvalLog',
+           'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules', 'resolve_reference_devices',
+           'reference_kl_for_sequence', 'reference_kl_enabled', 'reference_kl_coef', 'validate_reference_kl_config',
+           'clone_reference_models', 'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name',
+           'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources',
+           'normalize_reward_lengths', 'CentralizedComparatorParseError', 'CentralizedComparatorAdapter',
+           'TaggedCentralizedComparatorAdapter', 'adapter_callables', 'install_round_callbacks',
+           'install_trainer_wrappers']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
@@ -255,6 +256,30 @@ def local_context(device=None) -> DistributedContext:
     return DistributedContext(True, device if device is not None else "cpu")
 
 def unwrap_model(model): return getattr(model, "module", model)
+
+# %% ../nbs/90_porting.ipynb #a022236e
+class EvalLog:
+    "The eval_logger's inputs gathered over the eval batches, for one call at the end (as the library makes it)."
+    def __init__(self): self.turns, self.items, self.prompts = [], [], []
+
+    def add(self, agent_completions_turns, batch_items, prompts=None) -> None:
+        "One eval batch: per-agent [item][turn] completions, its items, per-agent (or per-role) prompt lists."
+        if not self.turns: self.turns = [[] for _ in agent_completions_turns]
+        for acc, t in zip(self.turns, agent_completions_turns): acc += list(t)
+        self.items += list(batch_items)
+        if prompts is not None:
+            if not self.prompts: self.prompts = [[] for _ in prompts]
+            for acc, p in zip(self.prompts, prompts): acc += list(p)
+
+    def metrics(self, eval_logger, eval_aggregator, num_turns: int) -> dict:
+        "Call eval_logger once; its return value goes unchanged to eval_aggregator; the aggregate, 'eval/'-prefixed."
+        if eval_logger is None or not self.items: return {}
+        logged = eval_logger(agent_completions_turns=self.turns, batch_items=self.items, prompts=self.prompts)
+        if eval_aggregator is None: return {}
+        agg = eval_aggregator(logged, num_turns=num_turns)
+        if not isinstance(agg, dict):
+            raise TypeError(f"eval_aggregator must return a dict of metric name -> number, got {type(agg).__name__}")
+        return {f"eval/{k}": v for k, v in agg.items()}
 
 # %% ../nbs/90_porting.ipynb #56bb1287
 CHECKPOINT_VERSION = 1
@@ -574,6 +599,10 @@ def _wrap_init(cls):
         if metrics_callback is not None and not callable(metrics_callback):
             raise TypeError(f"metrics_callback must be a function of the batch's rollouts returning {{name: number}}, "
                             f"got {type(metrics_callback).__name__}")
+        params = inspect.signature(orig).parameters
+        if "backend_kwargs" in params:               # MARLHF: the library's critics=/critic_model= go to its RL backend
+            moved = {k: kwargs.pop(k) for k in ("critics", "critic_model") if k in kwargs and k not in params}
+            if moved: kwargs["backend_kwargs"] = {**(kwargs.get("backend_kwargs") or {}), **moved}
         orig(self, *args, **kwargs)
         if metrics_callback is not None or not hasattr(self, "metrics_callback"):    # a subclass's init: keep it
             self.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)

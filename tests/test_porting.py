@@ -477,3 +477,50 @@ def test_save_checkpoint_and_load_checkpoint_as_the_library_names_them(tmp_path,
     assert torch.equal(w(fresh), w(trained))
     with pytest.raises(FileExistsError, match="is not a checkpoint"):
         trained.save_checkpoint(tmp_path / "run")                  # a run directory is not overwritten
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "maac"])
+def test_eval_logger_is_called_once_and_its_dict_reaches_the_aggregator_unchanged(tmp_path, model_dir, algo):
+    "As the library: one eval_logger call with every evaluated item (eval_batch_size=1 here), its return value as is."
+    torch.set_num_threads(1)
+    calls, received = [], []
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        calls.append(([it["task_id"] for it in batch_items], [len(a) for a in agent_completions_turns], prompts))
+        return {"items": len(batch_items), "short": sum(len(t[0]) < 50 for t in agent_completions_turns[0])}
+
+    def eval_aggregator(logged, num_turns=1):
+        received.append(logged)
+        return {"turn_1/short_rate": logged["short"] / logged["items"]}
+
+    common = dict(num_agents=2, max_new_tokens=3, eval_batch_size=1, eval_num_samples=2, output_dir=str(tmp_path / "run"))
+    hooks = dict(reward_func=lambda a, b: [1.0] * len(a), formatters=FORMATTERS, train_dataset=ITEMS,
+                 eval_dataset=ITEMS, eval_logger=eval_logger, eval_aggregator=eval_aggregator)
+    if algo == "magrpo":
+        trainer = MAGRPOTrainer(agent_model=model_dir, args=MAGRPOConfig(**common), **hooks)
+    else:
+        trainer = MAACTrainer(agent_model=model_dir, critics=[model_dir], args=MAACConfig(**common), **hooks)
+    out = trainer.evaluate(num_eval_samples=2)
+    assert [c[0] for c in calls] == [["t0", "t1"]]                     # one call, both items
+    assert calls[0][1] == [2, 2]                                        # [agent][item][turn]: 2 items per agent
+    assert [[FORMATTERS[i](it) in p for it, p in zip(ITEMS, calls[0][2][i])] for i in range(2)] == [[True] * 2] * 2
+    assert received == [{"items": 2, "short": received[0]["short"]}]   # the dict itself, not its keys
+    assert out["eval/turn_1/short_rate"] == received[0]["short"] / 2
+
+
+def test_marlhf_takes_the_library_critic_arguments(tmp_path):
+    "`MARLHFTrainer(critics=[...])` / `critic_model=` (the library's arguments) reach its actor-critic backend."
+    from comlrl_nb.trainers.marlhf import MARLHFConfig, MARLHFTrainer
+    torch.set_num_threads(1)
+    m, tk = make_tiny_model(seed=0)
+    critic = make_tiny_model(seed=2, tokenizer=tk)[0]
+    common = dict(agents=[m, m], tokenizer=tk, reward_func=lambda a, b: [1.0] * len(a), train_dataset=ITEMS,
+                  formatters=FORMATTERS,
+                  reward_model=make_tiny_model(seed=3, tokenizer=tk)[0])
+    maac = MARLHFTrainer(critics=[critic], args=MARLHFConfig(rl_algorithm="maac", output_dir=str(tmp_path / "a")),
+                         **common)
+    assert type(maac.policy_trainer).__name__ == "MAACTrainer" and maac.policy_trainer.critics[0].backbone is critic
+    iac = MARLHFTrainer(critic_model=critic, args=MARLHFConfig(rl_algorithm="iac", output_dir=str(tmp_path / "b")),
+                        **common)
+    crit = iac.policy_trainer.critics                                   # one separate critic per agent, from critic_model
+    assert len(crit) == 2 and crit[0].backbone is critic and not any(c.shared for c in crit)
