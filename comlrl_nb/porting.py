@@ -659,6 +659,16 @@ def _reference_models(self) -> list:
     "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
     return list(getattr(self.team, "ref_agents", None) or [])
 
+_ENV_STEP_ALGOS = ("madpo", "madpo_iter")     # where the library's env_step is the same counter as state["env_step"]
+
+def _env_step(self) -> int:
+    "The library's `trainer.env_step` of MADPO / MADPOIter: environment_steps_per_pair per pair trained on (0 first)."
+    if getattr(self, "algo", None) not in _ENV_STEP_ALGOS:
+        raise AttributeError(f"{type(self).__name__}.env_step (comlrl's count of sampled joint responses) is not "
+                             "provided here; read the position from trainer.state (global_batch, epoch)")
+    if not getattr(self.args, "use_environment_step", True): return 0
+    return int(self.state.get("env_step", 0))
+
 def _save_checkpoint(self, output_dir):
     "The library's `trainer.save_checkpoint(dir)`: this trainer's checkpoint written as `dir` (see 25_engine)."
     from comlrl_nb.engine import save_trainer_checkpoint
@@ -681,6 +691,7 @@ def install_trainer_wrappers() -> list[str]:
                 if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
                 if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
                 if not hasattr(cls, "reference_models"): cls.reference_models = property(_reference_models)
+                if not hasattr(cls, "env_step"): cls.env_step = property(_env_step)
                 if not hasattr(cls, "save_checkpoint"): cls.save_checkpoint = _save_checkpoint
                 if not hasattr(cls, "load_checkpoint"): cls.load_checkpoint = _load_checkpoint
                 done.append(name)

@@ -493,7 +493,8 @@ def test_eval_logger_is_called_once_and_its_dict_reaches_the_aggregator_unchange
         received.append(logged)
         return {"turn_1/short_rate": logged["short"] / logged["items"]}
 
-    common = dict(num_agents=2, max_new_tokens=3, eval_batch_size=1, eval_num_samples=2, output_dir=str(tmp_path / "run"))
+    common = dict(num_agents=2, max_new_tokens=3, eval_batch_size=1, eval_num_samples=2,
+                  output_dir=str(tmp_path / "run"))
     hooks = dict(reward_func=lambda a, b: [1.0] * len(a), formatters=FORMATTERS, train_dataset=ITEMS,
                  eval_dataset=ITEMS, eval_logger=eval_logger, eval_aggregator=eval_aggregator)
     if algo == "magrpo":
@@ -524,3 +525,23 @@ def test_marlhf_takes_the_library_critic_arguments(tmp_path):
                         **common)
     crit = iac.policy_trainer.critics                                   # one separate critic per agent, from critic_model
     assert len(crit) == 2 and crit[0].backbone is critic and not any(c.shared for c in crit)
+
+
+def test_madpo_env_step_is_the_library_counter(tmp_path):
+    "MADPO's `trainer.env_step`: environment_steps_per_pair per pair trained on (the library's step axis); MAGRPO: none."
+    from comlrl_nb.trainers.madpo import MADPOConfig, MADPOTrainer
+    torch.set_num_threads(1)
+    m, tk = make_tiny_model(seed=0)
+    pairs = []
+    tr = MADPOTrainer(agents=[m, m], tokenizer=tk, formatters=FORMATTERS, train_dataset=ITEMS,
+                      reward_func=lambda a, b: [float(len(x)) for x in a],
+                      metrics_callback=lambda p: pairs.append(len(p)) or {},
+                      args=MADPOConfig(preference_num_candidates=2, preference_pairs_per_sample=1, max_new_tokens=3,
+                                       environment_steps_per_pair=3, eval_interval=0, output_dir=str(tmp_path / "run")))
+    assert tr.env_step == 0
+    tr.train()
+    assert sum(pairs) > 0 and tr.env_step == 3 * sum(pairs) == tr.state["env_step"]
+    mg = MAGRPOTrainer(agents=[m, m], tokenizer=tk, reward_func=lambda a, b: [1.0] * len(a), formatters=FORMATTERS,
+                       train_dataset=ITEMS, args=MAGRPOConfig(num_agents=2, output_dir=str(tmp_path / "mg")))
+    with pytest.raises(AttributeError):                          # not the same counter: not provided
+        mg.env_step
