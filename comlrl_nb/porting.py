@@ -17,14 +17,14 @@ __all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_K
            'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts',
            'call_reward_function', 'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
-           'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'EvalLog',
-           'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules', 'resolve_reference_devices',
-           'reference_kl_for_sequence', 'reference_kl_enabled', 'reference_kl_coef', 'validate_reference_kl_config',
-           'clone_reference_models', 'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name',
-           'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources',
-           'normalize_reward_lengths', 'CentralizedComparatorParseError', 'CentralizedComparatorAdapter',
-           'TaggedCentralizedComparatorAdapter', 'adapter_callables', 'install_round_callbacks',
-           'install_trainer_wrappers']
+           'takes_external_prompts', 'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model',
+           'EvalLog', 'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules',
+           'resolve_reference_devices', 'reference_kl_for_sequence', 'reference_kl_enabled', 'reference_kl_coef',
+           'validate_reference_kl_config', 'clone_reference_models', 'load_reference_models_from_sources',
+           'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials',
+           'resolve_model_sources', 'normalize_reward_lengths', 'CentralizedComparatorParseError',
+           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables',
+           'install_round_callbacks', 'install_trainer_wrappers']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
@@ -227,14 +227,17 @@ def wandb_init_kwargs(wandb_config: dict, trainer_config=None) -> dict:
     return kw
 
 # %% ../nbs/90_porting.ipynb #1ee19629
+def takes_external_prompts(formatter) -> bool:
+    "Whether a formatter names an `external_prompts` parameter (the library then passes the transition's prompt)."
+    try: return "external_prompts" in inspect.signature(formatter).parameters
+    except (TypeError, ValueError): return False
+
 def build_formatters(formatters, num_agents: int, *, pass_none_external_prompts: bool = True) -> list[Callable]:
     "The library's formatter utility: one formatter per agent, each callable as f(item, external_prompts=None)."
     def default(item, external_prompts=None):
         return external_prompts if external_prompts is not None else item.get("prompt", "")
     def wrap(fmt):
-        try: takes = "external_prompts" in inspect.signature(fmt).parameters
-        except (TypeError, ValueError): takes = False
-        if not takes: return lambda item, external_prompts=None: fmt(item)
+        if not takes_external_prompts(fmt): return lambda item, external_prompts=None: fmt(item)
         if pass_none_external_prompts: return lambda item, external_prompts=None: fmt(item, external_prompts=external_prompts)
         return lambda item, external_prompts=None: (fmt(item) if external_prompts is None
                                                     else fmt(item, external_prompts=external_prompts))

@@ -545,3 +545,32 @@ def test_madpo_env_step_is_the_library_counter(tmp_path):
                        train_dataset=ITEMS, args=MAGRPOConfig(num_agents=2, output_dir=str(tmp_path / "mg")))
     with pytest.raises(AttributeError):                          # not the same counter: not provided
         mg.env_step
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "maac"])
+def test_formatter_with_external_prompts_gets_the_transition_prompt_at_turn_two(tmp_path, model_dir, algo):
+    "A library formatter `f(item, external_prompts=None)`: f(item) at turn 1, the transition's prompt by keyword after."
+    torch.set_num_threads(1)
+    seen = []
+
+    def fmt(item, external_prompts=None):
+        seen.append(external_prompts)
+        return external_prompts if external_prompts is not None else f"[writer] {item['question']}"
+
+    def transition(prompt, agent_completions, num_agents, **_):
+        return [f"<revise {i}> {prompt}" for i in range(num_agents)]
+
+    common = dict(num_agents=2, num_turns=2, num_train_epochs=1, max_new_tokens=3, rollout_buffer_size=2,
+                  early_termination_threshold=None,
+                  logging_steps=1, output_dir=str(tmp_path / "run"))
+    hooks = dict(reward_func=lambda a, b: [1.0] * len(a), formatters=[fmt, FORMATTERS[1]], train_dataset=ITEMS,
+                 external_transition=transition)
+    if algo == "magrpo":
+        trainer = MAGRPOTrainer(agent_model=model_dir, args=MAGRPOConfig(num_generations=2, **common), **hooks)
+    else:
+        trainer = MAACTrainer(agent_model=model_dir, critics=[model_dir], **hooks,
+                              args=MAACConfig(num_generations=1, eval_interval=0, **common))
+    trainer.train()
+    later = [s for s in seen if s is not None]
+    assert None in seen and later, seen                                  # turn 1: f(item); turn 2: external_prompts=
+    assert all(s.startswith("<revise 0> ") for s in later), later        # agent 1's own prompt from the transition

@@ -561,7 +561,7 @@ def _transition(self: ActorCriticTrainer, e: Episode, t: int):
                               e.item)
     except TransitionError as err: raise TransitionError(f"{err} (after turn {t + 1} of item {e.item_id})") from err
     for i, p in enumerate(new):
-        f = p if self.args.external_prompt_passthrough else self.team.format({**e.item, "prompt": p}, i)
+        f = p if self.args.external_prompt_passthrough else self.team.format({**e.item, "prompt": p}, i, p)
         e.prompt_history[i].append(p)
         e.prompts[i].append(f)
         e.inputs[i].append(self.team.chat(i, f))

@@ -170,7 +170,7 @@ def _level_fns(self: MAGRPOTrainer, items, item_ids, round_key, K, timers):
         timers["reward"] += time.perf_counter() - t0
         return list(r)
     def next_prompt(b, i, raw):
-        return raw if self.args.external_prompt_passthrough else self.team.prompt({**items[b], "prompt": raw}, i)
+        return raw if self.args.external_prompt_passthrough else self.team.prompt({**items[b], "prompt": raw}, i, raw)
     return generate, score, next_prompt
 
 # %% ../../nbs/30_reinforce.ipynb #4e18b560
