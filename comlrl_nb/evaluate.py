@@ -59,7 +59,7 @@ def _inputs(task: Task, toks, a, rows, raw=None) -> list:
     for i, (f, t) in enumerate(zip(task.formatters, toks)):
         if raw is None: ps = [format_prompt(f, row, i) for row in rows]
         elif a.external_prompt_passthrough: ps = list(raw[i])
-        else: ps = [format_prompt(f, {**row, "prompt": r}, i) for row, r in zip(rows, raw[i])]
+        else: ps = [format_prompt(f, {**row, "prompt": r}, i, r) for row, r in zip(rows, raw[i])]
         out.append([apply_chat_template(t, p) for p in ps] if getattr(a, "use_chat_template", False) else ps)
     return out
 

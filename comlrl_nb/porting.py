@@ -17,13 +17,14 @@ __all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_K
            'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts',
            'call_reward_function', 'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
-           'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
-           'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
-           'reference_kl_enabled', 'reference_kl_coef', 'validate_reference_kl_config', 'clone_reference_models',
-           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer',
-           'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources', 'normalize_reward_lengths',
-           'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
-           'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers']
+           'takes_external_prompts', 'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model',
+           'EvalLog', 'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules',
+           'resolve_reference_devices', 'reference_kl_for_sequence', 'reference_kl_enabled', 'reference_kl_coef',
+           'validate_reference_kl_config', 'clone_reference_models', 'load_reference_models_from_sources',
+           'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials',
+           'resolve_model_sources', 'normalize_reward_lengths', 'CentralizedComparatorParseError',
+           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables',
+           'install_round_callbacks', 'install_trainer_wrappers']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
@@ -226,14 +227,17 @@ def wandb_init_kwargs(wandb_config: dict, trainer_config=None) -> dict:
     return kw
 
 # %% ../nbs/90_porting.ipynb #1ee19629
+def takes_external_prompts(formatter) -> bool:
+    "Whether a formatter names an `external_prompts` parameter (the library then passes the transition's prompt)."
+    try: return "external_prompts" in inspect.signature(formatter).parameters
+    except (TypeError, ValueError): return False
+
 def build_formatters(formatters, num_agents: int, *, pass_none_external_prompts: bool = True) -> list[Callable]:
     "The library's formatter utility: one formatter per agent, each callable as f(item, external_prompts=None)."
     def default(item, external_prompts=None):
         return external_prompts if external_prompts is not None else item.get("prompt", "")
     def wrap(fmt):
-        try: takes = "external_prompts" in inspect.signature(fmt).parameters
-        except (TypeError, ValueError): takes = False
-        if not takes: return lambda item, external_prompts=None: fmt(item)
+        if not takes_external_prompts(fmt): return lambda item, external_prompts=None: fmt(item)
         if pass_none_external_prompts: return lambda item, external_prompts=None: fmt(item, external_prompts=external_prompts)
         return lambda item, external_prompts=None: (fmt(item) if external_prompts is None
                                                     else fmt(item, external_prompts=external_prompts))
@@ -255,6 +259,30 @@ def local_context(device=None) -> DistributedContext:
     return DistributedContext(True, device if device is not None else "cpu")
 
 def unwrap_model(model): return getattr(model, "module", model)
+
+# %% ../nbs/90_porting.ipynb #a022236e
+class EvalLog:
+    "The eval_logger's inputs gathered over the eval batches, for one call at the end (as the library makes it)."
+    def __init__(self): self.turns, self.items, self.prompts = [], [], []
+
+    def add(self, agent_completions_turns, batch_items, prompts=None) -> None:
+        "One eval batch: per-agent [item][turn] completions, its items, per-agent (or per-role) prompt lists."
+        if not self.turns: self.turns = [[] for _ in agent_completions_turns]
+        for acc, t in zip(self.turns, agent_completions_turns): acc += list(t)
+        self.items += list(batch_items)
+        if prompts is not None:
+            if not self.prompts: self.prompts = [[] for _ in prompts]
+            for acc, p in zip(self.prompts, prompts): acc += list(p)
+
+    def metrics(self, eval_logger, eval_aggregator, num_turns: int) -> dict:
+        "Call eval_logger once; its return value goes unchanged to eval_aggregator; the aggregate, 'eval/'-prefixed."
+        if eval_logger is None or not self.items: return {}
+        logged = eval_logger(agent_completions_turns=self.turns, batch_items=self.items, prompts=self.prompts)
+        if eval_aggregator is None: return {}
+        agg = eval_aggregator(logged, num_turns=num_turns)
+        if not isinstance(agg, dict):
+            raise TypeError(f"eval_aggregator must return a dict of metric name -> number, got {type(agg).__name__}")
+        return {f"eval/{k}": v for k, v in agg.items()}
 
 # %% ../nbs/90_porting.ipynb #56bb1287
 CHECKPOINT_VERSION = 1
@@ -574,6 +602,10 @@ def _wrap_init(cls):
         if metrics_callback is not None and not callable(metrics_callback):
             raise TypeError(f"metrics_callback must be a function of the batch's rollouts returning {{name: number}}, "
                             f"got {type(metrics_callback).__name__}")
+        params = inspect.signature(orig).parameters
+        if "backend_kwargs" in params:               # MARLHF: the library's critics=/critic_model= go to its RL backend
+            moved = {k: kwargs.pop(k) for k in ("critics", "critic_model") if k in kwargs and k not in params}
+            if moved: kwargs["backend_kwargs"] = {**(kwargs.get("backend_kwargs") or {}), **moved}
         orig(self, *args, **kwargs)
         if metrics_callback is not None or not hasattr(self, "metrics_callback"):    # a subclass's init: keep it
             self.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)
@@ -630,6 +662,16 @@ def _reference_models(self) -> list:
     "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
     return list(getattr(self.team, "ref_agents", None) or [])
 
+_ENV_STEP_ALGOS = ("madpo", "madpo_iter")     # where the library's env_step is the same counter as state["env_step"]
+
+def _env_step(self) -> int:
+    "The library's `trainer.env_step` of MADPO / MADPOIter: environment_steps_per_pair per pair trained on (0 first)."
+    if getattr(self, "algo", None) not in _ENV_STEP_ALGOS:
+        raise AttributeError(f"{type(self).__name__}.env_step (comlrl's count of sampled joint responses) is not "
+                             "provided here; read the position from trainer.state (global_batch, epoch)")
+    if not getattr(self.args, "use_environment_step", True): return 0
+    return int(self.state.get("env_step", 0))
+
 def _save_checkpoint(self, output_dir):
     "The library's `trainer.save_checkpoint(dir)`: this trainer's checkpoint written as `dir` (see 25_engine)."
     from comlrl_nb.engine import save_trainer_checkpoint
@@ -652,6 +694,7 @@ def install_trainer_wrappers() -> list[str]:
                 if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
                 if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
                 if not hasattr(cls, "reference_models"): cls.reference_models = property(_reference_models)
+                if not hasattr(cls, "env_step"): cls.env_step = property(_env_step)
                 if not hasattr(cls, "save_checkpoint"): cls.save_checkpoint = _save_checkpoint
                 if not hasattr(cls, "load_checkpoint"): cls.load_checkpoint = _load_checkpoint
                 done.append(name)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from .core import as_list
-from .porting import library_groups, library_prompts, reward_call_form
+from .porting import library_groups, library_prompts, reward_call_form, takes_external_prompts
 
 # %% auto #0
 __all__ = ['RewardError', 'RewardFunction', 'FormatterError', 'default_formatter', 'resolve_formatters', 'format_prompt',
@@ -155,9 +155,10 @@ def resolve_formatters(formatters, num_agents: int) -> list[Callable]:
         if not callable(f): raise TypeError(f"formatters[{i}] must be callable (item -> str), got {type(f).__name__}")
     return fs
 
-def format_prompt(formatter: Callable, item, agent: int) -> str:
+def format_prompt(formatter: Callable, item, agent: int, external_prompts: Optional[str] = None) -> str:
     "Apply one formatter and check it returned a string; what it raises comes back as a FormatterError naming it."
-    try: p = formatter(item)
+    ext = external_prompts is not None and takes_external_prompts(formatter)    # turn >= 2, as comlrl calls it
+    try: p = formatter(item, external_prompts=external_prompts) if ext else formatter(item)
     except Exception as e:
         raise FormatterError(f"formatter of agent {agent + 1} ({_fn_name(formatter)}) raised {type(e).__name__}: "
                              f"{_key_message(e) if isinstance(e, KeyError) else e}") from e

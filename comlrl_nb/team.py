@@ -74,9 +74,9 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
 
 # %% ../nbs/24_team.ipynb #62d58de7
 @patch
-def format(self: Team, item, i: int) -> str:
-    "Role i's formatted prompt of `item` (its formatter's output, checked to be a string)."
-    return format_prompt(self.formatters[i], item, i)
+def format(self: Team, item, i: int, external_prompts: Optional[str] = None) -> str:
+    "Role i's formatted prompt of `item` (its formatter's output, checked to be a string); see `format_prompt`."
+    return format_prompt(self.formatters[i], item, i, external_prompts)
 
 @patch
 def chat(self: Team, i: int, text: str) -> str:
@@ -84,9 +84,9 @@ def chat(self: Team, i: int, text: str) -> str:
     return apply_chat_template(self.tokenizers[i], text) if self.use_chat_template else text
 
 @patch
-def prompt(self: Team, item, i: int) -> str:
+def prompt(self: Team, item, i: int, external_prompts: Optional[str] = None) -> str:
     "Role i's model input for `item`: format, then chat template."
-    return self.chat(i, self.format(item, i))
+    return self.chat(i, self.format(item, i, external_prompts))
 
 @patch
 def prompts(self: Team, items: Sequence) -> list[list[str]]:

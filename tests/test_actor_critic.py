@@ -358,7 +358,7 @@ def test_multi_turn_evaluation_and_logger(tmp_path):
     out = tr.evaluate()
     assert {"eval/turn_1/reward_mean", "eval/turn_2/reward_mean"} <= set(out)
     assert out["eval/turns_mean"] == 2 and out["eval/num_turns"] == 2
-    assert [len(s[0]) for s in seen] == [2, 1] and all(isinstance(t, str) for t in seen[0][1][0])
+    assert [len(s[0]) for s in seen] == [3] and all(isinstance(t, str) for t in seen[0][1][0])   # one call, every item
     assert tr.evaluate() == out                                       # eval sampling does not depend on when it runs
 
 

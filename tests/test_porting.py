@@ -477,3 +477,100 @@ def test_save_checkpoint_and_load_checkpoint_as_the_library_names_them(tmp_path,
     assert torch.equal(w(fresh), w(trained))
     with pytest.raises(FileExistsError, match="is not a checkpoint"):
         trained.save_checkpoint(tmp_path / "run")                  # a run directory is not overwritten
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "maac"])
+def test_eval_logger_is_called_once_and_its_dict_reaches_the_aggregator_unchanged(tmp_path, model_dir, algo):
+    "As the library: one eval_logger call with every evaluated item (eval_batch_size=1 here), its return value as is."
+    torch.set_num_threads(1)
+    calls, received = [], []
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        calls.append(([it["task_id"] for it in batch_items], [len(a) for a in agent_completions_turns], prompts))
+        return {"items": len(batch_items), "short": sum(len(t[0]) < 50 for t in agent_completions_turns[0])}
+
+    def eval_aggregator(logged, num_turns=1):
+        received.append(logged)
+        return {"turn_1/short_rate": logged["short"] / logged["items"]}
+
+    common = dict(num_agents=2, max_new_tokens=3, eval_batch_size=1, eval_num_samples=2,
+                  output_dir=str(tmp_path / "run"))
+    hooks = dict(reward_func=lambda a, b: [1.0] * len(a), formatters=FORMATTERS, train_dataset=ITEMS,
+                 eval_dataset=ITEMS, eval_logger=eval_logger, eval_aggregator=eval_aggregator)
+    if algo == "magrpo":
+        trainer = MAGRPOTrainer(agent_model=model_dir, args=MAGRPOConfig(**common), **hooks)
+    else:
+        trainer = MAACTrainer(agent_model=model_dir, critics=[model_dir], args=MAACConfig(**common), **hooks)
+    out = trainer.evaluate(num_eval_samples=2)
+    assert [c[0] for c in calls] == [["t0", "t1"]]                     # one call, both items
+    assert calls[0][1] == [2, 2]                                        # [agent][item][turn]: 2 items per agent
+    assert [[FORMATTERS[i](it) in p for it, p in zip(ITEMS, calls[0][2][i])] for i in range(2)] == [[True] * 2] * 2
+    assert received == [{"items": 2, "short": received[0]["short"]}]   # the dict itself, not its keys
+    assert out["eval/turn_1/short_rate"] == received[0]["short"] / 2
+
+
+def test_marlhf_takes_the_library_critic_arguments(tmp_path):
+    "`MARLHFTrainer(critics=[...])` / `critic_model=` (the library's arguments) reach its actor-critic backend."
+    from comlrl_nb.trainers.marlhf import MARLHFConfig, MARLHFTrainer
+    torch.set_num_threads(1)
+    m, tk = make_tiny_model(seed=0)
+    critic = make_tiny_model(seed=2, tokenizer=tk)[0]
+    common = dict(agents=[m, m], tokenizer=tk, reward_func=lambda a, b: [1.0] * len(a), train_dataset=ITEMS,
+                  formatters=FORMATTERS,
+                  reward_model=make_tiny_model(seed=3, tokenizer=tk)[0])
+    maac = MARLHFTrainer(critics=[critic], args=MARLHFConfig(rl_algorithm="maac", output_dir=str(tmp_path / "a")),
+                         **common)
+    assert type(maac.policy_trainer).__name__ == "MAACTrainer" and maac.policy_trainer.critics[0].backbone is critic
+    iac = MARLHFTrainer(critic_model=critic, args=MARLHFConfig(rl_algorithm="iac", output_dir=str(tmp_path / "b")),
+                        **common)
+    crit = iac.policy_trainer.critics                                   # one separate critic per agent, from critic_model
+    assert len(crit) == 2 and crit[0].backbone is critic and not any(c.shared for c in crit)
+
+
+def test_madpo_env_step_is_the_library_counter(tmp_path):
+    "MADPO's `trainer.env_step`: environment_steps_per_pair per pair trained on (the library's step axis); MAGRPO: none."
+    from comlrl_nb.trainers.madpo import MADPOConfig, MADPOTrainer
+    torch.set_num_threads(1)
+    m, tk = make_tiny_model(seed=0)
+    pairs = []
+    tr = MADPOTrainer(agents=[m, m], tokenizer=tk, formatters=FORMATTERS, train_dataset=ITEMS,
+                      reward_func=lambda a, b: [float(len(x)) for x in a],
+                      metrics_callback=lambda p: pairs.append(len(p)) or {},
+                      args=MADPOConfig(preference_num_candidates=2, preference_pairs_per_sample=1, max_new_tokens=3,
+                                       environment_steps_per_pair=3, eval_interval=0, output_dir=str(tmp_path / "run")))
+    assert tr.env_step == 0
+    tr.train()
+    assert sum(pairs) > 0 and tr.env_step == 3 * sum(pairs) == tr.state["env_step"]
+    mg = MAGRPOTrainer(agents=[m, m], tokenizer=tk, reward_func=lambda a, b: [1.0] * len(a), formatters=FORMATTERS,
+                       train_dataset=ITEMS, args=MAGRPOConfig(num_agents=2, output_dir=str(tmp_path / "mg")))
+    with pytest.raises(AttributeError):                          # not the same counter: not provided
+        mg.env_step
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "maac"])
+def test_formatter_with_external_prompts_gets_the_transition_prompt_at_turn_two(tmp_path, model_dir, algo):
+    "A library formatter `f(item, external_prompts=None)`: f(item) at turn 1, the transition's prompt by keyword after."
+    torch.set_num_threads(1)
+    seen = []
+
+    def fmt(item, external_prompts=None):
+        seen.append(external_prompts)
+        return external_prompts if external_prompts is not None else f"[writer] {item['question']}"
+
+    def transition(prompt, agent_completions, num_agents, **_):
+        return [f"<revise {i}> {prompt}" for i in range(num_agents)]
+
+    common = dict(num_agents=2, num_turns=2, num_train_epochs=1, max_new_tokens=3, rollout_buffer_size=2,
+                  early_termination_threshold=None,
+                  logging_steps=1, output_dir=str(tmp_path / "run"))
+    hooks = dict(reward_func=lambda a, b: [1.0] * len(a), formatters=[fmt, FORMATTERS[1]], train_dataset=ITEMS,
+                 external_transition=transition)
+    if algo == "magrpo":
+        trainer = MAGRPOTrainer(agent_model=model_dir, args=MAGRPOConfig(num_generations=2, **common), **hooks)
+    else:
+        trainer = MAACTrainer(agent_model=model_dir, critics=[model_dir], **hooks,
+                              args=MAACConfig(num_generations=1, eval_interval=0, **common))
+    trainer.train()
+    later = [s for s in seen if s is not None]
+    assert None in seen and later, seen                                  # turn 1: f(item); turn 2: external_prompts=
+    assert all(s.startswith("<revise 0> ") for s in later), later        # agent 1's own prompt from the transition

@@ -94,8 +94,8 @@ def test_eval_logger_and_aggregator(tmp_path):
     assert ["eval/turn_1/reward_mean" in r for r in rows] == [True, False, True, False]   # batches 0 and 2 of the epoch
     assert all(r["eval/n"] == 3 for r in rows if "eval/n" in r)
     comps, items, prompts = seen[0]
-    assert len(comps) == 2 and len(comps[0]) == 2 and isinstance(comps[0][0][0], str)   # [agent][item][turn]
-    assert [len(s[1]) for s in seen[:2]] == [2, 1]                                       # eval_batch_size groups
+    assert len(comps) == 2 and len(comps[0]) == 3 and isinstance(comps[0][0][0], str)   # [agent][item][turn]
+    assert [len(s[1]) for s in seen] == [3, 3]          # one call per evaluation with every item (as the library)
 
 
 def test_seed_determinism_and_batch_size_independence(tmp_path):

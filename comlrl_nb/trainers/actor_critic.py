@@ -18,6 +18,7 @@ from ..models import load_model, load_tokenizer
 from ..scoring import collate, completion_logprobs, k3_kl
 from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
+from ..porting import EvalLog
 from ..losses import check_finite_loss, reinforce_loss
 from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
@@ -560,7 +561,7 @@ def _transition(self: ActorCriticTrainer, e: Episode, t: int):
                               e.item)
     except TransitionError as err: raise TransitionError(f"{err} (after turn {t + 1} of item {e.item_id})") from err
     for i, p in enumerate(new):
-        f = p if self.args.external_prompt_passthrough else self.team.format({**e.item, "prompt": p}, i)
+        f = p if self.args.external_prompt_passthrough else self.team.format({**e.item, "prompt": p}, i, p)
         e.prompt_history[i].append(p)
         e.prompts[i].append(f)
         e.inputs[i].append(self.team.chat(i, f))
@@ -778,7 +779,7 @@ def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dic
     if self.evaluator is not None: return self.evaluator(num_samples)           # given at construction
     m = eval_count(self.eval_dataset, num_samples, self.args.eval_num_samples)
     if m == 0: return {}
-    per_turn, lens, logged = {}, [[] for _ in range(self.n)], []
+    per_turn, lens, logged = {}, [[] for _ in range(self.n)], EvalLog()     # one eval_logger call, as the library
     for s in range(0, m, self.args.eval_batch_size):
         ids = list(range(s, min(m, s + self.args.eval_batch_size)))
         items = [self.eval_dataset[j] for j in ids]
@@ -788,15 +789,13 @@ def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dic
         for i in range(self.n): lens[i] += [len(c) for e in eps for c in e.completion_ids[i]]
         if self.eval_logger is not None:
             turns = [[list(e.responses[i]) for e in eps] for i in range(self.n)]
-            logged += list(self.eval_logger(agent_completions_turns=turns, batch_items=items,
-                                            prompts=[[e.inputs[i][0] for e in eps] for i in range(self.n)]))
+            logged.add(turns, items, [[e.inputs[i][0] for e in eps] for i in range(self.n)])
     out = {}
     for t, r in sorted(per_turn.items()):
         out[f"eval/turn_{t + 1}/reward_mean"] = float(np.mean(r))
         out[f"eval/turn_{t + 1}/reward_std"] = float(np.std(r))
     out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    if self.eval_aggregator is not None:
-        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=self.args.num_turns).items()})
+    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, self.args.num_turns))
     return out
 
 # %% ../../nbs/31_actor_critic.ipynb #4f1689a4

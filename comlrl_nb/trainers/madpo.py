@@ -19,6 +19,7 @@ from ..preference import (build_pair_dataset, check_preference_config, collect_p
                                   encode_side, resolve_oracle, save_pairs, tokenize_pairs)
 from ..distributed import DistContext
 from ..rewards import RewardFunction
+from ..porting import EvalLog
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..team import Team
 from ..engine import MetricsLogger, Run, eval_count, plot_run
@@ -487,7 +488,7 @@ def central_evaluate(trainer, num_samples: Optional[int], rewards_of: Callable) 
     a, n = trainer.args, trainer.n
     m = eval_count(trainer.eval_dataset, num_samples, a.eval_num_samples)
     if m == 0: return {}
-    rewards, lens, unparsed, logged = [], [], 0, []
+    rewards, lens, unparsed, logged = [], [], 0, EvalLog()     # one eval_logger call, as the library
     for s in range(0, m, a.eval_batch_size):
         ids = list(range(s, min(m, s + a.eval_batch_size)))
         items = [trainer.eval_dataset[j] for j in ids]
@@ -497,12 +498,11 @@ def central_evaluate(trainer, num_samples: Optional[int], rewards_of: Callable) 
         unparsed += x["unparsed"]
         if trainer.eval_logger is not None:
             turns = [[[t] for t in x["texts"][i]] for i in range(n)]            # [role][item][turn]
-            logged += list(trainer.eval_logger(agent_completions_turns=turns, batch_items=items, prompts=x["prompts"]))
+            logged.add(turns, items, x["prompts"])
     r = np.asarray(rewards)
     out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
            "eval/agent_0/completion_len": float(np.mean(lens)), "eval/unparsed_rate": unparsed / m}
-    if trainer.eval_aggregator is not None:
-        out.update({f"eval/{k}": v for k, v in trainer.eval_aggregator(logged, num_turns=1).items()})
+    out.update(logged.metrics(trainer.eval_logger, trainer.eval_aggregator, 1))
     return out
 
 @patch

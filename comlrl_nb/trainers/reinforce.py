@@ -17,6 +17,7 @@ from ..core import (as_list, autocast, check_bool, check_choice, check_number, c
 from ..generation import check_joint_mode, per_agent_returns
 from ..scoring import collate, completion_logprobs, k3_kl
 from ..rewards import RewardFunction, resolve_formatters
+from ..porting import EvalLog
 from ..advantages import advantage_stats, check_advantage_mode, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
@@ -169,7 +170,7 @@ def _level_fns(self: MAGRPOTrainer, items, item_ids, round_key, K, timers):
         timers["reward"] += time.perf_counter() - t0
         return list(r)
     def next_prompt(b, i, raw):
-        return raw if self.args.external_prompt_passthrough else self.team.prompt({**items[b], "prompt": raw}, i)
+        return raw if self.args.external_prompt_passthrough else self.team.prompt({**items[b], "prompt": raw}, i, raw)
     return generate, score, next_prompt
 
 # %% ../../nbs/30_reinforce.ipynb #4e18b560
@@ -272,7 +273,7 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
     m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
     if m == 0: return {}
     if a.num_turns > 1: return self._evaluate_turns(m)          # every turn, the transitions included
-    rewards, lens, logged = [], [[] for _ in range(self.n)], []
+    rewards, lens, logged = [], [[] for _ in range(self.n)], EvalLog()     # one eval_logger call, as the library
     for s in range(0, m, a.eval_batch_size):
         ids = list(range(s, min(m, s + a.eval_batch_size)))
         items = [self.eval_dataset[j] for j in ids]
@@ -282,21 +283,19 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
         rewards += self.reward_fn(texts, items, prompts)
         for i, c in enumerate(comps): lens[i] += c.lengths.tolist()
         if self.eval_logger is not None:
-            logged += list(self.eval_logger(agent_completions_turns=[[[t] for t in texts[i]] for i in range(self.n)],
-                                            batch_items=items, prompts=prompts))
+            logged.add([[[t] for t in texts[i]] for i in range(self.n)], items, prompts)
     r = np.asarray(rewards)
     out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
            "eval/turn_1/expected_return": float(r.mean())}               # one turn: the return is the reward
     out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    if self.eval_aggregator is not None:
-        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=a.num_turns).items()})
+    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, a.num_turns))
     return out
 
 # %% ../../nbs/30_reinforce.ipynb #0bb5b26a
 @patch
 def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
     "Multi-turn evaluation of the first `m` eval items: one episode each (k=1), every turn with its transition."
-    a, rew, ret, lens, logged = self.args, {}, {}, [[] for _ in range(self.n)], []
+    a, rew, ret, lens, logged = self.args, {}, {}, [[] for _ in range(self.n)], EvalLog()
     for s in range(0, m, a.eval_batch_size):
         ids = list(range(s, min(m, s + a.eval_batch_size)))
         items = [self.eval_dataset[j] for j in ids]
@@ -310,15 +309,14 @@ def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
             for level in ro.levels:
                 for nd in level:
                     for i in range(self.n): chains[i][nd.item].append(nd.completions[i][0])
-            logged += list(self.eval_logger(agent_completions_turns=chains, batch_items=items, prompts=ro.prompts))
+            logged.add(chains, items, ro.prompts)
     out = {}
     for t in sorted(rew):
         k = f"eval/turn_{t + 1}"
         out.update({f"{k}/reward_mean": float(np.mean(rew[t])), f"{k}/reward_std": float(np.std(rew[t])),
                     f"{k}/expected_return": sum(ret[t]) / len(rew[t])})
     out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    if self.eval_aggregator is not None:
-        out.update({f"eval/{k}": v for k, v in self.eval_aggregator(logged, num_turns=a.num_turns).items()})
+    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, a.num_turns))
     return out
 
 
