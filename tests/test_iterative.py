@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from comlrl_nb.comparators import CentralizedParseError, select_comparisons
+from comlrl_nb.engine import wait_for_plots
 from comlrl_nb.engine import CheckpointManager, read_metrics
 from comlrl_nb.models import make_tiny_model
 from comlrl_nb.trainers.iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
@@ -297,6 +298,7 @@ def test_madpo_iter_rounds(tmp_path):
         assert 0 <= r["round/comparator_win_rate"] <= 1
     assert out["global_batch"] == len([x for x in rows if x.get("phase") == "train"])
     assert set(rounds[2]["round/train_pairs_from"]) <= {"1", "2"}
+    wait_for_plots()                                   # the run plot is drawn in the background (issue T)
     assert (tmp_path / "rounds.png").exists()
     assert [p.name for p in CheckpointManager(tmp_path / "checkpoints").complete()] == ["checkpoint-0000001", "checkpoint-0000002"]
     assert not all(torch.equal(a, b) for a, b in zip(before, params(tr.agents)))

@@ -324,7 +324,8 @@ def evaluate(self: CentralActor, num_samples: Optional[int] = None) -> dict:
 @patch
 def learned_reward(self: CentralActor, *completions, agent_prompts=None, batch_items=None) -> list[float]:
     "The backend's training reward (its one agent's completions and inputs): `train_reward` on the joint texts."
-    if agent_prompts is None: raise ValueError("the learned joint reward reads the actor's prompts; the caller passed none")
+    if agent_prompts is None:
+        raise ValueError("the learned joint reward reads the actor's prompts (agent_prompts=); the caller passed none")
     return self.train_reward(agent_prompts[0], completions[0], batch_items)
 
 # %% ../../nbs/43_marlhf.ipynb #e7a1c007
