@@ -8,6 +8,7 @@ import copy, math
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+from fastcore.basics import patch
 from .core import autocast, keyed_generator, resolve_device
 from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
@@ -92,7 +93,8 @@ class JointRewardModel(torch.nn.Module):
     def device(self) -> torch.device: return self.head.weight.device
 
 # %% ../nbs/41_reward_model.ipynb #787818f9
-def _rm_token_ids(self: JointRewardModel, texts: Sequence[str]) -> list[list[int]]:
+@patch
+def token_ids(self: JointRewardModel, texts: Sequence[str]) -> list[list[int]]:
     "The token ids of each text (no special tokens); long texts keep their end (`max_length`)."
     if self.tokenizer is None: raise ValueError("this reward model was built from a preloaded backbone without tokenizer=, so "
                                                 "it scores token ids only (rm(input_ids, attention_mask)); pass tokenizer= to score text")
@@ -101,8 +103,9 @@ def _rm_token_ids(self: JointRewardModel, texts: Sequence[str]) -> list[list[int
     if any(len(x) == 0 for x in ids): raise ValueError("the reward model got an empty text (no tokens) to score")
     return ids
 
-def _rm_pad(self: JointRewardModel, ids: Sequence[Sequence[int]], padding_side: Optional[str] = None):
-    "Token ids and attention mask of id lists, padded on `padding_side` (default: the tokenizer's): one tensor call each."
+@patch
+def pad(self: JointRewardModel, ids: Sequence[Sequence[int]], padding_side: Optional[str] = None):
+    "Token ids and attention mask of id lists, padded on `padding_side` (default: the tokenizer's)."
     if not ids: raise ValueError("the reward model got an empty text (no tokens) to score")
     left = (padding_side or getattr(self.tokenizer, "padding_side", "right")) == "left"
     L, pad = max(len(x) for x in ids), self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -126,7 +129,6 @@ def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask:
     last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
     return self.head(h[torch.arange(len(last), device=h.device), last].float()).squeeze(-1)
 
-JointRewardModel.token_ids, JointRewardModel.pad = _rm_token_ids, _rm_pad
 JointRewardModel.encode, JointRewardModel.forward = _rm_encode, _rm_forward
 
 # %% ../nbs/41_reward_model.ipynb #52fd4f60
@@ -174,7 +176,8 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
         order = torch.randperm(P, generator=keyed_generator(seed, "reward_model_order", epoch)).tolist()
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]; B = len(idx)
-            r = self(*self.pad([ids[j] for j in idx] + [ids[P + j] for j in idx]), autocast_dtype=autocast_dtype, fast=fast)
+            rows = [ids[j] for j in idx] + [ids[P + j] for j in idx]
+            r = self(*self.pad(rows), autocast_dtype=autocast_dtype, fast=fast)
             loss = check_finite_loss(bradley_terry_loss(r[:B], r[B:]), f"reward model step {step + 1}")
             self.optimizer.zero_grad(set_to_none=True); loss.backward(); self.optimizer.step(); step += 1
             rec = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "accuracy": float((r[:B] > r[B:]).float().mean())}

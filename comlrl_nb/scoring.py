@@ -22,9 +22,11 @@ def collate(prompts: Sequence[torch.Tensor], completions: Sequence[torch.Tensor]
     ps, cs, pad = [_id_list(p) for p in prompts], [_id_list(c) for c in completions], int(pad_id)
     N, P, C = len(ps), max(len(p) for p in ps), max((len(c) for c in cs), default=0)
     cs = (cs + [[]] * N)[:N]                                  # one completion per prompt (none past the end)
-    as_long = lambda rows, width: torch.tensor(rows, dtype=torch.long).reshape(N, width)   # one tensor call each
-    return (as_long([[pad] * (P - len(p)) + p for p in ps], P), as_long([[0] * (P - len(p)) + [1] * len(p) for p in ps], P),
-            as_long([c + [pad] * (C - len(c)) for c in cs], C), as_long([[1] * len(c) + [0] * (C - len(c)) for c in cs], C))
+    as_long = lambda rows, width: torch.tensor(rows, dtype=torch.long).reshape(N, width)   # one call per tensor
+    return (as_long([[pad] * (P - len(p)) + p for p in ps], P),
+            as_long([[0] * (P - len(p)) + [1] * len(p) for p in ps], P),
+            as_long([c + [pad] * (C - len(c)) for c in cs], C),
+            as_long([[1] * len(c) + [0] * (C - len(c)) for c in cs], C))
 
 # %% ../nbs/03_scoring.ipynb #177370e1
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
