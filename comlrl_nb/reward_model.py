@@ -8,6 +8,7 @@ import copy, math
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+from fastcore.basics import patch
 from .core import autocast, keyed_generator, resolve_device
 from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
@@ -93,27 +94,38 @@ class JointRewardModel(torch.nn.Module):
     def device(self) -> torch.device: return self.head.weight.device
 
 # %% ../nbs/41_reward_model.ipynb #787818f9
-def _rm_encode(self: JointRewardModel, texts: Sequence[str], padding_side: Optional[str] = None):
-    "Token ids and attention mask of `texts`, padded on `padding_side` (default: the tokenizer's); long texts keep their end."
+@patch
+def token_ids(self: JointRewardModel, texts: Sequence[str]) -> list[list[int]]:
+    "The token ids of each text (no special tokens); long texts keep their end (`max_length`)."
     if self.tokenizer is None: raise ValueError("this reward model was built from a preloaded backbone without tokenizer=, so "
                                                 "it scores token ids only (rm(input_ids, attention_mask)); pass tokenizer= to score text")
-    side = padding_side or getattr(self.tokenizer, "padding_side", "right")
     ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     if self.max_length: ids = [x[-self.max_length:] for x in ids]
-    if not ids or any(len(x) == 0 for x in ids): raise ValueError("the reward model got an empty text (no tokens) to score")
-    L, pad = max(len(x) for x in ids), self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-    out, mask = torch.full((len(ids), L), pad, dtype=torch.long), torch.zeros(len(ids), L, dtype=torch.long)
-    for r, x in enumerate(ids):
-        cols = slice(L - len(x), L) if side == "left" else slice(0, len(x))
-        out[r, cols], mask[r, cols] = torch.tensor(x, dtype=torch.long), 1
-    return out, mask
+    if any(len(x) == 0 for x in ids): raise ValueError("the reward model got an empty text (no tokens) to score")
+    return ids
 
-def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, autocast_dtype=None) -> torch.Tensor:
+@patch
+def pad(self: JointRewardModel, ids: Sequence[Sequence[int]], padding_side: Optional[str] = None):
+    "Token ids and attention mask of id lists, padded on `padding_side` (default: the tokenizer's)."
+    if not ids: raise ValueError("the reward model got an empty text (no tokens) to score")
+    left = (padding_side or getattr(self.tokenizer, "padding_side", "right")) == "left"
+    L, pad = max(len(x) for x in ids), self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+    row = lambda x, v: [v] * (L - len(x)) + list(x) if left else list(x) + [v] * (L - len(x))
+    return (torch.tensor([row(x, pad) for x in ids], dtype=torch.long),
+            torch.tensor([row([1] * len(x), 0) for x in ids], dtype=torch.long))
+
+def _rm_encode(self: JointRewardModel, texts: Sequence[str], padding_side: Optional[str] = None):
+    "Token ids and attention mask of `texts`, padded on `padding_side` (default: the tokenizer's); long texts keep their end."
+    return self.pad(self.token_ids(texts), padding_side)
+
+def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, autocast_dtype=None,
+                fast: Optional[bool] = None) -> torch.Tensor:
     "Scores [B]: the head applied to the final hidden state at each row's last non-padding token."
     ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    if fast is None: fast = fast_decodable(self.body)                # a caller that loops decides once (same bits)
     with autocast(self.device, autocast_dtype):
-        if fast_decodable(self.body): h = fast_hidden(self.body, ids, mask, pos)     # the same bits, less Python
+        if fast: h = fast_hidden(self.body, ids, mask, pos)          # the same bits, less Python
         else: h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
     last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
     return self.head(h[torch.arange(len(last), device=h.device), last].float()).squeeze(-1)
@@ -124,10 +136,13 @@ JointRewardModel.encode, JointRewardModel.forward = _rm_encode, _rm_forward
 @torch.no_grad()
 def _score_texts(self: JointRewardModel, texts: Sequence[str], batch_size: int = 16, autocast_dtype=None) -> torch.Tensor:
     "Scores of many texts (no gradient), `batch_size` at a time, as a float CPU tensor."
-    was = self.training; self.eval()
-    out = [self(*self.encode(texts[s:s + batch_size]), autocast_dtype=autocast_dtype).float().cpu()
-           for s in range(0, len(texts), batch_size)]
-    self.train(was)
+    ids, was = self.token_ids(texts), self.training
+    walk = any(m.training for m in self.modules())                   # already all in eval mode: no walk back and forth
+    if walk: self.eval()
+    fast = fast_decodable(self.body)
+    out = [self(*self.pad(ids[s:s + batch_size]), autocast_dtype=autocast_dtype, fast=fast).float().cpu()
+           for s in range(0, len(ids), batch_size)]
+    if walk: self.train(was)
     return torch.cat(out) if out else torch.zeros(0)
 
 def _score(self: JointRewardModel, prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]], batch_size: int = 16) -> list[float]:
@@ -154,18 +169,20 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
     if len(winners) != len(losers) or not winners: raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
     params = [p for p in self.parameters() if p.requires_grad]
     self.optimizer = adamw(params, learning_rate)
-    history, step = [], 0
+    history, step, P = [], 0, len(winners)
+    ids = self.token_ids(list(winners) + list(losers))              # every text tokenized once, not once per epoch
     self.train()
+    fast = fast_decodable(self.body)                                 # the path, decided once per fit
     for epoch in range(num_train_epochs):
-        order = torch.randperm(len(winners), generator=keyed_generator(seed, "reward_model_order", epoch)).tolist()
+        order = torch.randperm(P, generator=keyed_generator(seed, "reward_model_order", epoch)).tolist()
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             if dist is not None and dist.enabled:            # data parallel (DistContext): see below
                 loss_value, acc = bt_shared_step(self, winners, losers, idx, step + 1, autocast_dtype, dist)
             else:
                 B = len(idx)
-                texts = [winners[j] for j in idx] + [losers[j] for j in idx]
-                r = self(*self.encode(texts), autocast_dtype=autocast_dtype)
+                rows = [ids[j] for j in idx] + [ids[P + j] for j in idx]
+                r = self(*self.pad(rows), autocast_dtype=autocast_dtype, fast=fast)
                 loss = check_finite_loss(bradley_terry_loss(r[:B], r[B:]), f"reward model step {step + 1}")
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

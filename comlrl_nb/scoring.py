@@ -14,15 +14,19 @@ from .generation import _forward_kwargs, fast_decodable, fast_forward
 __all__ = ['collate', 'completion_logprobs', 'k3_kl']
 
 # %% ../nbs/03_scoring.ipynb #afa3147b
+def _id_list(x) -> list:
+    return x.tolist() if isinstance(x, torch.Tensor) else [int(t) for t in x]
+
 def collate(prompts: Sequence[torch.Tensor], completions: Sequence[torch.Tensor], pad_id: int):
     "Lists of 1-D id tensors -> (prompt_ids, prompt_mask) left-padded and (completion_ids, completion_mask) right-padded."
-    N = len(prompts); P = max(len(p) for p in prompts); C = max((len(c) for c in completions), default=0)
-    pi = torch.full((N, P), pad_id, dtype=torch.long); pm = torch.zeros(N, P, dtype=torch.long)
-    ci = torch.full((N, C), pad_id, dtype=torch.long); cm = torch.zeros(N, C, dtype=torch.long)
-    for r, (p, c) in enumerate(zip(prompts, completions)):
-        if len(p): pi[r, P - len(p):], pm[r, P - len(p):] = p, 1
-        if len(c): ci[r, :len(c)], cm[r, :len(c)] = c, 1
-    return pi, pm, ci, cm
+    ps, cs, pad = [_id_list(p) for p in prompts], [_id_list(c) for c in completions], int(pad_id)
+    N, P, C = len(ps), max(len(p) for p in ps), max((len(c) for c in cs), default=0)
+    cs = (cs + [[]] * N)[:N]                                  # one completion per prompt (none past the end)
+    as_long = lambda rows, width: torch.tensor(rows, dtype=torch.long).reshape(N, width)   # one call per tensor
+    return (as_long([[pad] * (P - len(p)) + p for p in ps], P),
+            as_long([[0] * (P - len(p)) + [1] * len(p) for p in ps], P),
+            as_long([c + [pad] * (C - len(c)) for c in cs], C),
+            as_long([[1] * len(c) + [0] * (C - len(c)) for c in cs], C))
 
 # %% ../nbs/03_scoring.ipynb #177370e1
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
