@@ -41,11 +41,13 @@ def reward_call_form(fn: Callable, num_agents: int) -> tuple[str, frozenset]:
     takes = frozenset([k for k in _KW if k in named or (var_kw and k in VAR_KW)] + [k for k in OWN_KW if k in named])
     pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if any(p.kind == p.VAR_POSITIONAL for p in params): return "varargs", takes
-    core = [p for i, p in enumerate(pos) if p.name not in ("batch_items", *OWN_KW) and not (p.name == "prompts" and i > 0)]
+    core = [p for i, p in enumerate(pos)
+            if p.name not in ("batch_items", *OWN_KW) and not (p.name == "prompts" and i > 0)]
     need = [p for p in core if p.default is p.empty]
     n = num_agents
     first_named = bool(core) and core[0].name == "prompts"
-    if len(need) == n + 1 or (first_named and len(need) <= n + 1 <= len(core)): return "prompts_first", takes - {"prompts"}
+    if len(need) == n + 1 or (first_named and len(need) <= n + 1 <= len(core)):
+        return "prompts_first", takes - {"prompts"}
     if len(need) <= n <= len(core): return "agents", takes
     if n > 1 and len(need) <= 1 <= len(core): return "lists", takes
     raise TypeError(f"reward function '{getattr(fn, '__name__', fn)}' takes {len(core)} positional parameters "
@@ -63,7 +65,8 @@ def library_groups(batch_items, prompts, batched: bool = True) -> list[list[int]
                          "for this caller")
     J = len(batch_items)
     if any(len(p) != J for p in prompts):
-        raise ValueError(f"prompts must hold one entry per joint response ({J}), got lengths {[len(p) for p in prompts]}")
+        raise ValueError(f"prompts must hold one entry per joint response ({J}), got lengths "
+                         f"{[len(p) for p in prompts]}")
     groups: list[list[int]] = []
     for j in range(J):
         same = batched and groups and (batch_items[j] is batch_items[j - 1] or batch_items[j] == batch_items[j - 1]) \
@@ -74,7 +77,8 @@ def library_groups(batch_items, prompts, batched: bool = True) -> list[list[int]
 
 def library_prompts(prompts, j: int, layout: str = "first") -> list[str]:
     "The library's `prompts` for joint response j: [agent 1's prompt] ('first') or every agent's prompt ('agents')."
-    if layout not in PROMPT_LAYOUTS: raise ValueError(f"prompt layout {layout!r} is invalid: use one of {PROMPT_LAYOUTS}")
+    if layout not in PROMPT_LAYOUTS:
+        raise ValueError(f"prompt layout {layout!r} is invalid: use one of {PROMPT_LAYOUTS}")
     return [prompts[0][j]] if layout == "first" else [p[j] for p in prompts]
 
 # %% ../nbs/90_porting.ipynb #a48d706c
@@ -142,7 +146,8 @@ def check_model_config(model_config) -> dict:
     "The model_config as a dict, with unknown keys and wrong types rejected (naming the accepted keys)."
     if model_config is None: return {}
     if not isinstance(model_config, dict):
-        raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}; accepted keys: {MODEL_CONFIG_KEYS}")
+        raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}; "
+                        f"accepted keys: {MODEL_CONFIG_KEYS}")
     bad = sorted(set(model_config) - set(MODEL_CONFIG_KEYS))
     if bad: raise ValueError(f"model_config has unknown keys {bad}; accepted keys: {list(MODEL_CONFIG_KEYS)} "
                              "(other from_pretrained arguments go inside model_kwargs)")
@@ -152,7 +157,7 @@ def check_model_config(model_config) -> dict:
     return dict(model_config)
 
 def from_pretrained_kwargs(model_config, role: str = "agent") -> dict:
-    "`from_pretrained` arguments for the agents (role 'agent') or separate critics ('critic'): dtype, attention, extras."
+    "`from_pretrained` arguments for the agents (role 'agent') or separate critics ('critic'): dtype, attention, more."
     cfg = check_model_config(model_config)
     if role not in ("agent", "critic"): raise ValueError(f"role={role!r} is invalid: use 'agent' or 'critic'")
     own = dict(cfg.get("critic_model_kwargs" if role == "critic" else "model_kwargs") or {})
@@ -196,9 +201,10 @@ def _plain(v):
     return str(v)
 
 def wandb_init_kwargs(wandb_config: dict, trainer_config=None) -> dict:
-    "`wandb.init` arguments from a library-style wandb_config; the run config holds the trainer's settings and sections."
+    "`wandb.init` arguments from a library-style wandb_config; the run config: the trainer's settings and sections."
     if not isinstance(wandb_config, dict):
-        raise TypeError(f"wandb_config must be a dict, got {type(wandb_config).__name__}; accepted keys: {list(WANDB_CONFIG_KEYS)}")
+        raise TypeError(f"wandb_config must be a dict, got {type(wandb_config).__name__}; "
+                        f"accepted keys: {list(WANDB_CONFIG_KEYS)}")
     bad = sorted(set(wandb_config) - set(WANDB_CONFIG_KEYS))
     if bad: raise ValueError(f"wandb_config has unknown keys {bad}; accepted keys: {list(WANDB_CONFIG_KEYS)}")
     run = trainer_config if isinstance(trainer_config, dict) else \
@@ -238,13 +244,15 @@ def build_formatters(formatters, num_agents: int, *, pass_none_external_prompts:
         return external_prompts if external_prompts is not None else item.get("prompt", "")
     def wrap(fmt):
         if not takes_external_prompts(fmt): return lambda item, external_prompts=None: fmt(item)
-        if pass_none_external_prompts: return lambda item, external_prompts=None: fmt(item, external_prompts=external_prompts)
+        if pass_none_external_prompts:
+            return lambda item, external_prompts=None: fmt(item, external_prompts=external_prompts)
         return lambda item, external_prompts=None: (fmt(item) if external_prompts is None
                                                     else fmt(item, external_prompts=external_prompts))
     if formatters is None: return [default] * num_agents
     if callable(formatters): return [wrap(formatters) for _ in range(num_agents)]
     if isinstance(formatters, (str, bytes)) or not isinstance(formatters, Sequence):
-        raise ValueError(f"formatters must be None, a callable or a list of {num_agents} callables, got {type(formatters).__name__}")
+        raise ValueError(f"formatters must be None, a callable or a list of {num_agents} callables, "
+                         f"got {type(formatters).__name__}")
     if len(formatters) != num_agents:
         raise ValueError(f"got {len(formatters)} formatters for {num_agents} agents; pass one per agent or one for all")
     return [wrap(f) for f in formatters]
@@ -448,7 +456,7 @@ def clone_reference_models(policy_models: Sequence, *, devices: Sequence) -> lis
     return [_frozen(copy.deepcopy(m), d) for m, d in zip(policy_models, devices)]
 
 def load_reference_models_from_sources(model_sources: Sequence, *, devices: Sequence, model_kwargs=None) -> list:
-    "Each source (id, path or model) loaded with `model_kwargs` as the model_config's model_kwargs, frozen on its device."
+    "Each source (id, path or model) loaded with the model_config's `model_kwargs`, frozen on its device."
     from comlrl_nb.models import load_model
     mc = {"model_kwargs": dict(model_kwargs)} if model_kwargs else None
     return [_frozen(load_model(s, mc), d) for s, d in zip(model_sources, devices)]
@@ -515,7 +523,8 @@ def resolve_model_sources(*, kind: str, model, models, expected_count: int, expe
                           model_label: str = "model") -> tuple[list, Optional[str]]:
     "(one source per slot, the first one's name) from `model` (shared) or `models` (a list), checked to agree."
     label = expected_label or f"num_agents ({expected_count})"
-    if model is None and models is None: raise ValueError(f"pass {model_label} (one for all) or {kind} (a list of {label})")
+    if model is None and models is None:
+        raise ValueError(f"pass {model_label} (one for all) or {kind} (a list of {label})")
     if expected_count < 1: raise ValueError(f"expected_count={expected_count} must be >= 1")
     if models is None: sources = [model] * expected_count
     else:
@@ -530,7 +539,7 @@ def resolve_model_sources(*, kind: str, model, models, expected_count: int, expe
     return sources, infer_model_name(sources[0])
 
 def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, algorithm: str) -> list[float]:
-    "The library's actor-critic rule: one agent: as given; else 1 value (one per agent), n values or one per generation."
+    "The library's actor-critic rule: one agent: as given; else 1 value (per agent), n values or one per generation."
     out = [float(r) for r in rewards]
     if num_agents == 1: return out
     if num_generations < 1: raise ValueError(f"num_generations={num_generations} must be >= 1")
@@ -547,7 +556,8 @@ class CentralizedComparatorParseError(ValueError):
 class CentralizedComparatorAdapter:
     "The adapter protocol of a centralized comparator: one prompt for all roles, one completion split per role."
     def build_prompt(self, batch_item: dict, agent_prompts: Sequence[str]) -> str: raise NotImplementedError
-    def parse_completion(self, completion: str, batch_item: dict, num_agents: int) -> list[str]: raise NotImplementedError
+    def parse_completion(self, completion: str, batch_item: dict, num_agents: int) -> list[str]:
+        raise NotImplementedError
 
 class TaggedCentralizedComparatorAdapter(CentralizedComparatorAdapter):
     "The standard adapter: the centralized prompt with `<agent_i>` sections, parsed back per role."
