@@ -20,7 +20,8 @@ __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogge
            'set_rng_state', 'CheckpointManager', 'start_run', 'eval_count', 'stop_after', 'run_epochs', 'batches_ahead',
            'keep_ahead', 'Sampler', 'new_figure', 'plot_run', 'plot_run_background', 'wait_for_plots', 'Run',
            'SampleBuffers', 'check_checkpoint_options', 'run_options', 'callback_metrics', 'claim_output_dir',
-           'release_output_dir', 'config_json', 'trainer_run', 'save_trainer_checkpoint', 'load_trainer_checkpoint']
+           'release_output_dir', 'config_json', 'restart_phase', 'trainer_run', 'save_trainer_checkpoint',
+           'load_trainer_checkpoint']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -367,7 +368,8 @@ def plot_run(metrics, out_png=None, title: str = "training run"):
     return fig
 
 # %% ../nbs/25_engine.ipynb #c3e0d002
-import threading
+import io, threading
+from .core import atomic_write_bytes
 _PLOTS: list = []
 _PLOT_LOCK = threading.Lock()
 
@@ -382,9 +384,14 @@ def plot_run_background(metrics, out_png, title: str = "training run", plot: Opt
     rows = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
     def draw():
         try:
-            with _PLOT_LOCK: (plot or plot_run)(rows, out_png, title)
+            buf = io.BytesIO()                       # drawn in memory, then the whole PNG at once: a directory being
+            with _PLOT_LOCK: (plot or plot_run)(rows, buf, title)    # removed meanwhile never gets a half-written file
+            if buf.getbuffer().nbytes and Path(out_png).parent.is_dir():
+                atomic_write_bytes(Path(out_png), buf.getvalue())
         except Exception as e: logger.warning(f"could not draw the run plot {out_png}: {e}")
-    t = threading.Thread(target=draw, name="comlrl_nb-plot"); t.start(); _PLOTS.append(t)
+    t = threading.Thread(target=draw, name="comlrl_nb-plot")
+    t.start()
+    _PLOTS.append(t)
     return t
 
 def wait_for_plots(timeout: float | None = None) -> None:
@@ -761,6 +768,18 @@ def evaluation(self: Run, evaluate: Callable[[], dict], b: int) -> dict:
     "`evaluate()` on the main process at every eval_interval-th batch of an epoch (its first included); else {}."
     a = self.args
     return evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
+
+# %% ../nbs/25_engine.ipynb #24f468eb
+from dataclasses import replace
+
+def restart_phase(trainer, output_dir, seed: int, buffers: Iterable = ()):
+    "A new phase of `trainer` on the same team: position 0, `buffers` emptied, keys from `seed`, metrics in `output_dir`."
+    trainer.args = replace(trainer.args, seed=seed, output_dir=str(output_dir), save_steps=-1)
+    trainer.output_dir = Path(output_dir)
+    if getattr(trainer, "sampler", None) is not None: trainer.sampler.seed = seed
+    trainer.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
+    for b in buffers: b.items = []
+    return trainer
 
 # %% ../nbs/25_engine.ipynb #ad4d1e18
 def trainer_run(trainer) -> Run:

@@ -22,6 +22,7 @@ from ..porting import EvalLog
 from ..losses import check_finite_loss, reinforce_loss
 from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
+from ..engine import restart_phase
 from ..rollout import Rollout, Sample, TransitionError, Turn, call_transition
 from .reinforce import _check_devices, _check_hooks
 from ..team import Team, map_jobs, team_attr, trainer_inputs, validate_dataset
@@ -899,8 +900,4 @@ def start_phase(self: ActorCriticTrainer, output_dir, seed: int) -> ActorCriticT
     """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
     keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it).
     The critics and their optimizers stay too."""
-    self.args = replace(self.args, seed=seed, output_dir=str(output_dir), save_steps=-1)
-    self.output_dir, self.sampler.seed = Path(output_dir), seed
-    self.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
-    for b in list(self.buffers) + list(self.value_buffers): b.items = []
-    return self
+    return restart_phase(self, output_dir, seed, list(self.buffers) + list(self.value_buffers))

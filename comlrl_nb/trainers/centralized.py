@@ -20,7 +20,7 @@ from ..losses import check_finite_loss, reinforce_loss
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..distributed import DistContext
 from ..team import Team, team_attr, trainer_inputs, validate_dataset
-from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run
+from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, restart_phase
 from ..config import CollaborationFields, TrainerConfig, compose
 from ..rollout import Sample, Turn, merge_turns, samples_from
 from .reinforce import MAGRPOConfig
@@ -317,8 +317,4 @@ def save_model(self: CentralizedMAGRPOTrainer, output_dir) -> Path:
 def start_phase(self: CentralizedMAGRPOTrainer, output_dir, seed: int) -> CentralizedMAGRPOTrainer:
     """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
     keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it)."""
-    self.args = replace(self.args, seed=seed, output_dir=str(output_dir), save_steps=-1)
-    self.output_dir = Path(output_dir)
-    self.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
-    for b in self.buffers: b.items = []
-    return self
+    return restart_phase(self, output_dir, seed, self.buffers)

@@ -23,7 +23,7 @@ from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
 from ..team import Team, team_attr, trainer_inputs, validate_dataset
-from ..engine import Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run
+from ..engine import Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run, restart_phase
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'MAREINFORCETrainer',
@@ -436,11 +436,7 @@ def _finish(self: MAGRPOTrainer, metrics, bar, stopped: bool = False) -> dict:
 def start_phase(self: MAGRPOTrainer, output_dir, seed: int) -> MAGRPOTrainer:
     """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
     keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it)."""
-    self.args = replace(self.args, seed=seed, output_dir=str(output_dir), save_steps=-1)
-    self.output_dir, self.sampler.seed = Path(output_dir), seed
-    self.state.update(epoch=0, batch_in_epoch=0, global_batch=0)
-    for b in self.buffers: b.items = []
-    return self
+    return restart_phase(self, output_dir, seed, self.buffers)
 
 # %% ../../nbs/30_reinforce.ipynb #293267a3
 class MAREINFORCETrainer(MAGRPOTrainer):
