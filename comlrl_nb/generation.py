@@ -15,7 +15,8 @@ from .core import autocast, check_choice, derive_seed, logger
 # %% auto #0
 __all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts',
            'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden', 'fast_forward',
-           'generate_completions', 'check_joint_mode', 'joint_indices', 'compose_joint', 'per_agent_returns']
+           'fast_hidden_continued', 'generate_completions', 'check_joint_mode', 'joint_indices', 'compose_joint',
+           'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 class RowNoise:
@@ -281,6 +282,29 @@ def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
     "Logits [B, keep, V] of the last `keep` positions, as the HF forward of a `fast_decodable` model computes them."
     h = fast_hidden(model.model, ids, mask, pos, kv_out)[:, -keep:]
     return torch.nn.functional.linear(h, model.lm_head.weight, model.lm_head.bias)
+
+# %% ../nbs/02_generation.ipynb #7e28b83d
+def fast_hidden_continued(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, prefix_kv: Sequence[tuple],
+                          prefix_mask: torch.Tensor) -> torch.Tensor:
+    "Final hidden states [N, S, H] of `ids` continuing prefixes given by their per-layer keys/values [N, kv heads, P, d]."
+    F, (B, S) = torch.nn.functional, ids.shape
+    h = body.embed_tokens.forward(ids)
+    cos, sin = body.rotary_emb.forward(h, pos)
+    cos, ssin, swap = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1), None
+    causal = torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()[None, None] & mask.bool()[:, None, None, :]
+    pad = torch.cat([prefix_mask.bool()[:, None, None, :].expand(B, 1, S, -1), causal], -1)   # prefix keys, then own
+    for layer, (pk, pv) in zip(body.layers, prefix_kv):
+        w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = _layer_weights(layer)
+        x = _rms(h, w1, e1)
+        q, k, v = (F.linear(x, w, b).view(B, S, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
+        swap = _half_swap(hd, ids.device) if swap is None else swap
+        q, k = _rotate(q, cos, ssin, swap), _rotate(k, cos, ssin, swap)
+        k, v = torch.cat([pk, k], 2), torch.cat([pv, v], 2)
+        o = _sdpa_full(q, k, v, pad, g, sc).transpose(1, 2).reshape(B, S, -1).contiguous()
+        h = h + F.linear(o, ow, ob)
+        x = _rms(h, w2, e2)
+        h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
+    return _rms(h, body.norm.weight, body.norm.variance_epsilon)
 
 # %% ../nbs/02_generation.ipynb #3de2d1cf
 @torch.no_grad()

@@ -8,10 +8,10 @@ from typing import Optional, Sequence
 
 import torch
 from .core import autocast
-from .generation import _forward_kwargs, fast_decodable, fast_forward
+from .generation import _forward_kwargs, fast_decodable, fast_forward, fast_hidden, fast_hidden_continued
 
 # %% auto #0
-__all__ = ['collate', 'completion_logprobs', 'k3_kl']
+__all__ = ['SHARE_MIN_WORK', 'collate', 'share_pays', 'prompt_groups', 'shared_prompt_logits', 'completion_logprobs', 'k3_kl']
 
 # %% ../nbs/03_scoring.ipynb #afa3147b
 def _id_list(x) -> list:
@@ -28,24 +28,58 @@ def collate(prompts: Sequence[torch.Tensor], completions: Sequence[torch.Tensor]
             as_long([c + [pad] * (C - len(c)) for c in cs], C),
             as_long([[1] * len(c) + [0] * (C - len(c)) for c in cs], C))
 
+# %% ../nbs/03_scoring.ipynb #94fd2cfe
+SHARE_MIN_WORK = 1e7   # prompt tokens saved x parameters per layer above which sharing beats its extra torch calls
+
+def share_pays(saved_tokens: int, layer_params: int) -> bool:
+    "Whether scoring each distinct prompt once pays: ~2 FLOPs per parameter and token saved vs ~60 more calls per layer."
+    return saved_tokens * layer_params >= SHARE_MIN_WORK
+
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, model=None, share: Optional[bool] = None):
+    "(distinct prompt ids, their masks, each row's prompt index) when rows repeat prompts and sharing pays, else None."
+    if share is False or len(prompt_ids) < 2: return None
+    uniq, rows = torch.unique(torch.cat([prompt_ids, prompt_mask], 1), dim=0, return_inverse=True)
+    if len(uniq) == len(prompt_ids): return None
+    P = prompt_ids.shape[1]
+    saved = int(prompt_mask.sum()) - int(uniq[:, P:].sum())
+    if share is None and not share_pays(saved, sum(p.numel() for p in model.model.layers[0].parameters())): return None
+    return uniq[:, :P], uniq[:, P:], rows
+
+# %% ../nbs/03_scoring.ipynb #b158021c
+def shared_prompt_logits(model, prompts: torch.Tensor, prompt_mask: torch.Tensor, rows: torch.Tensor,
+                         completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    "Logits [N, C, V] predicting each completion token, each distinct prompt's layers computed once (`prompt_groups`)."
+    kv, C = [], completion_ids.shape[1]
+    last = fast_hidden(model.model, prompts, prompt_mask, (prompt_mask.cumsum(-1) - 1).clamp(min=0), kv)[:, -1:]
+    h = [last.index_select(0, rows)]                       # the prompt's last position predicts completion token 0
+    if C > 1:                                              # tokens 0..C-2 predict tokens 1..C-1
+        ids, mask = completion_ids[:, :-1], completion_mask[:, :-1]
+        pos = prompt_mask.sum(-1).index_select(0, rows)[:, None] + (mask.cumsum(-1) - 1).clamp(min=0)
+        kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in kv]
+        h.append(fast_hidden_continued(model.model, ids, mask, pos, kv, prompt_mask.index_select(0, rows)))
+    return torch.nn.functional.linear(torch.cat(h, 1), model.lm_head.weight, model.lm_head.bias)
+
 # %% ../nbs/03_scoring.ipynb #177370e1
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                        completion_mask: torch.Tensor, autocast_dtype=None):
+                        completion_mask: torch.Tensor, autocast_dtype=None, share_prompts: Optional[bool] = None):
     "Per-token log-probs [N, C] (0 on padding) and per-sequence sums [N] of completions given left-padded prompts."
     dev = next(model.parameters()).device
     N, C = completion_ids.shape
     if C == 0: z = torch.zeros(N, 0, device=dev); return z, z.sum(-1)
-    ids = torch.cat([prompt_ids, completion_ids], 1).to(dev)
-    att = torch.cat([prompt_mask, completion_mask], 1).to(dev)
-    pos = (att.cumsum(-1) - 1).clamp(min=0)
-    kw = {"logits_to_keep": C + 1} if _forward_kwargs(model)["keep"] else {}
+    fast, tgt, cmask = fast_decodable(model), completion_ids.to(dev), completion_mask.to(dev)
+    groups = prompt_groups(prompt_ids.to(dev), prompt_mask.to(dev), model, share_prompts) if fast else None
     with autocast(dev, autocast_dtype):
-        if fast_decodable(model): logits = fast_forward(model, ids, att, pos, C + 1)     # the same bits, less Python
-        else: logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False, **kw).logits
-    logits = logits[:, -(C + 1):-1].float()                         # position P-1+t predicts completion token t
-    tgt = completion_ids.to(dev)
+        if groups is not None: logits = shared_prompt_logits(model, *groups, tgt, cmask)
+        else:
+            ids, att = torch.cat([prompt_ids.to(dev), tgt], 1), torch.cat([prompt_mask.to(dev), cmask], 1)
+            pos = (att.cumsum(-1) - 1).clamp(min=0)
+            kw = {"logits_to_keep": C + 1} if _forward_kwargs(model)["keep"] else {}
+            if fast: logits = fast_forward(model, ids, att, pos, C + 1)          # the same bits, less Python
+            else: logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False, **kw).logits
+            logits = logits[:, -(C + 1):-1]                                       # position P-1+t predicts token t
+    logits = logits.float()
     tok_lp = logits.gather(-1, tgt[..., None])[..., 0] - logits.logsumexp(-1)
-    tok_lp = tok_lp * completion_mask.to(dev)
+    tok_lp = tok_lp * cmask
     return tok_lp, tok_lp.sum(-1)
 
 # %% ../nbs/03_scoring.ipynb #ffde52b2
