@@ -329,7 +329,7 @@ def sample(self: Sampler, prompts: Sequence[Sequence[str]], ids: Sequence[int], 
     texts = [list(prompts[i]) + [self.team.prompt(it, i) for its, _ in ahead for it in its] for i in range(self.team.n)]
     keys = [[(self.seed, round_key, j, i) + ((p,) if p else ()) for j, p in zip(ids + later, paths + [()] * len(later))]
             for i in range(self.team.n)]
-    full = self.team.map(lambda i: self.team.generate(i, texts[i], k, keys[i]))
+    full = self.team.generate_all(texts, k, keys)
     return keep_ahead(full, len(ids), ahead, round_key, self.cache)
 
 # %% ../nbs/25_engine.ipynb #2bb5440f

@@ -13,10 +13,10 @@ from fastcore.basics import patch
 from .core import autocast, check_choice, derive_seed, logger
 
 # %% auto #0
-__all__ = ['JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts',
-           'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden', 'fast_forward',
-           'fast_hidden_continued', 'generate_completions', 'check_joint_mode', 'joint_indices', 'compose_joint',
-           'per_agent_returns']
+__all__ = ['STACK_MAX_PARAMS', 'JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions', 'eos_ids',
+           'encode_prompts', 'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden',
+           'fast_forward', 'fast_hidden_continued', 'generate_completions', 'stackable', 'generate_team',
+           'check_joint_mode', 'joint_indices', 'compose_joint', 'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 class RowNoise:
@@ -35,7 +35,7 @@ class RowNoise:
         self.t += 1
         return self.buf[self.t - 1]
     def gumbel(self, width: int, device=None) -> torch.Tensor:
-        "The next step's Gumbel noise of `next`'s uniforms, made for the whole chunk at once (elementwise: same numbers)."
+        "The next step's Gumbel noise of `next`'s uniforms, made per chunk (elementwise: the same numbers)."
         self.next(width)
         if self.g is None: self.g = _gumbel_of(self.buf.to(device))
         return self.g[self.t - 1]
@@ -193,6 +193,13 @@ def _rotate(x: torch.Tensor, cos, ssin, swap) -> torch.Tensor:
 def _half_swap(d: int, device) -> torch.Tensor:
     return torch.cat((torch.arange(d // 2, d, device=device), torch.arange(0, d // 2, device=device)))
 
+def _linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    "F.linear; with A agents' stacked weights [A, out, in] (rows of x grouped by agent), one batched GEMM."
+    if w.dim() == 2: return torch.nn.functional.linear(x, w, b)
+    y = x.reshape(w.shape[0], -1, x.shape[-1])
+    y = torch.bmm(y, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), y, w.transpose(1, 2))
+    return y.view(*x.shape[:-1], -1)
+
 def _layer_weights(layer) -> tuple:
     at, mlp, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
     return (n1.weight, n1.variance_epsilon, at.q_proj.weight, at.q_proj.bias, at.k_proj.weight, at.k_proj.bias,
@@ -204,11 +211,14 @@ def _layer_weights(layer) -> tuple:
 class FastDecoder:
     "Decoding steps of a Llama/Qwen2 model after the prefill: its keys/values in a preallocated cache, then `step`."
     def __init__(self, model, kv: Sequence[tuple], prompt_mask: torch.Tensor, max_new_tokens: int):
-        m = model.model
-        self.embed, self.rotary, self.norm, self.head = m.embed_tokens, m.rotary_emb, m.norm, model.lm_head
-        self.layers, self.kv = [_layer_weights(layer) for layer in m.layers], []
+        models = list(model) if isinstance(model, (list, tuple)) else [model]     # several: rows grouped by model
+        m, B = models[0].model, prompt_mask.shape[0]
+        self.rotary, self.kv, self.L = m.rotary_emb, [], prompt_mask.shape[1]
+        if len(models) == 1:
+            self.embed, self.layers = m.embed_tokens.forward, [_layer_weights(layer) for layer in m.layers]
+            self.norm, self.head = (m.norm.weight, m.norm.variance_epsilon), (model.lm_head.weight, model.lm_head.bias)
+        else: self.embed, self.layers, self.norm, self.head = _stacked(models, B // len(models))
         self.swap = _half_swap(self.layers[0][19], prompt_mask.device)      # head_dim's two halves swapped
-        B, self.L = prompt_mask.shape
         for keys, values in kv:                           # [rows, kv heads, prompt + new tokens, head dim]
             pair = [x.new_empty(*x.shape[:2], self.L + max_new_tokens, x.shape[-1]) for x in (keys, values)]
             pair[0][:, :, :self.L], pair[1][:, :, :self.L] = keys, values
@@ -220,7 +230,7 @@ class FastDecoder:
 @patch
 def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     "Next-token logits [rows, vocab] for one new token per row (`ids`, `pos`: [rows, 1])."
-    h = self.embed.forward(ids)
+    h = self.embed(ids)
     cos, sin = self.rotary.forward(h, pos)
     cos, ssin = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1)
     B, L, F, swap = h.shape[0], self.L, torch.nn.functional, self.swap
@@ -228,7 +238,7 @@ def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
     for weights, kv in zip(self.layers, self.kv):
         w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = weights
         x = _rms(h, w1, e1)
-        q, k, v = (F.linear(x, w, b).view(B, 1, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
+        q, k, v = (_linear(x, w, b).view(B, 1, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
         kv[0][:, :, L:L + 1], kv[1][:, :, L:L + 1] = _rotate(k, cos, ssin, swap), v
         K, V, q = kv[0][:, :, :L + 1], kv[1][:, :, :L + 1], _rotate(q, cos, ssin, swap)
         if g > 1 and mask is None:                        # the calls HF's sdpa_attention_forward makes for one query
@@ -237,11 +247,11 @@ def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
         else:
             o = F.scaled_dot_product_attention(q.reshape(B, -1, g, hd) if g > 1 else q, K, V, attn_mask=mask,
                                                dropout_p=0.0, scale=sc, is_causal=False)
-        h = h + F.linear(o.reshape(B, 1, -1).contiguous(), ow, ob)    # one query: heads in order, as HF's transpose
+        h = h + _linear(o.reshape(B, 1, -1).contiguous(), ow, ob)    # one query: heads in order, as HF's transpose
         x = _rms(h, w2, e2)
-        h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
+        h = h + _linear(act(_linear(x, gw, gb)) * _linear(x, uw, ub), dw, db)
     self.L = L + 1
-    return F.linear(_rms(h, self.norm.weight, self.norm.variance_epsilon), self.head.weight, self.head.bias)[:, -1]
+    return _linear(_rms(h, *self.norm), *self.head)[:, -1]
 
 # %% ../nbs/02_generation.ipynb #d4ca760b
 def _sdpa_full(q, k, v, pad, g: int, sc: float):
@@ -286,7 +296,7 @@ def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
 # %% ../nbs/02_generation.ipynb #7e28b83d
 def fast_hidden_continued(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, prefix_kv: Sequence[tuple],
                           prefix_mask: torch.Tensor) -> torch.Tensor:
-    "Final hidden states [N, S, H] of `ids` continuing prefixes given by their per-layer keys/values [N, kv heads, P, d]."
+    "Final hidden states [N, S, H] of `ids` after prefixes given by their per-layer keys/values [N, kv heads, P, d]."
     F, (B, S) = torch.nn.functional, ids.shape
     h = body.embed_tokens.forward(ids)
     cos, sin = body.rotary_emb.forward(h, pos)
@@ -306,6 +316,32 @@ def fast_hidden_continued(body, ids: torch.Tensor, mask: torch.Tensor, pos: torc
         h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
     return _rms(h, body.norm.weight, body.norm.variance_epsilon)
 
+# %% ../nbs/02_generation.ipynb #cf63c2c7
+def _sample_loop(logits, next_logits, gens, pos, stop, pad: int, new: int, temperature, top_p, top_k):
+    "Sample token after token (`logits`: the first step's; `next_logits(cur, pos)` the later ones) until all rows end."
+    done = torch.zeros(len(logits), dtype=torch.bool, device=logits.device)
+    out, out_mask, dones = [], [], []
+    for t in range(new):
+        if t: logits = next_logits(cur, pos)
+        nxt = filter_and_sample(logits, gens, temperature, top_p, top_k).masked_fill(done, pad)
+        out.append(nxt); out_mask.append(~done)
+        done = done | torch.isin(nxt, stop)
+        dones.append(done)
+        if bool(done.all()): break
+        cur, pos = nxt[:, None], pos[:, -1:] + 1
+    return out, out_mask, dones, done
+
+def _completions(tokenizer, ids, mask, out, out_mask, done, B: int, k: int, pad: int) -> Completions:
+    cids = torch.stack(out, 1) if out else ids.new_zeros(B * k, 0)
+    cmask = torch.stack(out_mask, 1).long() if out else ids.new_zeros(B * k, 0)
+    texts = tokenizer.batch_decode(cids.masked_fill(cmask == 0, pad).tolist(), skip_special_tokens=True)
+    return Completions(ids, mask, cids, cmask, texts, B, k, done.clone())
+
+def _row_generators(keys, B: int, k: int, seed: int) -> list:
+    keys = list(keys) if keys is not None else [(seed, b) for b in range(B)]
+    if len(keys) != B: raise ValueError(f"got {len(keys)} sampling keys for {B} prompts")
+    return [torch.Generator().manual_seed(derive_seed(*keys[r // k], r % k)) for r in range(B * k)]
+
 # %% ../nbs/02_generation.ipynb #3de2d1cf
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, max_new_tokens: int = 32,
@@ -316,40 +352,104 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, m
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, device)
     ids, mask, max_new_tokens = fit_context(model, ids, mask, max_new_tokens)
-    B = ids.shape[0]; keys = list(keys) if keys is not None else [(seed, b) for b in range(B)]
-    if len(keys) != B: raise ValueError(f"got {len(keys)} sampling keys for {B} prompts")
-    gens = [torch.Generator().manual_seed(derive_seed(*keys[r // k], r % k)) for r in range(B * k)]
-    gens = RowNoise(gens, max_new_tokens)
-    fk, stop = _forward_kwargs(model), torch.tensor(eos_ids(model, tokenizer), device=device)
+    B, fk = ids.shape[0], _forward_kwargs(model)
+    gens = RowNoise(_row_generators(keys, B, k, seed), max_new_tokens)
+    stop = torch.tensor(eos_ids(model, tokenizer), device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(stop[0])
     from transformers import DynamicCache
-    cache, cur, cur_mask, dec = DynamicCache(), ids, mask, None
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    done = torch.zeros(B * k, dtype=torch.bool, device=device); out, out_mask = [], []
+    cache, pos = DynamicCache(), (mask.cumsum(-1) - 1).clamp(min=0)
     kv = [] if fast and fast_decodable(model) else None    # the fast path: prefill's keys/values land here
-    for t in range(max_new_tokens):
-        kw = {fk["cache_kw"]: cache, "use_cache": True, **({"logits_to_keep": 1} if fk["keep"] else {})}
-        with autocast(device, autocast_dtype):
-            if dec is not None: logits = dec.step(cur, pos)
-            elif kv is not None: logits = fast_forward(model, cur, cur_mask, pos, 1, kv)[:, -1]
-            else: logits = model(input_ids=cur, attention_mask=cur_mask, position_ids=pos, **kw).logits[:, -1]
-        if t == 0 and k > 1:                     # prefill once per prompt, then fan the cache out to the K samples
-            if kv is None: cache.batch_repeat_interleave(k)
-            else: kv = [(a.repeat_interleave(k, 0), b.repeat_interleave(k, 0)) for a, b in kv]
-            logits = logits.repeat_interleave(k, 0)
-            ids, mask, cur_mask, pos = (x.repeat_interleave(k, 0) for x in (ids, mask, cur_mask, pos))
-        if t == 0 and kv is not None: dec = FastDecoder(model, kv, mask, max_new_tokens)
-        nxt = filter_and_sample(logits, gens, temperature, top_p, top_k)
-        nxt = nxt.masked_fill(done, pad)
-        out.append(nxt); out_mask.append(~done)
-        done = done | torch.isin(nxt, stop)
-        if bool(done.all()): break
-        cur, pos = nxt[:, None], pos[:, -1:] + 1
-        if dec is None: cur_mask = torch.cat([cur_mask, torch.ones_like(nxt)[:, None]], 1)
-    cids = torch.stack(out, 1) if out else ids.new_zeros(B * k, 0)
-    cmask = torch.stack(out_mask, 1).long() if out else ids.new_zeros(B * k, 0)
-    texts = tokenizer.batch_decode(cids.masked_fill(cmask == 0, pad).tolist(), skip_special_tokens=True)
-    return Completions(ids, mask, cids, cmask, texts, B, k, done.clone())
+    kw = {fk["cache_kw"]: cache, "use_cache": True, **({"logits_to_keep": 1} if fk["keep"] else {})}
+    with autocast(device, autocast_dtype):
+        if kv is not None: logits = fast_forward(model, ids, mask, pos, 1, kv)[:, -1]
+        else: logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **kw).logits[:, -1]
+    if k > 1:                                    # prefill once per prompt, then fan the cache out to the K samples
+        if kv is None: cache.batch_repeat_interleave(k)
+        else: kv = [(a.repeat_interleave(k, 0), b.repeat_interleave(k, 0)) for a, b in kv]
+        logits, ids, mask, pos = (x.repeat_interleave(k, 0) for x in (logits, ids, mask, pos))
+    if kv is not None: step = FastDecoder(model, kv, mask, max_new_tokens).step
+    else:
+        seen = [mask]
+        def step(cur, p):                        # the HF forward with its cache: the mask grows by one column
+            seen[0] = torch.cat([seen[0], torch.ones_like(cur)], 1)
+            return model(input_ids=cur, attention_mask=seen[0], position_ids=p, **kw).logits[:, -1]
+    def next_logits(cur, p):
+        with autocast(device, autocast_dtype): return step(cur, p)
+    out, out_mask, _, done = _sample_loop(logits, next_logits, gens, pos, stop, pad, max_new_tokens, temperature,
+                                          top_p, top_k)
+    return _completions(tokenizer, ids, mask, out, out_mask, done, B, k, pad)
+
+# %% ../nbs/02_generation.ipynb #9dcfde03
+STACK_MAX_PARAMS = 20_000_000   # agents up to this size decode in one loop (their steps are mostly Python)
+
+def _stacked(models, rows: int) -> tuple:
+    "The embedding, layer weights, final norm and head of `models`, stacked for `FastDecoder` (`rows` per model)."
+    F, A = torch.nn.functional, len(models)
+    per_row = lambda ws: torch.stack(ws).repeat_interleave(rows, 0)[:, None]     # norm weights: one per row
+    col = lambda j, c: per_row(c) if j in (0, 10) else torch.stack(c) if isinstance(c[0], torch.Tensor) else c[0]
+    layers = [tuple(col(j, c) for j, c in enumerate(zip(*ws)))          # eps, act, head_dim...: agent 0's (the same)
+              for ws in zip(*[[_layer_weights(layer) for layer in m.model.layers] for m in models])]
+    table = torch.cat([m.model.embed_tokens.weight for m in models])
+    off = (torch.arange(A, device=table.device) * models[0].model.embed_tokens.num_embeddings).repeat_interleave(rows)
+    embed = lambda ids: F.embedding(ids + off[:, None], table)
+    norm = (per_row([m.model.norm.weight for m in models]), models[0].model.norm.variance_epsilon)
+    heads = [m.lm_head for m in models]
+    return embed, layers, norm, (torch.stack([x.weight for x in heads]), col(1, [x.bias for x in heads]))
+
+def _shape_key(m) -> tuple:
+    "What two models must share to decode in one loop: parameter shapes, class, attention and norm numbers, RoPE kind."
+    rot = m.model.rotary_emb
+    return ([(p.shape, p.dtype, p.device) for p in m.parameters()], type(m), type(m.model.layers[0].mlp.act_fn),
+            _layer_weights(m.model.layers[0])[19:], m.config.rms_norm_eps, getattr(rot, "rope_type", "default"),
+            rot.attention_scaling)
+
+def stackable(models, tokenizers) -> bool:
+    "Whether `models` can decode in one loop, each with the results it gets alone: one small Llama/Qwen2 shape."
+    if len(models) < 2 or not all(fast_decodable(m) for m in models): return False
+    m0, key = models[0], _shape_key(models[0])
+    if sum(p.numel() for p in m0.parameters()) > STACK_MAX_PARAMS or key[5] != "default": return False
+    same_rope = lambda m: torch.equal(m.model.rotary_emb.inv_freq, m0.model.rotary_emb.inv_freq)
+    return (all(_shape_key(m) == key and same_rope(m) for m in models[1:])
+            and len({(tuple(eos_ids(m, t)), t.pad_token_id) for m, t in zip(models, tokenizers)}) == 1)
+
+# %% ../nbs/02_generation.ipynb #6f82ed23
+@torch.no_grad()
+def generate_team(models: Sequence, tokenizers: Sequence, prompts: Sequence[Sequence[str]], k: int = 1,
+                  max_new_tokens: int = 32, temperature: float = 1.0, top_p: float = 1.0, top_k: Optional[int] = None,
+                  keys: Optional[Sequence] = None, seed: int = 0, autocast_dtype=None) -> list[Completions]:
+    "Per agent, `generate_completions` of its own prompts; `stackable` agents whose prompts pad alike share one loop."
+    keys = list(keys) if keys is not None else [None] * len(models)
+    kw = dict(k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+              autocast_dtype=autocast_dtype)
+    alone = lambda: [generate_completions(*mtp, keys=ks, **kw) for *mtp, ks in zip(models, tokenizers, prompts, keys)]
+    if not stackable(models, tokenizers): return alone()
+    dev = next(models[0].parameters()).device
+    enc = [fit_context(m, *encode_prompts(t, list(p), dev), max_new_tokens)
+           for m, t, p in zip(models, tokenizers, prompts)]
+    if len({(e[0].shape, e[2], bool(e[1].all())) for e in enc}) > 1: return alone()    # other shapes: other kernels
+    B, new, rows, first, kv = enc[0][0].shape[0], enc[0][2], [], [], []
+    for m, (ids, mask, _) in zip(models, enc):        # each agent's prefill alone, fanned out to its K samples
+        layer_kv, pos = [], (mask.cumsum(-1) - 1).clamp(min=0)
+        with autocast(dev, autocast_dtype): first.append(fast_forward(m, ids, mask, pos, 1, layer_kv)[:, -1])
+        rows.append([x.repeat_interleave(k, 0) for x in (ids, mask, pos)])
+        kv.append([(a.repeat_interleave(k, 0), b.repeat_interleave(k, 0)) for a, b in layer_kv])
+    ids, mask, pos = (torch.cat(x) for x in zip(*rows))
+    kv = [tuple(torch.cat(x) for x in zip(*layer)) for layer in zip(*kv)]        # per layer: every agent's rows
+    gens = RowNoise([g for ks in keys for g in _row_generators(ks, B, k, seed)], new)
+    stop, t0 = torch.tensor(eos_ids(models[0], tokenizers[0]), device=dev), tokenizers[0]
+    pad = t0.pad_token_id if t0.pad_token_id is not None else int(stop[0])
+    dec = FastDecoder(list(models), kv, mask, new)
+    def next_logits(cur, p):
+        with autocast(dev, autocast_dtype): return dec.step(cur, p)
+    first = torch.cat([f.repeat_interleave(k, 0) for f in first])
+    out, out_mask, dones, done = _sample_loop(first, next_logits, gens, pos, stop, pad, new, temperature, top_p, top_k)
+    res, R = [], B * k
+    for a, tok in enumerate(tokenizers):               # agent a stops where it would alone: all its rows done
+        r = slice(a * R, (a + 1) * R)
+        n = next((t + 1 for t, d in enumerate(dones) if bool(d[r].all())), len(out))
+        res.append(_completions(tok, ids[r], mask[r], [x[r] for x in out[:n]], [x[r] for x in out_mask[:n]],
+                                dones[n - 1][r] if n else done[r], B, k, pad))
+    return res
 
 # %% ../nbs/02_generation.ipynb #2224d0cd
 JOINT_MODES = ("aligned", "cross")

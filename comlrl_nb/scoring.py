@@ -32,7 +32,7 @@ def collate(prompts: Sequence[torch.Tensor], completions: Sequence[torch.Tensor]
 SHARE_MIN_WORK = 1e7   # prompt tokens saved x parameters per layer above which sharing beats its extra torch calls
 
 def share_pays(saved_tokens: int, layer_params: int) -> bool:
-    "Whether scoring each distinct prompt once pays: ~2 FLOPs per parameter and token saved vs ~60 more calls per layer."
+    "Whether scoring each distinct prompt once pays: ~2 FLOPs per parameter and token saved vs ~60 calls per layer."
     return saved_tokens * layer_params >= SHARE_MIN_WORK
 
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, model=None, share: Optional[bool] = None):

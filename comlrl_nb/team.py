@@ -13,7 +13,7 @@ import torch
 from fastcore.basics import patch
 from .core import as_list, resolve_device
 from .models import load_agents
-from .generation import Completions, generate_completions
+from .generation import Completions, generate_completions, generate_team
 from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from .engine import adamw
 
@@ -116,6 +116,15 @@ def generate(self: Team, i: int, prompts: Sequence[str], k: int = 1, keys: Optio
     "k completions per prompt from agent i (the team's sampling defaults, overridden by `sampling`)."
     return generate_completions(self.agents[i], self.tokenizers[i], list(prompts), k=k, keys=keys,
                                 **{**self.sampling, **sampling})
+
+@patch
+def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys: Optional[Sequence] = None,
+                 **sampling) -> list[Completions]:
+    "Every trained agent's `generate` of its own prompts (`prompts[i]`, `keys[i]`): one loop where `generate_team` can."
+    if self.parallel_training == "mp":
+        return self.map(lambda i: self.generate(i, prompts[i], k, None if keys is None else keys[i], **sampling))
+    return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
+                         **{**self.sampling, **sampling})
 
 # %% ../nbs/24_team.ipynb #3329224d
 @patch

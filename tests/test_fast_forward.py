@@ -76,3 +76,63 @@ def test_other_models_keep_hf():
     m, _ = make_tiny_model("llama")
     m.config._attn_implementation = "eager"
     assert not fast_decodable(m)
+
+
+def _perturbed(model, seed):
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return other
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("prompts", [PROMPTS, ["Write a story", "Explain this"]])   # left padding, and none
+def test_team_decoding_equals_each_agent_alone(model_tok, dtype, prompts):
+    """Three agents of one shape decode in one loop (stacked weights, batched GEMMs); each gets exactly the tokens,
+    masks, texts and end flags it samples alone, including when one agent finishes early."""
+    from comlrl_nb.generation import generate_team, stackable
+    model, tok = model_tok
+    team = [model, _perturbed(model, 1), _perturbed(model, 2)]
+    assert stackable(team, [tok] * 3)
+    keys = [[(7, b, a) for b in range(len(prompts))] for a in range(3)]
+    kw = dict(k=2, max_new_tokens=16, temperature=1.2, top_p=0.95, top_k=30, autocast_dtype=dtype)
+    together = generate_team(team, [tok] * 3, [prompts] * 3, keys=keys, **kw)
+    for a, c in enumerate(together):
+        alone = generate_completions(team[a], tok, prompts, keys=keys[a], **kw)
+        for f in ("prompt_ids", "completion_ids", "completion_mask", "ended"):
+            assert torch.equal(getattr(c, f), getattr(alone, f)), f
+        assert c.texts == alone.texts
+
+
+def test_team_decoding_falls_back_when_shapes_differ(model_tok):
+    """Different prompt lengths per agent (other padding, other kernels) or different architectures: each agent
+    decodes alone, with the same results as generate_completions."""
+    from comlrl_nb.generation import generate_team, stackable
+    model, tok = model_tok
+    other = _perturbed(model, 3)
+    kw = dict(k=2, max_new_tokens=8, temperature=1.0)
+    res = generate_team([model, other], [tok, tok], [["Hi"], ["A much longer prompt than the other"]], **kw)
+    assert res[1].texts == generate_completions(other, tok, ["A much longer prompt than the other"], **kw).texts
+    gpt2, _ = make_tiny_model("gpt2")
+    assert not stackable([model, gpt2], [tok, tok])
+
+
+def test_shared_prompt_scoring_matches_whole_sequences(model_tok):
+    """completion_logprobs with each prompt scored once (share_prompts=True): log-probs and gradients equal the
+    whole-sequence forward to float rounding, with left-padded prompts and completions of different lengths."""
+    model, tok = model_tok
+    keys = [(2, j) for j in range(3)]
+    c = generate_completions(model, tok, PROMPTS, k=3, max_new_tokens=10, temperature=1.3, keys=keys)
+    mask = c.completion_mask.clone()
+    mask[::2, 6:] = 0                                           # every other completion ends after 6 tokens
+    one, two = copy.deepcopy(model).train(), copy.deepcopy(model).train()
+    args = (c.prompt_ids, c.prompt_mask, c.completion_ids.masked_fill(mask == 0, tok.pad_token_id), mask)
+    a_tok, a_seq = completion_logprobs(one, *args, share_prompts=False)
+    b_tok, b_seq = completion_logprobs(two, *args, share_prompts=True)
+    assert torch.allclose(a_tok, b_tok, atol=1e-5)
+    a_seq.sum().backward()
+    b_seq.sum().backward()
+    for p, q in zip(one.parameters(), two.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4)
