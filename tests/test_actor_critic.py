@@ -296,12 +296,12 @@ def test_sampling_ahead_is_bit_identical_and_resumes(tmp_path, cls, monkeypatch)
     """Single-turn batches that no update separates share one sampling loop; weights, metrics and a resume through a
     checkpoint taken mid-buffer are exactly those of sampling every batch alone."""
     import comlrl_nb.team as A                   # the team samples for every trainer
-    calls, real = [], A.generate_completions
-    monkeypatch.setattr(A, "generate_completions", lambda *a, **kw: calls.append(len(a[2])) or real(*a, **kw))
+    calls, real = [], A.generate_team
+    monkeypatch.setattr(A, "generate_team", lambda *a, **kw: calls.append([len(p) for p in a[2]]) or real(*a, **kw))
     cfg = dict(cls=cls, num_train_epochs=2, num_generations=1, rollout_buffer_size=3, save_steps=1)
     ahead = make(tmp_path / "ahead", **cfg)
     ahead.train()
-    assert calls == [3, 3, 1, 1] * 2                       # per epoch: batches 1-3 in one loop per agent, batch 4 alone
+    assert calls == [[3, 3], [1, 1]] * 2                   # per epoch: batches 1-3 in one loop, batch 4 alone
     alone = make(tmp_path / "alone", **cfg)
     alone._batches_ahead = lambda *a: []
     alone.train()

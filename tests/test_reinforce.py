@@ -128,8 +128,8 @@ def test_sampling_ahead_within_a_buffer_changes_nothing_but_the_number_of_sampli
     to sampling every batch on its own, with fewer generate calls."""
     import comlrl_nb.team as R                  # the team samples for every trainer
     calls = []
-    real = R.generate_completions
-    monkeypatch.setattr(R, "generate_completions", lambda *a, **kw: calls.append(len(a[2])) or real(*a, **kw))
+    real = R.generate_team
+    monkeypatch.setattr(R, "generate_team", lambda *a, **kw: calls.append([len(p) for p in a[2]]) or real(*a, **kw))
     kw = dict(num_train_epochs=2, rollout_buffer_size=3, train_batch_size=2)
     ahead = make(tmp_path / "ahead", **kw)
     ahead.train()
@@ -140,8 +140,8 @@ def test_sampling_ahead_within_a_buffer_changes_nothing_but_the_number_of_sampli
     assert all(torch.equal(x, y) for x, y in zip(params(ahead), params(alone)))
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and not k.endswith("per_s")} for r in rows]
     assert strip(read_metrics(tmp_path / "ahead" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "alone" / "metrics.jsonl"))
-    # per epoch of 4 one-item batches with a 3-sample buffer: batches 1-3 in one loop, batch 4 alone (per agent)
-    assert n_ahead == [3, 3, 1, 1] * 2 and calls == [1] * 16
+    # per epoch of 4 one-item batches with a 3-sample buffer: batches 1-3 in one loop, batch 4 alone (both agents)
+    assert n_ahead == [[3, 3], [1, 1]] * 2 and calls == [[1, 1]] * 8
 
 
 def test_resume_via_environment_variable(tmp_path, monkeypatch):

@@ -528,8 +528,8 @@ def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int
     team, seed = self.team, self.args.seed
     if t == 0: return self.sampler.sample([[e.inputs[i][0] for e in live[::K]] for i in range(self.n)],
                                           [e.item_id for e in live[::K]], K, round_key)
-    return team.map(lambda i: team.generate(i, [e.inputs[i][-1] for e in live], 1,
-                                            [(seed, round_key, e.item_id, i, t) for e in live]))
+    return team.generate_all([[e.inputs[i][-1] for e in live] for i in range(len(team.agents))], 1,
+                             [[(seed, round_key, e.item_id, i, t) for e in live] for i in range(len(team.agents))])
 
 @patch
 def _record_turn(self: ActorCriticTrainer, live: list, comps: list):

@@ -292,7 +292,7 @@ def _round_scorer(self: PreferenceRounds) -> Callable:
 def _agent_candidates(self: PreferenceRounds, nu: int, prompts, ids, K: int) -> list:
     "Every agent's K candidates per prompt of round nu, sampled by the team."
     keys = lambda i: [(self.args.seed, "preference", nu, j, i) for j in ids]
-    return self.team.map(lambda i: self.team.generate(i, prompts[i], K, keys(i)))
+    return self.team.generate_all(prompts, K, [keys(i) for i in range(len(self.team.agents))])
 
 @patch
 def _score_comparisons(self: PreferenceRounds, comps, cs, chunk, prompts, K: int, Kc: int, score) -> tuple:
