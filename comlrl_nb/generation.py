@@ -152,7 +152,8 @@ _FAST_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "LlamaModel", "Qwen2Mod
 def _hooked(model) -> bool:
     from torch.nn.modules import module as M
     if M._global_forward_hooks or M._global_forward_pre_hooks: return True
-    return any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in model.modules())
+    # accelerate's hook is a plain instance attribute: `in vars(m)` finds it without nn.Module's raising __getattr__
+    return any(m._forward_hooks or m._forward_pre_hooks or "_hf_hook" in vars(m) for m in model.modules())
 
 def fast_decodable(model) -> bool:
     "Whether `FastDecoder`/`fast_forward` (an LM) or `fast_hidden` (a body) compute exactly what its HF forward does."
