@@ -16,7 +16,7 @@ from ..core import check_choice, check_number, derive_seed, logger
 from ..scoring import collate, completion_logprobs
 from ..losses import check_finite_loss, madpo_loss, team_margin
 from ..preference import (build_pair_dataset, check_preference_config, collect_preference_pairs,
-                                  encode_side, resolve_oracle, save_pairs, tokenize_pairs)
+                                  resolve_oracle, save_pairs, side_ids, text_ids, tokenize_pairs)
 from ..distributed import DistContext
 from ..rewards import RewardFunction
 from ..porting import EvalLog
@@ -264,15 +264,16 @@ def madpo_update_shared(team, tokens: list, idx, beta: float, steps: list, max_g
 # %% ../../nbs/42_madpo.ipynb #67a7641b
 def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> list[tuple]:
     "Per record, the actor's (prompt ids, winner ids, loser ids) from its `centralized` field."
-    out = []
-    for j, r in enumerate(records):
-        c = r.get("centralized")
+    cs = [r.get("centralized") for r in records]
+    for j, c in enumerate(cs):
         if not isinstance(c, dict) or not all(isinstance(c.get(f), str) for f in ("prompt", "winner", "loser")):
             raise ValueError(f"pair record {j}, field 'centralized': missing or malformed. Centralized MADPO trains "
                              "on the actor's prompt and raw joint completions ({'prompt', 'winner', 'loser', "
                              "'winner_eos', 'loser_eos'}); pairs collected by decentralized agents do not have them")
-        p, w = encode_side(tokenizer, c["prompt"], c["winner"], bool(c.get("winner_eos", True)), eos_id)
-        _, l = encode_side(tokenizer, c["prompt"], c["loser"], bool(c.get("loser_eos", True)), eos_id)
+    ids, out = text_ids(tokenizer, [c[f] for c in cs for f in ("prompt", "winner", "loser")]), []  # each text once
+    for c in cs:
+        p, w = side_ids(ids, c["prompt"], c["winner"], bool(c.get("winner_eos", True)), tokenizer, eos_id)
+        l = side_ids(ids, "", c["loser"], bool(c.get("loser_eos", True)), tokenizer, eos_id)[1]
         out.append((p, w, l))
     return out
 
