@@ -19,7 +19,8 @@ from .rewards import RewardFunction
 # %% auto #0
 __all__ = ['PAIR_SELECTIONS', 'COLLECTION_ROWS', 'PAIR_RECORD_FIELDS', 'untied_pairs', 'select_pairs', 'check_pair_selection',
            'make_pair_record', 'validate_pair_record', 'save_pairs', 'load_pairs', 'resolve_oracle', 'team_candidates',
-           'collect_preference_pairs', 'encode_side', 'tokenize_pairs', 'check_preference_config', 'build_pair_dataset']
+           'collect_preference_pairs', 'encode_side', 'text_ids', 'side_ids', 'tokenize_pairs',
+           'check_preference_config', 'build_pair_dataset']
 
 # %% ../nbs/40_preference.ipynb #c58c2084
 PAIR_SELECTIONS = ("reward_gap", "all", "random")
@@ -212,13 +213,30 @@ def encode_side(tokenizer, prompt: str, completion: str, eos: bool, eos_id: Opti
         c = list(c) + [e]
     return torch.tensor(p, dtype=torch.long), torch.tensor(c, dtype=torch.long)
 
+def text_ids(tokenizer, texts: Sequence[str]) -> dict:
+    "{text: token ids} of the distinct non-empty `texts` (no special tokens), in one tokenizer call."
+    uniq = list(dict.fromkeys(t for t in texts if t))
+    return dict(zip(uniq, tokenizer(uniq, add_special_tokens=False).input_ids)) if uniq else {}
+
+def side_ids(ids: dict, prompt: str, completion: str, eos: bool, tokenizer, eos_id: Optional[int] = None):
+    "`encode_side`'s (prompt ids, completion ids), read from a `text_ids` table instead of tokenized again."
+    c = list(ids.get(completion, []))
+    if eos:
+        e = eos_id if eos_id is not None else tokenizer.eos_token_id
+        if e is None:
+            raise ValueError("the record says a completion ended with EOS, but the tokenizer has no eos_token_id")
+        c.append(e)
+    return torch.tensor(ids.get(prompt, []), dtype=torch.long), torch.tensor(c, dtype=torch.long)
+
 def tokenize_pairs(records: Sequence[dict], agent: int, tokenizer, eos_id: Optional[int] = None) -> list[tuple]:
-    "Per record, agent `agent`'s (prompt ids, winner ids, loser ids) from the stored text."
-    out = []
+    """Per record, agent `agent`'s (prompt ids, winner ids, loser ids) from the stored text: the ids `encode_side`
+    gives, every distinct text tokenized once (a prompt and a candidate recur across an item's pairs)."""
+    a, out = agent, []
+    ids = text_ids(tokenizer, [t for r in records for t in (r["prompts"][a], r["winner_completions"][a],
+                                                            r["loser_completions"][a])])
     for r in records:
-        prompt = r["prompts"][agent]
-        p, w = encode_side(tokenizer, prompt, r["winner_completions"][agent], r["winner_eos"][agent], eos_id)
-        _, l = encode_side(tokenizer, r["prompts"][agent], r["loser_completions"][agent], r["loser_eos"][agent], eos_id)
+        p, w = side_ids(ids, r["prompts"][a], r["winner_completions"][a], r["winner_eos"][a], tokenizer, eos_id)
+        l = side_ids(ids, "", r["loser_completions"][a], r["loser_eos"][a], tokenizer, eos_id)[1]
         out.append((p, w, l))
     return out
 

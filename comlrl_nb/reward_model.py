@@ -95,11 +95,18 @@ class JointRewardModel(torch.nn.Module):
 
 # %% ../nbs/41_reward_model.ipynb #787818f9
 @patch
-def token_ids(self: JointRewardModel, texts: Sequence[str]) -> list[list[int]]:
-    "The token ids of each text (no special tokens); long texts keep their end (`max_length`)."
+def token_ids(self: JointRewardModel, texts: Sequence[str], remember: bool = False) -> list[list[int]]:
+    """The token ids of each text (no special tokens); long texts keep their end (`max_length`). Each distinct text
+    is tokenized once, all in one tokenizer call; `remember=True` (a fit's texts) keeps their ids until the next fit,
+    so scoring them again (the accuracy pass after the fit) does not tokenize them again."""
     if self.tokenizer is None: raise ValueError("this reward model was built from a preloaded backbone without tokenizer=, so "
                                                 "it scores token ids only (rm(input_ids, attention_mask)); pass tokenizer= to score text")
-    ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    memo = getattr(self, "_fit_ids", None)
+    known = memo[1] if memo is not None and memo[0] is self.tokenizer else {}
+    new = list(dict.fromkeys(t for t in texts if t not in known))
+    table = dict(zip(new, self.tokenizer(new, add_special_tokens=False).input_ids)) if new else {}
+    ids = [known[t] if t in known else table[t] for t in texts]
+    if remember: self._fit_ids = (self.tokenizer, dict(zip(texts, ids)))
     if self.max_length: ids = [x[-self.max_length:] for x in ids]
     if any(len(x) == 0 for x in ids): raise ValueError("the reward model got an empty text (no tokens) to score")
     return ids
@@ -134,23 +141,26 @@ JointRewardModel.encode, JointRewardModel.forward = _rm_encode, _rm_forward
 
 # %% ../nbs/41_reward_model.ipynb #52fd4f60
 @torch.no_grad()
-def _score_texts(self: JointRewardModel, texts: Sequence[str], batch_size: int = 16, autocast_dtype=None) -> torch.Tensor:
-    "Scores of many texts (no gradient), `batch_size` at a time, as a float CPU tensor."
+def _score_texts(self: JointRewardModel, texts: Sequence[str], batch_size: int = 16, autocast_dtype=None,
+                 fast: Optional[bool] = None) -> torch.Tensor:
+    "Scores of many texts (no gradient), `batch_size` at a time, as a float CPU tensor (`fast`: as in `forward`)."
     ids, was = self.token_ids(texts), self.training
     walk = any(m.training for m in self.modules())                   # already all in eval mode: no walk back and forth
     if walk: self.eval()
-    fast = fast_decodable(self.body)
+    if fast is None: fast = fast_decodable(self.body)               # a caller that scores often decides once
     out = [self(*self.pad(ids[s:s + batch_size]), autocast_dtype=autocast_dtype, fast=fast).float().cpu()
            for s in range(0, len(ids), batch_size)]
     if walk: self.train(was)
     return torch.cat(out) if out else torch.zeros(0)
 
-def _score(self: JointRewardModel, prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]], batch_size: int = 16) -> list[float]:
+def _score(self: JointRewardModel, prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]], batch_size: int = 16,
+           fast: Optional[bool] = None) -> list[float]:
     "One score per joint response; `prompts[i][j]`, `responses[i][j]` are agent i's part of joint response j."
     if len(prompts) != len(responses): raise ValueError(f"score: {len(prompts)} prompt lists for {len(responses)} agents")
     J = len(responses[0])
     if any(len(x) != J for x in list(prompts) + list(responses)): raise ValueError("score: every agent's list must have the same length")
-    return self.score_texts([joint_text([p[j] for p in prompts], [r[j] for r in responses]) for j in range(J)], batch_size).tolist()
+    texts = [joint_text([p[j] for p in prompts], [r[j] for r in responses]) for j in range(J)]
+    return self.score_texts(texts, batch_size, fast=fast).tolist()
 
 def _as_reward_func(self: JointRewardModel, batch_size: int = 16) -> Callable:
     "The model as a reward function: `f(*completions_per_agent, agent_prompts=...) -> list[float]`."
@@ -170,7 +180,7 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
     params = [p for p in self.parameters() if p.requires_grad]
     self.optimizer = adamw(params, learning_rate)
     history, step, P = [], 0, len(winners)
-    ids = self.token_ids(list(winners) + list(losers))              # every text tokenized once, not once per epoch
+    ids = self.token_ids(list(winners) + list(losers), remember=True)    # tokenized once, not once per epoch
     self.train()
     fast = fast_decodable(self.body)                                 # the path, decided once per fit
     for epoch in range(num_train_epochs):

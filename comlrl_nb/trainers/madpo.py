@@ -12,11 +12,12 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 from fastcore.basics import patch
-from ..core import check_choice, check_number, derive_seed, logger
+from ..core import autocast, check_choice, check_number, derive_seed, logger
 from ..scoring import collate, completion_logprobs
+from ..generation import fast_decodable, fast_forward
 from ..losses import check_finite_loss, madpo_loss, team_margin
 from ..preference import (build_pair_dataset, check_preference_config, collect_preference_pairs,
-                                  encode_side, resolve_oracle, save_pairs, tokenize_pairs)
+                                  resolve_oracle, save_pairs, side_ids, text_ids, tokenize_pairs)
 from ..distributed import DistContext
 from ..rewards import RewardFunction
 from ..porting import EvalLog
@@ -27,9 +28,9 @@ from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
 __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'check_adapter',
-           'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'madpo_update', 'madpo_share_loss',
-           'madpo_update_shared', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry', 'merge_collection_stats',
-           'shared_pair_dataset', 'central_candidates', 'central_evaluate']
+           'adapter_hooks', 'fast_logprobs', 'pair_margins', 'madpo_agent_step', 'UpdateModes', 'madpo_update',
+           'madpo_share_loss', 'madpo_update_shared', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry',
+           'merge_collection_stats', 'shared_pair_dataset', 'central_candidates', 'central_evaluate']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
@@ -177,12 +178,27 @@ def adapter_hooks(adapter) -> tuple[Callable, Callable]:
     return (lambda roles, item: adapter.build_prompt(item, list(roles))), parser
 
 # %% ../../nbs/42_madpo.ipynb #079becf6
-def pair_margins(model, tokenizer, tokens: list, idx, autocast_dtype=None) -> torch.Tensor:
-    "A model's margins log pi(w) - log pi(l) on the pairs `idx` of its tokenized pairs (with gradient when enabled)."
+def fast_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                  completion_mask: torch.Tensor, autocast_dtype=None):
+    """`completion_logprobs` of a model its caller found `fast_decodable` (once, not per call): the same calls on the
+    same values (checked below), without the check's walk over the modules."""
+    dev, C = next(model.parameters()).device, completion_ids.shape[1]
+    if C == 0: return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, autocast_dtype)
+    ids = torch.cat([prompt_ids, completion_ids], 1).to(dev)
+    att = torch.cat([prompt_mask, completion_mask], 1).to(dev)
+    with autocast(dev, autocast_dtype): logits = fast_forward(model, ids, att, (att.cumsum(-1) - 1).clamp(min=0), C + 1)
+    logits = logits[:, -(C + 1):-1].float()                         # position P-1+t predicts completion token t
+    tok_lp = logits.gather(-1, completion_ids.to(dev)[..., None])[..., 0] - logits.logsumexp(-1)
+    tok_lp = tok_lp * completion_mask.to(dev)
+    return tok_lp, tok_lp.sum(-1)
+
+def pair_margins(model, tokenizer, tokens: list, idx, autocast_dtype=None, fast: Optional[bool] = None) -> torch.Tensor:
+    """A model's margins log pi(w) - log pi(l) on the pairs `idx` of its tokenized pairs (with gradient when enabled);
+    `fast`: the caller's `fast_decodable(model)`, decided once (None: `completion_logprobs` decides per call)."""
     toks, B = [tokens[j] for j in idx], len(idx)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = collate([t[0] for t in toks] * 2, [t[1] for t in toks] + [t[2] for t in toks], pad)
-    _, seq = completion_logprobs(model, *batch, autocast_dtype=autocast_dtype)
+    _, seq = (fast_logprobs if fast else completion_logprobs)(model, *batch, autocast_dtype=autocast_dtype)
     return seq[:B] - seq[B:]
 
 def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: float, steps: list,
@@ -198,17 +214,41 @@ def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: 
     steps[i] += 1
     return float(loss.detach())
 
+class UpdateModes:
+    """A team's models in train mode for a run of updates: `train()` and `eval()` walk the modules (about 50 us per
+    model each way) only when the mode changes; `fast[i]` is `fast_decodable(agents[i])`, decided once in train mode."""
+    def __init__(self, agents): self.agents, self.training, self.fast = list(agents), None, None
+
+    def train(self) -> "UpdateModes":
+        if self.training is not True:
+            for m in self.agents: m.train()
+            self.training = True
+        if self.fast is None: self.fast = [fast_decodable(m) for m in self.agents]
+        return self
+
+    def eval(self) -> "UpdateModes":
+        if self.training is not False:
+            for m in self.agents: m.eval()
+            self.training = False
+        return self
+
 def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_norm: Optional[float] = None,
-                 autocast_dtype=None, dist: Optional[DistContext] = None) -> dict:
-    "One MADPO step of every model of `team` on the pairs `idx`; the margins (before the step) and the losses."
+                 autocast_dtype=None, dist: Optional[DistContext] = None,
+                 modes: Optional[UpdateModes] = None) -> dict:
+    """One MADPO step of every model of `team` on the pairs `idx`; the margins (before the step) and the losses.
+    The models train in train mode and are left in eval mode, unless the caller keeps them in train mode (`modes`)."""
+    own_modes = modes is None
+    modes = (modes or UpdateModes(team.agents)).train()
     if dist is not None and dist.enabled:                                 # data parallel: see below
-        return madpo_update_shared(team, tokens, idx, beta, steps, max_grad_norm, autocast_dtype, dist)
-    for m in team.agents: m.train()
-    own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], idx, autocast_dtype))
-    M = torch.stack([m.detach().float().cpu() for m in own])              # [n, B]: every margin, computed once
-    losses = team.map(lambda i: madpo_agent_step(team, i, own[i], M, beta, steps, max_grad_norm))
-    for m in team.agents: m.eval()
-    return {"margins": M, "loss": losses[0], "losses": losses}
+        out = madpo_update_shared(team, tokens, idx, beta, steps, max_grad_norm, autocast_dtype, dist, modes.fast)
+    else:
+        own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], idx, autocast_dtype,
+                                              modes.fast[i]))
+        M = torch.stack([m.detach().float().cpu() for m in own])          # [n, B]: every margin, computed once
+        losses = team.map(lambda i: madpo_agent_step(team, i, own[i], M, beta, steps, max_grad_norm))
+        out = {"margins": M, "loss": losses[0], "losses": losses}
+    if own_modes: modes.eval()
+    return out
 
 @patch
 def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
@@ -218,9 +258,9 @@ def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
 @patch
 def _update(self: MADPOTrainer, idx) -> dict:
     "One MADPO step of every agent on the collected pairs `idx`."
-    a = self.args
+    a = self.args                                     # inside train(): the agents stay in train mode between updates
     return madpo_update(self.team, self._tokens, idx, a.dpo_beta, self.state["optimizer_steps"], a.max_grad_norm,
-                        a.autocast_dtype, self.dist)
+                        a.autocast_dtype, self.dist, getattr(self, "_modes", None))
 
 # %% ../../nbs/42_madpo.ipynb #d2a42002
 def madpo_share_loss(margin: torch.Tensor, M: torch.Tensor, i: int, rows: list, total: int,
@@ -246,33 +286,33 @@ def _shared_step(team, i: int, margin, M, rows: list, total: int, beta: float, s
 
 # %% ../../nbs/42_madpo.ipynb #d2a42003
 def madpo_update_shared(team, tokens: list, idx, beta: float, steps: list, max_grad_norm, autocast_dtype,
-                        dist: DistContext) -> dict:
-    "`madpo_update` under data parallel: this process scores pairs rank, rank+W, ... of `idx`; margins are gathered."
+                        dist: DistContext, fast: Optional[list] = None) -> dict:
+    """`madpo_update` under data parallel (which sets the modes): this process scores pairs rank, rank+W, ... of `idx`;
+    margins are gathered."""
     W, rows = dist.world, list(range(dist.rank, len(idx), dist.world))
-    mine = [idx[r] for r in rows]
-    for m in team.agents: m.train()
-    own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], mine, autocast_dtype)) \
-        if mine else []
+    mine, fast = [idx[r] for r in rows], fast or [None] * len(team.agents)
+    own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], mine, autocast_dtype,
+                                          fast[i])) if mine else []
     M = torch.zeros(len(team.agents), len(idx))                           # [n, B], in the batch's order
     for r, part in enumerate(dist.gather([o.detach().float().cpu() for o in own])):
         if part: M[:, r::W] = torch.stack(part)
     losses = [_shared_step(team, i, own[i] if own else None, M, rows, len(idx), beta, steps, max_grad_norm, dist)
               for i in range(len(team.agents))]
-    for m in team.agents: m.eval()
     return {"margins": M, "loss": losses[0], "losses": losses}
 
 # %% ../../nbs/42_madpo.ipynb #67a7641b
 def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> list[tuple]:
     "Per record, the actor's (prompt ids, winner ids, loser ids) from its `centralized` field."
-    out = []
-    for j, r in enumerate(records):
-        c = r.get("centralized")
+    cs = [r.get("centralized") for r in records]
+    for j, c in enumerate(cs):
         if not isinstance(c, dict) or not all(isinstance(c.get(f), str) for f in ("prompt", "winner", "loser")):
             raise ValueError(f"pair record {j}, field 'centralized': missing or malformed. Centralized MADPO trains "
                              "on the actor's prompt and raw joint completions ({'prompt', 'winner', 'loser', "
                              "'winner_eos', 'loser_eos'}); pairs collected by decentralized agents do not have them")
-        p, w = encode_side(tokenizer, c["prompt"], c["winner"], bool(c.get("winner_eos", True)), eos_id)
-        _, l = encode_side(tokenizer, c["prompt"], c["loser"], bool(c.get("loser_eos", True)), eos_id)
+    ids, out = text_ids(tokenizer, [c[f] for c in cs for f in ("prompt", "winner", "loser")]), []  # each text once
+    for c in cs:
+        p, w = side_ids(ids, c["prompt"], c["winner"], bool(c.get("winner_eos", True)), tokenizer, eos_id)
+        l = side_ids(ids, "", c["loser"], bool(c.get("loser_eos", True)), tokenizer, eos_id)[1]
         out.append((p, w, l))
     return out
 
@@ -387,15 +427,24 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
     self._tokens, per_epoch = self._tokenize(self.pairs), math.ceil(len(self.pairs) / B)
     run.bar.reset(total=a.num_train_epochs * per_epoch)
     run.bar.update(self.state["global_batch"])
+    self._modes = modes = UpdateModes(self.agents)    # train mode from the first update on; eval only where needed
     with run:                                                              # Ctrl-C: a checkpoint, then exit
-        for order, b in run.batches(per_epoch, self._pair_order):
-            t0, idx = time.perf_counter(), [int(j) for j in order[b * B:(b + 1) * B]]
-            ev = self.evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
-            out = self._update(idx)
-            m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
-            m.update(count_env_steps(a, self.state, len(idx)))            # env_step: comlrl's step axis
-            run.end_of_batch({**m, **ev}, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"),
-                             rollouts=[self.pairs[j] for j in idx])             # metrics_callback: the batch's pairs
+        try:
+            for order, b in run.batches(per_epoch, self._pair_order):
+                t0, idx = time.perf_counter(), [int(j) for j in order[b * B:(b + 1) * B]]
+                ev = {}
+                if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main:
+                    modes.eval()                                           # sampling: eval mode
+                    ev = self.evaluate()
+                out = self._update(idx)
+                m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
+                m.update(count_env_steps(a, self.state, len(idx)))        # env_step: comlrl's step axis
+                if run.metrics_callback is not None: modes.eval()         # the callback sees the agents as usual
+                run.end_of_batch({**m, **ev}, postfix="dpo/loss", console_keys=("dpo/accuracy", "dpo/margin_mean"),
+                                 rollouts=[self.pairs[j] for j in idx])         # metrics_callback: the batch's pairs
+        finally:
+            modes.eval()                                                   # the agents leave train() in eval mode
+            self._modes = None
     return {**run.finish(plot=plot_run), "num_pairs": len(self.pairs)}
 
 # %% ../../nbs/42_madpo.ipynb #2d86b1c4

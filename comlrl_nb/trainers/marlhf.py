@@ -14,6 +14,7 @@ from fastcore.basics import patch
 from ..core import (atomic_write_bytes, check_bool, check_choice, check_number, config_error, logger,
                             resolve_device, seed_everything)
 from ..preference import build_pair_dataset, check_preference_config, load_pairs, resolve_oracle
+from ..generation import fast_decodable
 from ..reward_model import JointRewardModel, _pair_texts, joint_text
 from ..rewards import RewardFunction, format_prompt, resolve_formatters
 from ..team import validate_dataset
@@ -171,7 +172,15 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
 @patch
 def learned_reward(self: MARLHFTrainer, *completions, agent_prompts=None, **_) -> list[float]:
     "The policy phase's reward: the frozen reward model's score of each joint response."
-    return self.reward_model.score(agent_prompts, completions, self.args.reward_score_batch_size)
+    return self.reward_model.score(agent_prompts, completions, self.args.reward_score_batch_size, fast=self._rm_fast())
+
+@patch
+def _rm_fast(self: MARLHFTrainer) -> bool:
+    """Whether the reward model scores through `fast_hidden`: decided once per reward model and phase (the frozen model
+    does not change between the policy phase's reward calls; `fit_reward_model` decides again), not once per call."""
+    rm, seen = self.reward_model, getattr(self, "_rm_fast_path", None)
+    if seen is None or seen[0] is not rm: seen = self._rm_fast_path = (rm, fast_decodable(rm.body))
+    return seen[1]
 
 @patch
 def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
@@ -231,7 +240,8 @@ def fit_on_pairs(rm: JointRewardModel, records, centralized: bool = False, **kw)
 @patch
 def learned_joint_reward(self: MARLHFTrainer, actor_prompts, completions, items=None) -> list[float]:
     "Centralized: the frozen reward model's score of each joint completion, read with the actor's prompt."
-    return self.reward_model.score([list(actor_prompts)], [list(completions)], self.args.reward_score_batch_size)
+    return self.reward_model.score([list(actor_prompts)], [list(completions)], self.args.reward_score_batch_size,
+                                   fast=self._rm_fast())
 
 @patch
 def central_sample(self: MARLHFTrainer, items, keys, k: int) -> dict:
@@ -388,6 +398,7 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
         atomic_write_bytes(d / "state.pt", buf.getvalue())
     dist.barrier()
     rm.freeze()
+    self._rm_fast_path = None                            # the policy phase decides the fast path again
     logger.info(f"reward model fitted on {len(self.pairs)} pairs in {len(hist)} steps; it ranks "
                 f"{summary['reward_model/train_accuracy']:.0%} of them right; frozen for the policy phase")
     return summary
