@@ -148,7 +148,7 @@ def team_candidates(team, chunk: list, ids: list, K: int, round_key, sampling: O
     "Every agent's prompts and K candidates per item: texts[i][b*K + k] is agent i's part of joint response k of item b"
     prompts = team.prompts(chunk)
     keys = lambda i: [(seed, "preference", round_key, j, i) for j in ids]
-    comps = team.map(lambda i: team.generate(i, prompts[i], K, keys(i), **(sampling or {})))
+    comps = team.generate_all(prompts, K, [keys(i) for i in range(len(team.agents))], **(sampling or {}))
     return {"prompts": prompts, "texts": [c.texts for c in comps], "ended": [c.ended.tolist() for c in comps]}
 
 def _item_records(c: dict, scores, b: int, K: int, kept) -> list[dict]:

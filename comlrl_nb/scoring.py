@@ -61,12 +61,14 @@ def shared_prompt_logits(model, prompts: torch.Tensor, prompt_mask: torch.Tensor
 
 # %% ../nbs/03_scoring.ipynb #177370e1
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                        completion_mask: torch.Tensor, autocast_dtype=None, share_prompts: Optional[bool] = None):
-    "Per-token log-probs [N, C] (0 on padding) and per-sequence sums [N] of completions given left-padded prompts."
+                        completion_mask: torch.Tensor, autocast_dtype=None, share_prompts: Optional[bool] = None,
+                        fast: Optional[bool] = None):
+    """Per-token log-probs [N, C] (0 on padding) and per-sequence sums [N] of completions given left-padded prompts.
+    `fast`: the caller's `fast_decodable(model)` when it decided once for many calls (None: decided here)."""
     dev = next(model.parameters()).device
     N, C = completion_ids.shape
     if C == 0: z = torch.zeros(N, 0, device=dev); return z, z.sum(-1)
-    fast, tgt, cmask = fast_decodable(model), completion_ids.to(dev), completion_mask.to(dev)
+    fast, tgt, cmask = fast_decodable(model) if fast is None else fast, completion_ids.to(dev), completion_mask.to(dev)
     groups = prompt_groups(prompt_ids.to(dev), prompt_mask.to(dev), model, share_prompts) if fast else None
     with autocast(dev, autocast_dtype):
         if groups is not None: logits = shared_prompt_logits(model, *groups, tgt, cmask)

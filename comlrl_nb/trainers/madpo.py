@@ -12,9 +12,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 from fastcore.basics import patch
-from ..core import autocast, check_choice, check_number, derive_seed, logger
+from ..core import check_choice, check_number, derive_seed, logger
 from ..scoring import collate, completion_logprobs
-from ..generation import fast_decodable, fast_forward
+from ..generation import fast_decodable
 from ..losses import check_finite_loss, madpo_loss, team_margin
 from ..preference import (build_pair_dataset, check_preference_config, collect_preference_pairs,
                                   resolve_oracle, save_pairs, side_ids, text_ids, tokenize_pairs)
@@ -28,9 +28,9 @@ from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
 __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'check_adapter',
-           'adapter_hooks', 'fast_logprobs', 'pair_margins', 'madpo_agent_step', 'UpdateModes', 'madpo_update',
-           'madpo_share_loss', 'madpo_update_shared', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry',
-           'merge_collection_stats', 'shared_pair_dataset', 'central_candidates', 'central_evaluate']
+           'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'UpdateModes', 'madpo_update', 'madpo_share_loss',
+           'madpo_update_shared', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry', 'merge_collection_stats',
+           'shared_pair_dataset', 'central_candidates', 'central_evaluate']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
@@ -178,27 +178,13 @@ def adapter_hooks(adapter) -> tuple[Callable, Callable]:
     return (lambda roles, item: adapter.build_prompt(item, list(roles))), parser
 
 # %% ../../nbs/42_madpo.ipynb #079becf6
-def fast_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                  completion_mask: torch.Tensor, autocast_dtype=None):
-    """`completion_logprobs` of a model its caller found `fast_decodable` (once, not per call): the same calls on the
-    same values (checked below), without the check's walk over the modules."""
-    dev, C = next(model.parameters()).device, completion_ids.shape[1]
-    if C == 0: return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, autocast_dtype)
-    ids = torch.cat([prompt_ids, completion_ids], 1).to(dev)
-    att = torch.cat([prompt_mask, completion_mask], 1).to(dev)
-    with autocast(dev, autocast_dtype): logits = fast_forward(model, ids, att, (att.cumsum(-1) - 1).clamp(min=0), C + 1)
-    logits = logits[:, -(C + 1):-1].float()                         # position P-1+t predicts completion token t
-    tok_lp = logits.gather(-1, completion_ids.to(dev)[..., None])[..., 0] - logits.logsumexp(-1)
-    tok_lp = tok_lp * completion_mask.to(dev)
-    return tok_lp, tok_lp.sum(-1)
-
 def pair_margins(model, tokenizer, tokens: list, idx, autocast_dtype=None, fast: Optional[bool] = None) -> torch.Tensor:
     """A model's margins log pi(w) - log pi(l) on the pairs `idx` of its tokenized pairs (with gradient when enabled);
     `fast`: the caller's `fast_decodable(model)`, decided once (None: `completion_logprobs` decides per call)."""
     toks, B = [tokens[j] for j in idx], len(idx)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = collate([t[0] for t in toks] * 2, [t[1] for t in toks] + [t[2] for t in toks], pad)
-    _, seq = (fast_logprobs if fast else completion_logprobs)(model, *batch, autocast_dtype=autocast_dtype)
+    _, seq = completion_logprobs(model, *batch, autocast_dtype=autocast_dtype, fast=fast)
     return seq[:B] - seq[B:]
 
 def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: float, steps: list,
