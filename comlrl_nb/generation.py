@@ -195,10 +195,10 @@ def _half_swap(d: int, device) -> torch.Tensor:
     return torch.cat((torch.arange(d // 2, d, device=device), torch.arange(0, d // 2, device=device)))
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
-    "F.linear; with A agents' stacked weights [A, out, in] (rows of x grouped by agent), one batched GEMM."
+    "F.linear; with A agents' weights stacked as [A, in, out] and biases as [A, 1, out] (rows grouped by agent), a bmm."
     if w.dim() == 2: return torch.nn.functional.linear(x, w, b)
     y = x.reshape(w.shape[0], -1, x.shape[-1])
-    y = torch.bmm(y, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), y, w.transpose(1, 2))
+    y = torch.bmm(y, w) if b is None else torch.baddbmm(b, y, w)
     return y.view(*x.shape[:-1], -1)
 
 def _layer_weights(layer) -> tuple:
@@ -387,7 +387,8 @@ def _stacked(models, rows: int) -> tuple:
     "The embedding, layer weights, final norm and head of `models`, stacked for `FastDecoder` (`rows` per model)."
     F, A = torch.nn.functional, len(models)
     per_row = lambda ws: torch.stack(ws).repeat_interleave(rows, 0)[:, None]     # norm weights: one per row
-    col = lambda j, c: per_row(c) if j in (0, 10) else torch.stack(c) if isinstance(c[0], torch.Tensor) else c[0]
+    lin = lambda ws: torch.stack(ws).transpose(1, 2) if ws[0].dim() == 2 else torch.stack(ws).unsqueeze(1)   # _linear's
+    col = lambda j, c: per_row(c) if j in (0, 10) else lin(c) if isinstance(c[0], torch.Tensor) else c[0]
     layers = [tuple(col(j, c) for j, c in enumerate(zip(*ws)))          # eps, act, head_dim...: agent 0's (the same)
               for ws in zip(*[[_layer_weights(layer) for layer in m.model.layers] for m in models])]
     table = torch.cat([m.model.embed_tokens.weight for m in models])
@@ -395,7 +396,7 @@ def _stacked(models, rows: int) -> tuple:
     embed = lambda ids: F.embedding(ids + off[:, None], table)
     norm = (per_row([m.model.norm.weight for m in models]), models[0].model.norm.variance_epsilon)
     heads = [m.lm_head for m in models]
-    return embed, layers, norm, (torch.stack([x.weight for x in heads]), col(1, [x.bias for x in heads]))
+    return embed, layers, norm, (lin([x.weight for x in heads]), col(1, [x.bias for x in heads]))
 
 def _shape_key(m) -> tuple:
     "What two models must share to decode in one loop: parameter shapes, class, attention and norm numbers, RoPE kind."

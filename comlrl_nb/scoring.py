@@ -38,11 +38,13 @@ def share_pays(saved_tokens: int, layer_params: int) -> bool:
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, model=None, share: Optional[bool] = None):
     "(distinct prompt ids, their masks, each row's prompt index) when rows repeat prompts and sharing pays, else None."
     if share is False or len(prompt_ids) < 2: return None
+    layer = None if share else sum(p.numel() for p in model.model.layers[0].parameters())
+    total = int(prompt_mask.sum())                       # at most this many prompt tokens could be saved
+    if layer is not None and not share_pays(total, layer): return None
     uniq, rows = torch.unique(torch.cat([prompt_ids, prompt_mask], 1), dim=0, return_inverse=True)
     if len(uniq) == len(prompt_ids): return None
     P = prompt_ids.shape[1]
-    saved = int(prompt_mask.sum()) - int(uniq[:, P:].sum())
-    if share is None and not share_pays(saved, sum(p.numel() for p in model.model.layers[0].parameters())): return None
+    if layer is not None and not share_pays(total - int(uniq[:, P:].sum()), layer): return None
     return uniq[:, :P], uniq[:, P:], rows
 
 # %% ../nbs/03_scoring.ipynb #b158021c
