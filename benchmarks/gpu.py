@@ -173,7 +173,8 @@ def trainers_bench(shape, device, B, K, T, algos=None):
                     reward_train_batch_size=B)
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
-        kw = dict(agents=[build(shape, device, seed=0), build(shape, device, seed=1)], tokenizer=tok)
+        n_models = 1 if algo == "centralized_magrpo" else 2          # one actor model plays both roles
+        kw = dict(agents=[build(shape, device, seed=j) for j in range(n_models)], tokenizer=tok)
         if algo in ("maac", "iac"): kw["critic_model"], kw["critic_tokenizer"] = build(shape, device, seed=2), tok
         if algo in ("marlhf", "marlhf_iter"): kw.update(reward_model=build(shape, device, seed=3), reward_tokenizer=tok)
         res = {"algo": algo, "model": shape, "rows_per_agent": B * K, "new_tokens": T}
