@@ -17,3 +17,22 @@ def _one_thread():
     import torch
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _plots_written_before_temporary_dirs_go(monkeypatch):
+    """A run's final plot is drawn in a background thread after train() returns (25_engine); its docs ask to call
+    `wait_for_plots()` before removing a run directory. Tests and notebook cells remove theirs at the end of a
+    `tempfile.TemporaryDirectory()` block, so that block's cleanup waits for the plots first: otherwise the PNG can land
+    while the directory is being removed ("Directory not empty")."""
+    import tempfile
+
+    from comlrl_nb.engine import wait_for_plots
+    cleanup = tempfile.TemporaryDirectory.cleanup
+
+    def cleanup_after_plots(self):
+        wait_for_plots()
+        return cleanup(self)
+
+    monkeypatch.setattr(tempfile.TemporaryDirectory, "cleanup", cleanup_after_plots)
+    yield
