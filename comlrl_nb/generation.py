@@ -15,8 +15,8 @@ from .core import autocast, check_choice, derive_seed, logger
 # %% auto #0
 __all__ = ['STACK_MAX_PARAMS', 'JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions', 'eos_ids',
            'encode_prompts', 'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden',
-           'fast_forward', 'fast_hidden_continued', 'generate_completions', 'stackable', 'generate_team',
-           'check_joint_mode', 'joint_indices', 'compose_joint', 'per_agent_returns']
+           'fast_forward', 'generate_completions', 'stackable', 'generate_team', 'check_joint_mode', 'joint_indices',
+           'compose_joint', 'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 class RowNoise:
@@ -266,22 +266,27 @@ def _sdpa_full(q, k, v, pad, g: int, sc: float):
         k, v = (x[:, :, None].expand(B, H, g, S, D).reshape(B, H * g, S, D) for x in (k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=pad, dropout_p=0.0, scale=sc, is_causal=False)
 
-def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                kv_out: Optional[list] = None) -> torch.Tensor:
-    "Final (normed) hidden states [B, S, H] of a Llama/Qwen2 body (`model.model`), as its HF forward computes them."
+def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv_out: Optional[list] = None,
+                prefix: Optional[tuple] = None) -> torch.Tensor:
+    """Final (normed) hidden states [B, S, H] of a Llama/Qwen2 body (`model.model`), as its HF forward computes them.
+    `prefix`: (per-layer keys/values [B, kv heads, P, d], mask [B, P]) of tokens that `ids` continue: attended to, not
+    recomputed (the whole sequence's forward to float rounding, not bit for bit)."""
     F, (B, S) = torch.nn.functional, ids.shape
     h = body.embed_tokens.forward(ids)
     cos, sin = body.rotary_emb.forward(h, pos)
     cos, ssin, swap = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1), None
-    pad = None if bool(mask.all()) else \
-        torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()[None, None] & mask.bool()[:, None, None, :]
-    for layer in body.layers:
+    causal = lambda: (torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()[None, None]
+                      & mask.bool()[:, None, None, :])
+    if prefix is None: pad = None if bool(mask.all()) else causal()
+    else: pad = torch.cat([prefix[1].bool()[:, None, None, :].expand(B, 1, S, -1), causal()], -1)   # prefix, then own
+    for j, layer in enumerate(body.layers):
         w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = _layer_weights(layer)
         x = _rms(h, w1, e1)
         q, k, v = (F.linear(x, w, b).view(B, S, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
         swap = _half_swap(hd, ids.device) if swap is None else swap
         q, k = _rotate(q, cos, ssin, swap), _rotate(k, cos, ssin, swap)
         if kv_out is not None: kv_out.append((k, v))
+        if prefix is not None: k, v = torch.cat([prefix[0][j][0], k], 2), torch.cat([prefix[0][j][1], v], 2)
         o = _sdpa_full(q, k, v, pad, g, sc).transpose(1, 2).reshape(B, S, -1).contiguous()     # [B, S, heads * hd]
         h = h + F.linear(o, ow, ob)
         x = _rms(h, w2, e2)
@@ -293,29 +298,6 @@ def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
     "Logits [B, keep, V] of the last `keep` positions, as the HF forward of a `fast_decodable` model computes them."
     h = fast_hidden(model.model, ids, mask, pos, kv_out)[:, -keep:]
     return torch.nn.functional.linear(h, model.lm_head.weight, model.lm_head.bias)
-
-# %% ../nbs/02_generation.ipynb #7e28b83d
-def fast_hidden_continued(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, prefix_kv: Sequence[tuple],
-                          prefix_mask: torch.Tensor) -> torch.Tensor:
-    "Final hidden states [N, S, H] of `ids` after prefixes given by their per-layer keys/values [N, kv heads, P, d]."
-    F, (B, S) = torch.nn.functional, ids.shape
-    h = body.embed_tokens.forward(ids)
-    cos, sin = body.rotary_emb.forward(h, pos)
-    cos, ssin, swap = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1), None
-    causal = torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()[None, None] & mask.bool()[:, None, None, :]
-    pad = torch.cat([prefix_mask.bool()[:, None, None, :].expand(B, 1, S, -1), causal], -1)   # prefix keys, then own
-    for layer, (pk, pv) in zip(body.layers, prefix_kv):
-        w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = _layer_weights(layer)
-        x = _rms(h, w1, e1)
-        q, k, v = (F.linear(x, w, b).view(B, S, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
-        swap = _half_swap(hd, ids.device) if swap is None else swap
-        q, k = _rotate(q, cos, ssin, swap), _rotate(k, cos, ssin, swap)
-        k, v = torch.cat([pk, k], 2), torch.cat([pv, v], 2)
-        o = _sdpa_full(q, k, v, pad, g, sc).transpose(1, 2).reshape(B, S, -1).contiguous()
-        h = h + F.linear(o, ow, ob)
-        x = _rms(h, w2, e2)
-        h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)
-    return _rms(h, body.norm.weight, body.norm.variance_epsilon)
 
 # %% ../nbs/02_generation.ipynb #cf63c2c7
 def _sample_loop(logits, next_logits, gens, pos, stop, pad: int, new: int, temperature, top_p, top_k):

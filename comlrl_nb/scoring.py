@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import torch
 from .core import autocast
-from .generation import _forward_kwargs, fast_decodable, fast_forward, fast_hidden, fast_hidden_continued
+from .generation import _forward_kwargs, fast_decodable, fast_forward, fast_hidden
 
 # %% auto #0
 __all__ = ['SHARE_MIN_WORK', 'collate', 'share_pays', 'prompt_groups', 'shared_prompt_logits', 'completion_logprobs', 'k3_kl']
@@ -58,7 +58,7 @@ def shared_prompt_logits(model, prompts: torch.Tensor, prompt_mask: torch.Tensor
         ids, mask = completion_ids[:, :-1], completion_mask[:, :-1]
         pos = prompt_mask.sum(-1).index_select(0, rows)[:, None] + (mask.cumsum(-1) - 1).clamp(min=0)
         kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in kv]
-        h.append(fast_hidden_continued(model.model, ids, mask, pos, kv, prompt_mask.index_select(0, rows)))
+        h.append(fast_hidden(model.model, ids, mask, pos, prefix=(kv, prompt_mask.index_select(0, rows))))
     return torch.nn.functional.linear(torch.cat(h, 1), model.lm_head.weight, model.lm_head.bias)
 
 # %% ../nbs/03_scoring.ipynb #177370e1
