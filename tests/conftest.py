@@ -36,3 +36,17 @@ def _plots_written_before_temporary_dirs_go(monkeypatch):
 
     monkeypatch.setattr(tempfile.TemporaryDirectory, "cleanup", cleanup_after_plots)
     yield
+
+
+@pytest.fixture
+def stopped_and_resumed():
+    """`run(build, tmp_path)`: a full run of `build(dir)`, and a second run stopped after batch 3 (checked) and resumed
+    from its checkpoint; returns (full trainer, resumed trainer, the resumed train()'s state)."""
+    def run(build, tmp_path, stop_after: int = 3):
+        full = build(tmp_path / "full")
+        full.train()
+        st = build(tmp_path / "part").train(stop_after_batch=stop_after)
+        assert st["stopped"] and st["global_batch"] == stop_after
+        resumed = build(tmp_path / "part")
+        return full, resumed, resumed.train(resume_from_checkpoint=True)
+    return run

@@ -350,14 +350,8 @@ def test_marlhf_actor_critic_backends(tmp_path, algo):
     assert any(not torch.equal(a, b) for a, b in zip(before, params(tr.agents)))
 
 
-def test_marlhf_resume_gives_the_same_result(tmp_path):
-    full = marlhf(tmp_path / "full", save_steps=2)
-    full.train()
-    part = marlhf(tmp_path / "part", save_steps=2)
-    st = part.train(stop_after_batch=3)
-    assert st["stopped"] and st["global_batch"] == 3
-    resumed = marlhf(tmp_path / "part", save_steps=2)
-    out = resumed.train(resume_from_checkpoint=True)
+def test_marlhf_resume_gives_the_same_result(tmp_path, stopped_and_resumed):
+    full, resumed, out = stopped_and_resumed(lambda d: marlhf(d, save_steps=2), tmp_path)
     assert out["global_batch"] == 4
     for x, y in zip(params(full.agents) + params([full.reward_model]), params(resumed.agents) + params([resumed.reward_model])):
         assert torch.equal(x, y)
