@@ -266,11 +266,19 @@ def _sdpa_full(q, k, v, pad, g: int, sc: float):
         k, v = (x[:, :, None].expand(B, H, g, S, D).reshape(B, H * g, S, D) for x in (k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=pad, dropout_p=0.0, scale=sc, is_causal=False)
 
+def _rows_at(out, t: torch.Tensor, dim: int) -> torch.Tensor:
+    "Positions `out` (a slice, or per-row indices [B, K]) of `t` along `dim` (1: [B, S, X]; 2: [B, 1|heads, S, X])."
+    if isinstance(out, slice): return t[(slice(None),) * dim + (out,)]
+    idx = out.view(out.shape[0], *([1] * (dim - 1)), out.shape[1], 1)
+    return t.gather(dim, idx.expand(*t.shape[:dim], out.shape[1], t.shape[-1]))
+
 def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, kv_out: Optional[list] = None,
-                prefix: Optional[tuple] = None) -> torch.Tensor:
+                prefix: Optional[tuple] = None, out=None) -> torch.Tensor:
     """Final (normed) hidden states [B, S, H] of a Llama/Qwen2 body (`model.model`), as its HF forward computes them.
     `prefix`: (per-layer keys/values [B, kv heads, P, d], mask [B, P]) of tokens that `ids` continue: attended to, not
-    recomputed (the whole sequence's forward to float rounding, not bit for bit)."""
+    recomputed. `out`: only these positions' states [B, K, H] (a slice, or per-row indices [B, K]): the last layer
+    computes queries, attention and MLP for them alone (keys and values still for all). With either, the numbers are
+    the whole forward's to float rounding, not bit for bit."""
     F, (B, S) = torch.nn.functional, ids.shape
     h = body.embed_tokens.forward(ids)
     cos, sin = body.rotary_emb.forward(h, pos)
@@ -281,13 +289,18 @@ def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, 
     else: pad = torch.cat([prefix[1].bool()[:, None, None, :].expand(B, 1, S, -1), causal()], -1)   # prefix, then own
     for j, layer in enumerate(body.layers):
         w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = _layer_weights(layer)
-        x = _rms(h, w1, e1)
-        q, k, v = (F.linear(x, w, b).view(B, S, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
+        x, xq, cq, sq = _rms(h, w1, e1), None, cos, ssin
+        if out is not None and j == len(body.layers) - 1:      # from here on only `out`'s rows are needed
+            pad = causal() if pad is None else pad
+            xq, h = _rows_at(out, x, 1), _rows_at(out, h, 1)
+            cq, sq, pad = (_rows_at(out, t, 2) for t in (cos, ssin, pad))
+        q = F.linear(x if xq is None else xq, qw, qb)
+        q, k, v = (y.view(B, y.shape[1], -1, hd).transpose(1, 2) for y in (q, F.linear(x, kw, kb), F.linear(x, vw, vb)))
         swap = _half_swap(hd, ids.device) if swap is None else swap
-        q, k = _rotate(q, cos, ssin, swap), _rotate(k, cos, ssin, swap)
+        q, k = _rotate(q, cq, sq, swap), _rotate(k, cos, ssin, swap)
         if kv_out is not None: kv_out.append((k, v))
         if prefix is not None: k, v = torch.cat([prefix[0][j][0], k], 2), torch.cat([prefix[0][j][1], v], 2)
-        o = _sdpa_full(q, k, v, pad, g, sc).transpose(1, 2).reshape(B, S, -1).contiguous()     # [B, S, heads * hd]
+        o = _sdpa_full(q, k, v, pad, g, sc).transpose(1, 2).reshape(B, q.shape[2], -1).contiguous()  # [B, S, heads*hd]
         h = h + F.linear(o, ow, ob)
         x = _rms(h, w2, e2)
         h = h + F.linear(act(F.linear(x, gw, gb)) * F.linear(x, uw, ub), dw, db)

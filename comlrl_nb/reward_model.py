@@ -130,12 +130,14 @@ def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask:
     "Scores [B]: the head applied to the final hidden state at each row's last non-padding token."
     ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    if fast is None: fast = fast_decodable(self.body)                # a caller that loops decides once (same bits)
-    with autocast(self.device, autocast_dtype):
-        if fast: h = fast_hidden(self.body, ids, mask, pos)          # the same bits, less Python
-        else: h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+    if fast is None: fast = fast_decodable(self.body)                # a caller that loops decides once
     last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
-    return self.head(h[torch.arange(len(last), device=h.device), last].float()).squeeze(-1)
+    with autocast(self.device, autocast_dtype):
+        if fast: h = fast_hidden(self.body, ids, mask, pos, out=last[:, None])[:, 0]   # the last layer at `last` only
+        else:
+            h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+            h = h[torch.arange(len(last), device=h.device), last]
+    return self.head(h.float()).squeeze(-1)
 
 JointRewardModel.encode, JointRewardModel.forward = _rm_encode, _rm_forward
 

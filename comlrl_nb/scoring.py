@@ -8,10 +8,11 @@ from typing import Optional, Sequence
 
 import torch
 from .core import autocast
-from .generation import _forward_kwargs, fast_decodable, fast_forward, fast_hidden
+from .generation import _forward_kwargs, fast_decodable, fast_hidden
 
 # %% auto #0
-__all__ = ['SHARE_MIN_WORK', 'collate', 'share_pays', 'prompt_groups', 'shared_prompt_logits', 'completion_logprobs', 'k3_kl']
+__all__ = ['SHARE_MIN_WORK', 'collate', 'share_pays', 'prompt_groups', 'shared_prompt_logits', 'TokenLogprob',
+           'completion_logprobs', 'k3_kl']
 
 # %% ../nbs/03_scoring.ipynb #afa3147b
 def _id_list(x) -> list:
@@ -52,7 +53,8 @@ def shared_prompt_logits(model, prompts: torch.Tensor, prompt_mask: torch.Tensor
                          completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
     "Logits [N, C, V] predicting each completion token, each distinct prompt's layers computed once (`prompt_groups`)."
     kv, C = [], completion_ids.shape[1]
-    last = fast_hidden(model.model, prompts, prompt_mask, (prompt_mask.cumsum(-1) - 1).clamp(min=0), kv)[:, -1:]
+    P, pos = prompts.shape[1], (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    last = fast_hidden(model.model, prompts, prompt_mask, pos, kv, out=slice(P - 1, P))   # keys/values: every position
     h = [last.index_select(0, rows)]                       # the prompt's last position predicts completion token 0
     if C > 1:                                              # tokens 0..C-2 predict tokens 1..C-1
         ids, mask = completion_ids[:, :-1], completion_mask[:, :-1]
@@ -60,6 +62,22 @@ def shared_prompt_logits(model, prompts: torch.Tensor, prompt_mask: torch.Tensor
         kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in kv]
         h.append(fast_hidden(model.model, ids, mask, pos, prefix=(kv, prompt_mask.index_select(0, rows))))
     return torch.nn.functional.linear(torch.cat(h, 1), model.lm_head.weight, model.lm_head.bias)
+
+# %% ../nbs/03_scoring.ipynb #ab128060
+class TokenLogprob(torch.autograd.Function):
+    """log softmax(logits)[target] at each position: `gather - logsumexp`, with the backward fused into one tensor
+    (softmax times -g, plus g at the target) instead of autograd's zeros + scatter + sum of two. Same numbers."""
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        lse = logits.logsumexp(-1)
+        ctx.save_for_backward(logits, target, lse)
+        return logits.gather(-1, target[..., None])[..., 0] - lse
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        logits, target, lse = ctx.saved_tensors
+        grad = (logits - lse[..., None]).exp_().mul_(-g[..., None])          # d(-logsumexp): -g * softmax
+        return grad.scatter_add_(-1, target[..., None], g[..., None]), None   # d(gather): +g at the target
 
 # %% ../nbs/03_scoring.ipynb #177370e1
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
@@ -76,14 +94,15 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         if groups is not None: logits = shared_prompt_logits(model, *groups, tgt, cmask)
         else:
             ids, att = torch.cat([prompt_ids.to(dev), tgt], 1), torch.cat([prompt_mask.to(dev), cmask], 1)
-            pos = (att.cumsum(-1) - 1).clamp(min=0)
-            kw = {"logits_to_keep": C + 1} if _forward_kwargs(model)["keep"] else {}
-            if fast: logits = fast_forward(model, ids, att, pos, C + 1)          # the same bits, less Python
-            else: logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False, **kw).logits
-            logits = logits[:, -(C + 1):-1]                                       # position P-1+t predicts token t
-    logits = logits.float()
-    tok_lp = logits.gather(-1, tgt[..., None])[..., 0] - logits.logsumexp(-1)
-    tok_lp = tok_lp * cmask
+            pos, S = (att.cumsum(-1) - 1).clamp(min=0), ids.shape[1]
+            if fast:                                                              # positions P-1 .. P+C-2 only
+                h = fast_hidden(model.model, ids, att, pos, out=slice(S - C - 1, S - 1))
+                logits = torch.nn.functional.linear(h, model.lm_head.weight, model.lm_head.bias)
+            else:
+                kw = {"logits_to_keep": C + 1} if _forward_kwargs(model)["keep"] else {}
+                logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False, **kw).logits
+                logits = logits[:, -(C + 1):-1]                                   # position P-1+t predicts token t
+    tok_lp = TokenLogprob.apply(logits.float(), tgt) * cmask
     return tok_lp, tok_lp.sum(-1)
 
 # %% ../nbs/03_scoring.ipynb #ffde52b2

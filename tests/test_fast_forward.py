@@ -1,5 +1,6 @@
-"""The fast paths of 02_generation (FastDecoder, fast_forward, fast_hidden) against the HF forward, bit for bit, on
-a tiny random Qwen2 (biases on q/k/v, grouped-query heads) and the tiny Llama: sampled tokens, logits, gradients."""
+"""The fast paths of 02_generation (FastDecoder, fast_forward, fast_hidden) against the HF forward on a tiny random
+Qwen2 (biases on q/k/v, grouped-query heads) and the tiny Llama: sampled tokens, logits and hidden states bit for bit;
+the update's log-probs (last layer at the read positions only, `out=`) and their gradients to float rounding."""
 import copy
 
 import pytest
@@ -52,8 +53,11 @@ def test_logprobs_and_grads_same(model_tok, dtype):
     a_seq.sum().backward()
     b_seq.sum().backward()
     hook.remove()
-    assert torch.equal(a_tok, b_tok)
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), slow.parameters()))
+    tol = 1e-5 if dtype is None else 1e-2                       # bf16: one rounding of a bf16 activation can differ
+    assert float((a_tok - b_tok).detach().abs().max()) <= tol
+    assert not torch.equal(a_tok, torch.zeros_like(a_tok))
+    for p, q in zip(model.parameters(), slow.parameters()):
+        assert float((p.grad - q.grad).abs().max()) <= (1e-5 if dtype is None else 1e-3) * float(q.grad.abs().max())
 
 
 def test_body_hidden_states_right_padding(model_tok):
