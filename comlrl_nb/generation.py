@@ -413,13 +413,15 @@ def stackable(models, tokenizers) -> bool:
 @torch.no_grad()
 def generate_team(models: Sequence, tokenizers: Sequence, prompts: Sequence[Sequence[str]], k: int = 1,
                   max_new_tokens: int = 32, temperature: float = 1.0, top_p: float = 1.0, top_k: Optional[int] = None,
-                  keys: Optional[Sequence] = None, seed: int = 0, autocast_dtype=None) -> list[Completions]:
-    "Per agent, `generate_completions` of its own prompts; `stackable` agents whose prompts pad alike share one loop."
+                  keys: Optional[Sequence] = None, seed: int = 0, autocast_dtype=None,
+                  stack: Optional[bool] = None) -> list[Completions]:
+    """Per agent, `generate_completions` of its own prompts; `stackable` agents whose prompts pad alike share one loop.
+    `stack`: the caller's `stackable(models, tokenizers)` when it decided once for many calls (None: decided here)."""
     keys = list(keys) if keys is not None else [None] * len(models)
     kw = dict(k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
               autocast_dtype=autocast_dtype)
     alone = lambda: [generate_completions(*mtp, keys=ks, **kw) for *mtp, ks in zip(models, tokenizers, prompts, keys)]
-    if not stackable(models, tokenizers): return alone()
+    if not (stackable(models, tokenizers) if stack is None else stack): return alone()
     dev = next(models[0].parameters()).device
     enc = [fit_context(m, *encode_prompts(t, list(p), dev), max_new_tokens)
            for m, t, p in zip(models, tokenizers, prompts)]

@@ -13,7 +13,7 @@ import torch
 from fastcore.basics import patch
 from .core import as_list, resolve_device
 from .models import load_agents
-from .generation import Completions, generate_completions, generate_team
+from .generation import Completions, generate_completions, generate_team, stackable
 from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from .engine import adamw
 
@@ -120,11 +120,13 @@ def generate(self: Team, i: int, prompts: Sequence[str], k: int = 1, keys: Optio
 @patch
 def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys: Optional[Sequence] = None,
                  **sampling) -> list[Completions]:
-    "Every trained agent's `generate` of its own prompts (`prompts[i]`, `keys[i]`): one loop where `generate_team` can."
+    """Every trained agent's `generate` of its own prompts (`prompts[i]`, `keys[i]`): one loop where `generate_team` can
+    (`stackable`, decided at the first call: the agents' shapes do not change during a run)."""
     if self.parallel_training == "mp":
         return self.map(lambda i: self.generate(i, prompts[i], k, None if keys is None else keys[i], **sampling))
+    if getattr(self, "_stack", None) is None: self._stack = stackable(self.agents, self.tokenizers)
     return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
-                         **{**self.sampling, **sampling})
+                         stack=self._stack, **{**self.sampling, **sampling})
 
 # %% ../nbs/24_team.ipynb #3329224d
 @patch
