@@ -41,7 +41,7 @@ def test_sampling_same_tokens(model_tok, dtype):
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
-def test_logprobs_and_grads_same(model_tok, dtype):
+def test_logprobs_and_grads_close_to_hf(model_tok, dtype):
     model, tok = model_tok
     c = generate_completions(model, tok, PROMPTS, k=2, max_new_tokens=12, keys=[(1, j) for j in range(3)])
     slow = copy.deepcopy(model).train()
