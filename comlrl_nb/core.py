@@ -150,9 +150,9 @@ def autocast(device: torch.device | str, dtype: str | torch.dtype | None):
     return torch.autocast(device_type=torch.device(device).type, dtype=dt)
 
 # %% ../nbs/00_core.ipynb #a1f0c011
-def thread_probe(threads: int, dtype=None, rows: int = 16, width: int = 576, hidden: int = 1536,
+def thread_probe(threads: int, dtype=None, rows: int = 64, width: int = 576, hidden: int = 1536,
                  layers: int = 2) -> float:
-    "Seconds of a decode-like stack of small matmuls (a 135M model's MLP shape) run with `threads` torch threads."
+    "Seconds of a stack of matmuls (a 135M model's MLP shape, `rows` rows) run with `threads` torch threads."
     old = torch.get_num_threads(); torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     x, w1, w2 = (torch.randn(*s, generator=g) / 30 for s in ((rows, width), (hidden, width), (width, hidden)))
