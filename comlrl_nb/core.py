@@ -15,8 +15,8 @@ import torch
 # %% auto #0
 __all__ = ['logger', 'BF16_CPU_FLAGS', 'setup_logging', 'seed_everything', 'derive_seed', 'keyed_generator', 'resolve_device',
            'resolve_dtype', 'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'thread_probe',
-           'choose_threads', 'apply_threads', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
-           'check_choice', 'check_number', 'check_bool', 'config_error', 'as_list']
+           'busy_cores', 'choose_threads', 'apply_threads', 'atomic_write_bytes', 'atomic_write_text',
+           'atomic_write_json', 'check_choice', 'check_number', 'check_bool', 'config_error', 'as_list']
 
 # %% ../nbs/00_core.ipynb #1cfea104
 logger = logging.getLogger("comlrl_nb")
@@ -167,11 +167,31 @@ def _usable_cores() -> int:
     try: return len(os.sched_getaffinity(0))
     except AttributeError: return os.cpu_count() or 1
 
+# %% ../nbs/00_core.ipynb #7ec9124c
+def _cpu_times() -> tuple[float, float] | None:
+    "(busy, total) jiffies summed over the CPUs, from /proc/stat; None where there is none (not Linux)."
+    try:
+        with open("/proc/stat") as f: v = [float(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError): return None
+    return sum(v) - v[3] - v[4], sum(v)                       # all but idle and iowait
+
+def busy_cores(window: float = 0.1) -> float:
+    """How many cores other processes keep busy now: /proc/stat over `window` seconds, less this process's own CPU
+    time. Without /proc/stat, the 1-minute load average, which lags: a job that ended a minute ago still counts."""
+    a, c0 = _cpu_times(), time.process_time()
+    if a is None: return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    time.sleep(window)
+    b, own = _cpu_times(), time.process_time() - c0
+    if b is None or b[1] <= a[1]: return 0.0
+    n = os.cpu_count() or 1
+    return max(0.0, (b[0] - a[0]) / (b[1] - a[1]) * n - own / window)
+
 # %% ../nbs/00_core.ipynb #a1f0c012
 def choose_threads(threads: int | None = None, dtype=None, probe=thread_probe, cores: int | None = None,
                    reps: int = 3, margin: float = 1.25, budget: float = 0.2,
                    load: float | None = None) -> tuple[int, str]:
-    "Torch threads for this CPU and why: `threads`, else $COMLRL_NB_THREADS, else 1 vs all cores by a short probe."
+    """Torch threads for this CPU and why: `threads`, else $COMLRL_NB_THREADS, else 1 vs all cores by a short probe.
+    `load`: the cores other processes keep busy (None: `busy_cores()`); with less than 1.5 cores free, one thread."""
     env = os.environ.get("COMLRL_NB_THREADS", "").strip()
     if threads is None and env:
         if not env.isdigit(): raise ValueError(f"COMLRL_NB_THREADS={env!r} is invalid: set a number >= 1, or unset it")
@@ -182,8 +202,8 @@ def choose_threads(threads: int | None = None, dtype=None, probe=thread_probe, c
     if threads is not None: return threads, why
     n = cores or _usable_cores()
     if n <= 1: return 1, "one usable core"
-    load = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else (load or 0.0)
-    if load >= n - 0.5: return 1, f"the CPU is busy (load average {load:.1f} on {n} cores): more threads would wait"
+    load = busy_cores() if load is None else load             # cores that other processes keep busy now
+    if load > n - 1.5: return 1, f"the CPU is busy (other processes use {load:.1f} of {n} cores): more threads wait"
     times, t0 = {1: [], n: []}, time.perf_counter()
     for r in range(reps + 1):                         # interleaved, so a burst of load hits both; round 0 warms up
         for k in times: times[k].append(probe(k, dtype))
