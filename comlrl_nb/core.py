@@ -168,23 +168,30 @@ def _usable_cores() -> int:
     except AttributeError: return os.cpu_count() or 1
 
 # %% ../nbs/00_core.ipynb #7ec9124c
-def _cpu_times() -> tuple[float, float] | None:
-    "(busy, total) jiffies summed over the CPUs, from /proc/stat; None where there is none (not Linux)."
+def _cpu_times(cpus) -> tuple[float, float] | None:
+    "(busy, total) jiffies of the CPUs `cpus` (ids), from /proc/stat's per-CPU lines; None where there is none."
+    busy = total = 0.0
     try:
-        with open("/proc/stat") as f: v = [float(x) for x in f.readline().split()[1:9]]
+        with open("/proc/stat") as f:
+            for ln in f:
+                name, *v = ln.split()
+                if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus: continue
+                v = [float(x) for x in v[:8]]
+                busy, total = busy + sum(v) - v[3] - v[4], total + sum(v)       # all but idle and iowait
     except (OSError, ValueError): return None
-    return sum(v) - v[3] - v[4], sum(v)                       # all but idle and iowait
+    return (busy, total) if total else None
 
 def busy_cores(window: float = 0.1) -> float:
-    """How many cores other processes keep busy now: /proc/stat over `window` seconds, less this process's own CPU
-    time. Without /proc/stat, the 1-minute load average, which lags: a job that ended a minute ago still counts."""
-    a, c0 = _cpu_times(), time.process_time()
+    """How many of this process's usable cores other processes keep busy now: /proc/stat over `window` seconds, less
+    this process's own CPU time. Without /proc/stat, the 1-minute load average (it lags: a job that ended a minute ago
+    still counts)."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    a, c0 = _cpu_times(cpus), time.process_time()
     if a is None: return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     time.sleep(window)
-    b, own = _cpu_times(), time.process_time() - c0
+    b, own = _cpu_times(cpus), time.process_time() - c0
     if b is None or b[1] <= a[1]: return 0.0
-    n = os.cpu_count() or 1
-    return max(0.0, (b[0] - a[0]) / (b[1] - a[1]) * n - own / window)
+    return max(0.0, (b[0] - a[0]) / (b[1] - a[1]) * len(cpus) - own / window)
 
 # %% ../nbs/00_core.ipynb #a1f0c012
 def choose_threads(threads: int | None = None, dtype=None, probe=thread_probe, cores: int | None = None,
