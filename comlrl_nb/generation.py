@@ -320,7 +320,8 @@ def _sample_loop(logits, next_logits, gens, pos, stop, pad: int, new: int, tempe
     for t in range(new):
         if t: logits = next_logits(cur, pos)
         nxt = filter_and_sample(logits, gens, temperature, top_p, top_k).masked_fill(done, pad)
-        out.append(nxt); out_mask.append(~done)
+        out.append(nxt)
+        out_mask.append(~done)
         done = done | torch.isin(nxt, stop)
         dones.append(done)
         if bool(done.all()): break

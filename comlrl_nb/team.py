@@ -40,6 +40,7 @@ class Team:
         self.n, self.num_policies = num_roles, num_policies or num_roles
         self.parallel_training, self.use_chat_template = parallel_training, use_chat_template
         self.learning_rate, self.weight_decay, self.sampling = learning_rate, weight_decay, dict(sampling or {})
+        self._stack = None                      # generate_all: `stackable(agents)`, decided at its first call
         self.formatters = resolve_formatters(formatters, self.n)
         self.devices = [resolve_device(d) for d in as_list(devices, self.n, "agent_devices", "device")]
         P = self.num_policies
@@ -124,7 +125,7 @@ def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys:
     (`stackable`, decided at the first call: the agents' shapes do not change during a run)."""
     if self.parallel_training == "mp":
         return self.map(lambda i: self.generate(i, prompts[i], k, None if keys is None else keys[i], **sampling))
-    if getattr(self, "_stack", None) is None: self._stack = stackable(self.agents, self.tokenizers)
+    if self._stack is None: self._stack = stackable(self.agents, self.tokenizers)
     return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
                          stack=self._stack, **{**self.sampling, **sampling})
 
