@@ -160,7 +160,9 @@ class CheckpointManager:
     def latest(self) -> Optional[Path]:
         c = self.complete(); return c[-1] if c else None
     def _recover(self):
-        "A re-save killed between its two renames leaves .checkpoint-N.old and no checkpoint-N: put it back."
+        """A re-save killed between its two renames leaves .checkpoint-N.old and no checkpoint-N: put it back. A prune
+        killed while deleting leaves .checkpoint-N.del (renamed aside first, so never a half checkpoint): finish it."""
+        for gone in self.root.glob(".checkpoint-*.del"): shutil.rmtree(gone, ignore_errors=True)
         for old in self.root.glob(".checkpoint-*.old"):
             final = self.root / old.name[1:-4]
             if not final.exists(): os.replace(old, final)
@@ -186,6 +188,13 @@ def _fsync_dir(d: Path):
         try: os.fsync(fd)
         finally: os.close(fd)
 
+def _discard(p: Path):
+    "Delete a checkpoint directory without a moment where it looks complete but is not: renamed aside, then deleted."
+    gone = p.with_name(f".{p.name}.del")
+    shutil.rmtree(gone, ignore_errors=True)
+    os.replace(p, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
 def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | None = None) -> Path:
     "Write `state` (torch-serializable) as checkpoint-<batch>; at every instant a complete checkpoint exists; prune old ones."
     num = f"{batch:0{self.width}d}"
@@ -204,7 +213,7 @@ def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | No
     _fsync_dir(self.root)
     if self.total_limit:
         older = [p for p in self.complete() if int(self.PATTERN.fullmatch(p.name).group(1)) < batch]
-        for p in older[:max(0, len(older) - (self.total_limit - 1))]: shutil.rmtree(p, ignore_errors=True)
+        for p in older[:max(0, len(older) - (self.total_limit - 1))]: _discard(p)
     return final
 
 

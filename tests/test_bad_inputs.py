@@ -959,3 +959,26 @@ def test_missing_isolation_refuses_instead_of_degrading(monkeypatch):
     finally:
         monkeypatch.undo(); sandbox._runner_source.cache_clear()
 
+
+
+def test_pruning_killed_midway_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    from comlrl_nb import engine
+    ck = CheckpointManager(tmp_path, total_limit=2)
+    for b in (1, 2):
+        ck.save(b, {"b": b})
+    real = shutil.rmtree
+    def killed(p, *a, **kw):                                              # the kill lands between the two files
+        p = Path(p)
+        if (p / "state.pt").exists() and (p / "trainer_state.json").exists():
+            (p / "state.pt").unlink()
+            raise KeyboardInterrupt("killed while deleting")
+        return real(p, *a, **kw)
+    monkeypatch.setattr(engine.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save(3, {"b": 3})                                              # pruning checkpoint 1 is interrupted
+    monkeypatch.undo()
+    complete = CheckpointManager(tmp_path).complete()
+    assert [p.name for p in complete] == ["checkpoint-0000002", "checkpoint-0000003"]
+    for p in complete:                                                    # every checkpoint that claims completeness loads
+        torch.load(p / "state.pt", weights_only=False)
+    assert not list(tmp_path.glob(".checkpoint-*"))                       # the interrupted deletion was finished
