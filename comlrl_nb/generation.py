@@ -183,16 +183,14 @@ def _rms(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (x if fp32 else x.to(h.dtype))
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
-    "sin with its first half negated: rotate_half(x) * sin == x[..., swap] * this, bit for bit (-a*b == a*-b)."
+    "sin with its first half negated: rotate_half(x) * sin == (halves swapped x) * this, bit for bit (-a*b == a*-b)."
     half = sin.shape[-1] // 2
     return torch.cat((-sin[..., :half], sin[..., half:]), -1)
 
-def _rotate(x: torch.Tensor, cos, ssin, swap) -> torch.Tensor:
-    "HF's `x * cos + rotate_half(x) * sin` in 4 calls instead of 7 (`ssin` from `_signed_sin`, `swap` the half swap)."
-    return (x * cos) + (x.index_select(-1, swap) * ssin)
-
-def _half_swap(d: int, device) -> torch.Tensor:
-    return torch.cat((torch.arange(d // 2, d, device=device), torch.arange(0, d // 2, device=device)))
+def _rotate(x: torch.Tensor, cos, ssin) -> torch.Tensor:
+    """HF's `x * cos + rotate_half(x) * sin` in 4 calls instead of 7 (`ssin` from `_signed_sin`). The halves swap is a
+    `roll` by half the head: a copy like `index_select`, but 2x faster on [64, 2, 1, 16] and 13x on [16, 9, 40, 64]."""
+    return (x * cos) + (x.roll(x.shape[-1] // 2, -1) * ssin)
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
     "F.linear; with A agents' weights stacked as [A, in, out] and biases as [A, 1, out] (rows grouped by agent), a bmm."
@@ -219,7 +217,6 @@ class FastDecoder:
             self.embed, self.layers = m.embed_tokens.forward, [_layer_weights(layer) for layer in m.layers]
             self.norm, self.head = (m.norm.weight, m.norm.variance_epsilon), (model.lm_head.weight, model.lm_head.bias)
         else: self.embed, self.layers, self.norm, self.head = _stacked(models, B // len(models))
-        self.swap = _half_swap(self.layers[0][19], prompt_mask.device)      # head_dim's two halves swapped
         for keys, values in kv:                           # [rows, kv heads, prompt + new tokens, head dim]
             pair = [x.new_empty(*x.shape[:2], self.L + max_new_tokens, x.shape[-1]) for x in (keys, values)]
             pair[0][:, :, :self.L], pair[1][:, :, :self.L] = keys, values
@@ -234,14 +231,14 @@ def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
     h = self.embed(ids)
     cos, sin = self.rotary.forward(h, pos)
     cos, ssin = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1)
-    B, L, F, swap = h.shape[0], self.L, torch.nn.functional, self.swap
+    B, L, F = h.shape[0], self.L, torch.nn.functional
     mask = None if self.pad is None else self.pad[..., :L + 1]
     for weights, kv in zip(self.layers, self.kv):
         w1, e1, qw, qb, kw, kb, vw, vb, ow, ob, w2, e2, gw, gb, uw, ub, dw, db, act, hd, g, sc = weights
         x = _rms(h, w1, e1)
         q, k, v = (_linear(x, w, b).view(B, 1, -1, hd).transpose(1, 2) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
-        kv[0][:, :, L:L + 1], kv[1][:, :, L:L + 1] = _rotate(k, cos, ssin, swap), v
-        K, V, q = kv[0][:, :, :L + 1], kv[1][:, :, :L + 1], _rotate(q, cos, ssin, swap)
+        kv[0][:, :, L:L + 1], kv[1][:, :, L:L + 1] = _rotate(k, cos, ssin), v
+        K, V, q = kv[0][:, :, :L + 1], kv[1][:, :, :L + 1], _rotate(q, cos, ssin)
         if g > 1 and mask is None:                        # the calls HF's sdpa_attention_forward makes for one query
             o = F.scaled_dot_product_attention(q, K, V, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=False,
                                                enable_gqa=True)
@@ -282,7 +279,7 @@ def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, 
     F, (B, S) = torch.nn.functional, ids.shape
     h = body.embed_tokens.forward(ids)
     cos, sin = body.rotary_emb.forward(h, pos)
-    cos, ssin, swap = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1), None
+    cos, ssin = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1)
     causal = lambda: (torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()[None, None]
                       & mask.bool()[:, None, None, :])
     if prefix is None: pad = None if bool(mask.all()) else causal()
@@ -296,8 +293,7 @@ def fast_hidden(body, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, 
             cq, sq, pad = (_rows_at(out, t, 2) for t in (cos, ssin, pad))
         q = F.linear(x if xq is None else xq, qw, qb)
         q, k, v = (y.view(B, y.shape[1], -1, hd).transpose(1, 2) for y in (q, F.linear(x, kw, kb), F.linear(x, vw, vb)))
-        swap = _half_swap(hd, ids.device) if swap is None else swap
-        q, k = _rotate(q, cq, sq, swap), _rotate(k, cos, ssin, swap)
+        q, k = _rotate(q, cq, sq), _rotate(k, cos, ssin)
         if kv_out is not None: kv_out.append((k, v))
         if prefix is not None: k, v = torch.cat([prefix[0][j][0], k], 2), torch.cat([prefix[0][j][1], v], 2)
         o = _sdpa_full(q, k, v, pad, g, sc).transpose(1, 2).reshape(B, q.shape[2], -1).contiguous()  # [B, S, heads*hd]
