@@ -1,7 +1,7 @@
 """Weights fingerprints of seeded tiny-model runs, one line per trainer: a refactor of the trainer floor must print the
 same lines before and after.
 
-    PYTHONPATH=. /work/venv/bin/python benchmarks/fingerprints.py [--only magrpo,maac] [--out FILE]
+    PYTHONPATH=. .venv/bin/python benchmarks/fingerprints.py [--only magrpo,maac] [--out FILE]
 
 Each run: the tiny llama of `comlrl_nb.models.make_tiny_model` (seed 0), 4 prompts, one torch thread, a couple of
 batches. `weights` is a short sha256 of every trained parameter (agents, then critics / reward model when the trainer

@@ -1,7 +1,7 @@
 """Weights fingerprints of seeded tiny-model runs of the preference trainers (MADPO, centralized MADPO, MARLHF, MADPOIter,
 MARLHFIter): the refactor of the trainer floor must leave every line of the output unchanged.
 
-    PYTHONPATH=$PWD /work/venv/bin/python benchmarks/fingerprints_pref.py > benchmarks/fingerprints_pref_after.txt
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/fingerprints_pref.py > benchmarks/fingerprints_pref_after.txt
     diff benchmarks/fingerprints_pref_before.txt benchmarks/fingerprints_pref_after.txt
 
 Per run: a sha256 of every trained weight (agents, and the reward model for MARLHF), of the stored pairs / replay files, and of

@@ -48,20 +48,23 @@ def _gumbel(shape_last: int, gens, device) -> torch.Tensor:
 
 def filter_and_sample(logits: torch.Tensor, gens, temperature: float = 1.0,
                       top_p: float = 1.0, top_k: Optional[int] = None) -> torch.Tensor:
-    "One token per row from softmax(logits/T) within the top-k and top-p sets; `gens`: generators or a `RowNoise`."
+    """One token per row from softmax(logits/T) within the top-k and top-p sets; `gens`: generators or a `RowNoise`.
+    The noise goes with the tokens in descending order of logit; with neither filter there is no order to keep (no
+    sort of the vocabulary: on SmolLM2's 49k tokens it cost about as much as the decoding step) and it goes with the
+    tokens as they are."""
     logits = logits.float()
     if temperature == 0: return logits.argmax(-1)
     if top_k is not None and 0 < top_k < logits.shape[-1]:          # None or 0: no top-k filtering (as HF generate)
         vals, idx = logits.topk(top_k, dim=-1)                      # sorted, descending
-    else:
-        vals, idx = logits.sort(dim=-1, descending=True)
+    elif top_p < 1.0: vals, idx = logits.sort(dim=-1, descending=True)
+    else: vals, idx = logits, None                                  # no filter: Gumbel-max over the whole vocabulary
     vals = vals / temperature
     if top_p < 1.0:
         probs = vals.softmax(-1)
         drop = probs.cumsum(-1) - probs > top_p                      # keep the smallest set whose mass reaches top_p
         vals = vals.masked_fill(drop, float("-inf"))
     choice = (vals + _gumbel(vals.shape[-1], gens, vals.device)).argmax(-1)
-    return idx.gather(-1, choice[:, None])[:, 0]
+    return choice if idx is None else idx.gather(-1, choice[:, None])[:, 0]
 
 # %% ../nbs/02_generation.ipynb #a4f06205
 @dataclass
