@@ -13,8 +13,8 @@ from fastcore.basics import patch
 from .core import autocast, check_choice, derive_seed, logger
 
 # %% auto #0
-__all__ = ['STACK_MAX_PARAMS', 'JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions', 'eos_ids',
-           'encode_prompts', 'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden',
+__all__ = ['NUCLEUS_PREFIXES', 'STACK_MAX_PARAMS', 'JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions',
+           'eos_ids', 'encode_prompts', 'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden',
            'fast_forward', 'generate_completions', 'stackable', 'generate_team', 'check_joint_mode', 'joint_indices',
            'compose_joint', 'per_agent_returns']
 
@@ -34,36 +34,57 @@ class RowNoise:
             for r, g in enumerate(self.gens): self.buf[:, r] = torch.rand(n * width, generator=g).view(n, width)
         self.t += 1
         return self.buf[self.t - 1]
-    def gumbel(self, width: int, device=None) -> torch.Tensor:
-        "The next step's Gumbel noise of `next`'s uniforms, made per chunk (elementwise: the same numbers)."
-        self.next(width)
+    def gumbel(self, width: int, device=None, cols: Optional[int] = None) -> torch.Tensor:
+        """The next step's Gumbel noise of `next`'s uniforms, made per chunk (elementwise: the same numbers); `cols`: only
+        the first columns, made for this step alone."""
+        u = self.next(width)
+        if cols is not None and cols < width: return _gumbel_of(u[:, :cols].to(device))
         if self.g is None: self.g = _gumbel_of(self.buf.to(device))
         return self.g[self.t - 1]
 
 def _gumbel_of(u: torch.Tensor) -> torch.Tensor: return -torch.log(-torch.log(u.clamp(1e-10, 1.0 - 1e-7)))
 
-def _gumbel(shape_last: int, gens, device) -> torch.Tensor:
-    if isinstance(gens, RowNoise): return gens.gumbel(shape_last, device)
-    return _gumbel_of(torch.stack([torch.rand(shape_last, generator=g) for g in gens]).to(device))
+def _gumbel(width: int, gens, device, cols: Optional[int] = None) -> torch.Tensor:
+    "Each row's noise for `width` tokens (its stream advances by `width` numbers), the first `cols` of them."
+    if isinstance(gens, RowNoise): return gens.gumbel(width, device, cols)
+    return _gumbel_of(torch.stack([torch.rand(width, generator=g)[:cols] for g in gens]).to(device))
+
+NUCLEUS_PREFIXES = (256, 2048)        # top-k prefixes tried for a top-p set before sorting the whole vocabulary
+
+def _nucleus(z: torch.Tensor, top_p: float) -> tuple:
+    """The top-p candidates of logits `z` (already divided by T), in descending order: (values, token ids, drop mask).
+    A top-k prefix serves when it holds more than `top_p` of every row's mass (every later token is dropped anyway);
+    else the whole vocabulary sorted. Drops what lies past the smallest set whose mass reaches `top_p`."""
+    V = z.shape[-1]
+    lse = z.logsumexp(-1, keepdim=True)
+    for k in (k for k in NUCLEUS_PREFIXES if 4 * k <= V):
+        vals, idx = z.topk(k, dim=-1)                             # sorted, descending
+        probs = (vals - lse).exp()
+        mass = probs.cumsum(-1)
+        if bool((mass[:, -1] > top_p).all()): return vals, idx, mass - probs > top_p
+    vals, idx = z.sort(dim=-1, descending=True)
+    probs = vals.softmax(-1)
+    return vals, idx, probs.cumsum(-1) - probs > top_p
 
 def filter_and_sample(logits: torch.Tensor, gens, temperature: float = 1.0,
                       top_p: float = 1.0, top_k: Optional[int] = None) -> torch.Tensor:
     """One token per row from softmax(logits/T) within the top-k and top-p sets; `gens`: generators or a `RowNoise`.
-    The noise goes with the tokens in descending order of logit; with neither filter there is no order to keep (no
-    sort of the vocabulary: on SmolLM2's 49k tokens it cost about as much as the decoding step) and it goes with the
-    tokens as they are."""
+    The noise goes with the tokens in descending order of logit. With neither filter there is no order to keep, and
+    it goes with the tokens as they are: no sort of the vocabulary (on SmolLM2's 49k tokens a sort cost about as much
+    as the decoding step). A top-p set alone is found in a top-k prefix where one holds it (`_nucleus`)."""
     logits = logits.float()
     if temperature == 0: return logits.argmax(-1)
-    if top_k is not None and 0 < top_k < logits.shape[-1]:          # None or 0: no top-k filtering (as HF generate)
-        vals, idx = logits.topk(top_k, dim=-1)                      # sorted, descending
-    elif top_p < 1.0: vals, idx = logits.sort(dim=-1, descending=True)
-    else: vals, idx = logits, None                                  # no filter: Gumbel-max over the whole vocabulary
-    vals = vals / temperature
-    if top_p < 1.0:
-        probs = vals.softmax(-1)
-        drop = probs.cumsum(-1) - probs > top_p                      # keep the smallest set whose mass reaches top_p
-        vals = vals.masked_fill(drop, float("-inf"))
-    choice = (vals + _gumbel(vals.shape[-1], gens, vals.device)).argmax(-1)
+    V, drop = logits.shape[-1], None
+    if top_k is not None and 0 < top_k < V:                          # None or 0: no top-k filtering (as HF generate)
+        vals, idx = logits.topk(top_k, dim=-1)                       # sorted, descending
+        vals, width = vals / temperature, top_k                      # the noise: one number per kept token
+        if top_p < 1.0:
+            probs = vals.softmax(-1)
+            drop = probs.cumsum(-1) - probs > top_p                  # keep the smallest set whose mass reaches top_p
+    elif top_p < 1.0: (vals, idx, drop), width = _nucleus(logits / temperature, top_p), V
+    else: vals, idx, width = logits / temperature, None, V          # no filter: Gumbel-max over the whole vocabulary
+    if drop is not None: vals = vals.masked_fill(drop, float("-inf"))
+    choice = (vals + _gumbel(width, gens, vals.device, vals.shape[-1])).argmax(-1)
     return choice if idx is None else idx.gather(-1, choice[:, None])[:, 0]
 
 # %% ../nbs/02_generation.ipynb #a4f06205
