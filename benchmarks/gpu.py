@@ -77,7 +77,11 @@ def sync(device):
 def timed(fn, device, repeats: int):
     out, ts = None, []
     for _ in range(repeats):
-        sync(device); t0 = time.perf_counter(); out = fn(); sync(device); ts.append(time.perf_counter() - t0)
+        sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        ts.append(time.perf_counter() - t0)
     return out, sorted(ts)[len(ts) // 2]
 
 
@@ -100,7 +104,8 @@ def gen_bench(shape, device, B, K, T, repeats):
             with torch.no_grad(), autocast(torch.device(device), ac):
                 return m.generate(**enc, do_sample=True, num_return_sequences=K, max_new_tokens=T, temperature=1.0,
                                   top_p=0.95, top_k=50, pad_token_id=1, eos_token_id=0)
-        ours(); hf()                                                  # warm-up: kernels, allocator
+        ours()
+        hf()                                                          # warm-up: kernels, allocator
         c, t_ours = timed(ours, device, repeats)
         h, t_hf = timed(hf, device, repeats)
         n_ours, n_hf = int(c.completion_mask.sum()), int((h[:, enc.input_ids.shape[1]:] != 1).sum())
@@ -121,7 +126,8 @@ def magrpo_bench(shape, device, B, K, T, lora: bool):
     g = torch.Generator().manual_seed(1)
     items = [{"prompt": " ".join(f"w{int(x)}" for x in torch.randint(2, vocab, (24,), generator=g))} for _ in range(2 * B)]
     if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     if lora:
         from comlrl_nb.adapters import LoRAAgents
         spec = dict(agents=LoRAAgents(base=build(shape, device), num_agents=2, r=16, tokenizer=tok))
@@ -134,7 +140,10 @@ def magrpo_bench(shape, device, B, K, T, lora: bool):
                        agent_devices=str(device), output_dir=out, progress_bar=False, save_steps=-1, save_plot=False)
     lens = lambda *cs: [float(len(c[j]) % 7) for c in cs[:1] for j in range(len(c))]
     tr = MAGRPOTrainer(reward_func=lens, args=cfg, train_dataset=items, **spec)
-    t0 = time.perf_counter(); tr.train(); sync(device); wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tr.train()
+    sync(device)
+    wall = time.perf_counter() - t0
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     r = rows[-1]                                                      # the second batch: kernels warm
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.device(device).type == "cuda" else float("nan")
@@ -172,7 +181,8 @@ def trainers_bench(shape, device, B, K, T, algos=None):
                     preference_num_candidates=K, preference_pairs_per_sample=1, num_iterations=2,  # preference ones: small
                     reward_train_batch_size=B)
         if torch.device(device).type == "cuda":
-            torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         n_models = 1 if algo == "centralized_magrpo" else 2          # one actor model plays both roles
         kw = dict(agents=[build(shape, device, seed=j) for j in range(n_models)], tokenizer=tok)
         if algo in ("maac", "iac"): kw["critic_model"], kw["critic_tokenizer"] = build(shape, device, seed=2), tok
@@ -181,7 +191,10 @@ def trainers_bench(shape, device, B, K, T, algos=None):
         try:
             cfg = cfg_cls(**{k: v for k, v in want.items() if k in names})
             tr = trainer_cls(reward_func=reward, args=cfg, train_dataset=items, eval_dataset=items[:B], **kw)
-            t0 = time.perf_counter(); state = tr.train(); sync(device); wall = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            state = tr.train()
+            sync(device)
+            wall = time.perf_counter() - t0
             recs = [r for r in read_metrics(os.path.join(cfg.output_dir, "metrics.jsonl")) if "time/batch" in r]
             peak = torch.cuda.max_memory_allocated() / 2**30 if torch.device(device).type == "cuda" else float("nan")
             res.update(train_s=round(wall, 2), batches=int(state.get("global_batch", len(recs))), peak_gpu_gib=round(peak, 2),

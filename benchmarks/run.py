@@ -97,7 +97,8 @@ def suite_magrpo(a, out_fh) -> None:
         if label == "theirs":
             t = r["timers"]
             g, w, u, pl = t["generate"]["seconds"], t["reward"]["seconds"], t["update"]["seconds"], 0.0
-            sc = t.get("loss_fwd", {}).get("seconds", float("nan")); st = u - sc      # its update = loss forward, backward, step
+            sc = t.get("loss_fwd", {}).get("seconds", float("nan"))
+            st = u - sc                                                               # its update = loss forward, backward, step
         else:
             g, w, u, pl = r["time_generate_s"], r["time_reward_s"], r["time_update_s"], r["time_plot_s"]
             sc, st = r.get("time_score_s", float("nan")), r.get("time_backward_step_s", float("nan"))

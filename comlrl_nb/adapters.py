@@ -59,14 +59,17 @@ def _aa_load_state_dict(self: AdapterAgent, state: dict, strict: bool = True):
         for n, t in state.items(): own[n].copy_(t)
 
 def _aa_train(self: AdapterAgent, mode: bool = True):
-    self.peft.train(mode); return self
+    self.peft.train(mode)
+    return self
 
 def _aa_to(self: AdapterAgent, *args, **kwargs):
-    self.peft.to(*args, **kwargs); return self
+    self.peft.to(*args, **kwargs)
+    return self
 
 def _aa_save_pretrained(self: AdapterAgent, out_dir, **kwargs):
     "Write this adapter (PEFT format; load it with `PeftModel.from_pretrained(base, path)`)."
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     self.peft.save_pretrained(str(out), selected_adapters=[self.name])
 
 def _aa_reference_copy(self: AdapterAgent):
@@ -81,7 +84,8 @@ class BaseView(torch.nn.Module):
     "The shared base model with every adapter disabled: the agents' common starting point, used as the KL reference."
     shares_base = True
     def __init__(self, peft_model):
-        super().__init__(); object.__setattr__(self, "peft", peft_model)
+        super().__init__()
+        object.__setattr__(self, "peft", peft_model)
     @property
     def signature_target(self): return self.peft.get_base_model()
     def forward(self, *args, **kwargs):
@@ -108,7 +112,8 @@ class LoRAAgents:
 
     def __post_init__(self):
         check_number(self.num_agents, "num_agents", "LoRAAgents", integer=True, min=1)
-        check_number(self.r, "r", "LoRAAgents", integer=True, min=1); check_number(self.alpha, "alpha", "LoRAAgents", min=0, min_exclusive=True)
+        check_number(self.r, "r", "LoRAAgents", integer=True, min=1)
+        check_number(self.alpha, "alpha", "LoRAAgents", min=0, min_exclusive=True)
         check_number(self.dropout, "dropout", "LoRAAgents", min=0, max=1)
 
 # %% ../nbs/06_adapters.ipynb #a5d9aa8c
@@ -133,7 +138,8 @@ def _lora_build(self: LoRAAgents, model_config: dict | None = None, device=None)
     for i in range(1, self.num_agents): peft_model.add_adapter(f"agent_{i}", cfg)
     peft_model.eval()
     agents = [AdapterAgent(peft_model, f"agent_{i}") for i in range(self.num_agents)]
-    n_ad = sum(p.numel() for p in agents[0].parameters()); n_base = sum(p.numel() for p in base.parameters())
+    n_ad = sum(p.numel() for p in agents[0].parameters())
+    n_base = sum(p.numel() for p in base.parameters())
     logger.info(f"{self.num_agents} LoRA agents (r={self.r}) over one base: {n_ad:,} trainable parameters each, base {n_base:,}")
     return agents, [tok] * self.num_agents
 

@@ -44,18 +44,22 @@ def _mean_last(R: torch.Tensor) -> torch.Tensor:
 # %% ../nbs/10_advantages.ipynb #ba2127ff
 def baselines(returns, mode: str) -> torch.Tensor:
     "Per-sample baseline `b` for `returns` (last dim = K), same shape as `returns`."
-    R = _as_float(returns); K = _check_samples(R); mode = check_advantage_mode(mode)
+    R = _as_float(returns)
+    K = _check_samples(R)
+    mode = check_advantage_mode(mode)
     if mode == "raw": return torch.zeros_like(R)
     if mode == "mean": return _mean_last(R).expand_as(R).clone()
     if mode == "max": return R.amax(-1, keepdim=True).expand_as(R).clone()
     if K < 2: raise ValueError("advantage_mode 'rloo' needs K >= 2 samples per node (got K = 1).")
-    R1 = R[..., :1]; d = R - R1                       # leave-one-out mean, relative to the first sample
+    R1 = R[..., :1]
+    d = R - R1                                        # leave-one-out mean, relative to the first sample
     return R1 + (d.sum(-1, keepdim=True) - d) / (K - 1)
 
 # %% ../nbs/10_advantages.ipynb #c5c14814
 def node_advantages(returns, mode: str = "mean", normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
     "Advantages `A = R - b` per sample (last dim = K), optionally standardised per node with std floor `eps`."
-    R = _as_float(returns); _check_samples(R)
+    R = _as_float(returns)
+    _check_samples(R)
     if not torch.isfinite(R).all():
         raise ValueError(f"returns contain NaN or inf: {R.tolist() if R.numel() <= 16 else R}; check the reward function.")
     if not eps > 0: raise ValueError(f"eps must be > 0 (it floors the std), got {eps}.")
@@ -96,14 +100,16 @@ def plot_advantages(rewards, normalize: bool = True, ax=None):
     "Grouped bar chart of `advantage_table(rewards, normalize)`: one group per sample, one bar per mode. Returns the Figure."
     from matplotlib.figure import Figure
     table = advantage_table(rewards, normalize)
-    R = _as_float(rewards).tolist(); K = len(R)
+    R = _as_float(rewards).tolist()
+    K = len(R)
     if ax is None: ax = Figure(figsize=(7, 3.6)).subplots()      # no pyplot: safe in a widget's callback thread
     w = 0.8 / len(table)
     for j, (mode, A) in enumerate(table.items()):
         ax.bar([k + (j - (len(table) - 1) / 2) * w for k in range(K)], A, width=w, label=mode)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(K), [f"k={k + 1}\nR={r:.2f}" for k, r in enumerate(R)])
-    ax.set_ylabel("advantage $A^k$"); ax.legend(title="advantage_mode", fontsize=8, ncols=4)
+    ax.set_ylabel("advantage $A^k$")
+    ax.legend(title="advantage_mode", fontsize=8, ncols=4)
     ax.set_title(f"Advantages per sample ({'normalized' if normalize else 'not normalized'})")
     ax.figure.tight_layout()
     return ax.figure
@@ -170,10 +176,14 @@ def animate_baselines(num_frames: int = 24, K: int = 4, seed: int = 0):
     ax.set_ylim(min(0.0, min(vals)) - 0.1, max(vals) + 0.1)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     def draw(i):
-        f = frames[i]; b = f["baselines"]
+        f = frames[i]
+        b = f["baselines"]
         for bar, r in zip(bars, f["rewards"]): bar.set_height(r)
-        mean_line.set_ydata([b["mean"]] * 2); max_line.set_ydata([b["max"]] * 2); rloo_pts.set_ydata(b["rloo"])
+        mean_line.set_ydata([b["mean"]] * 2)
+        max_line.set_ydata([b["max"]] * 2)
+        rloo_pts.set_ydata(b["rloo"])
         ax.set_title(f"Baselines, frame {i + 1}/{len(frames)}")
         return (*bars, mean_line, max_line, rloo_pts)
-    draw(0); fig.tight_layout()
+    draw(0)
+    fig.tight_layout()
     return FuncAnimation(fig, draw, frames=len(frames), interval=150)

@@ -56,13 +56,16 @@ def redact(text, secrets: Sequence[str] = ()) -> str:
             for i in range(len(e) - k + 1):
                 frag, j = e[i:i + k], text.find(e[i:i + k])
                 while j >= 0:
-                    spans.append((j, j + k)); j = text.find(frag, j + 1)
+                    spans.append((j, j + k))
+                    j = text.find(frag, j + 1)
     merged = []
     for a, b in sorted(spans):
         if merged and a <= merged[-1][1]: merged[-1][1] = max(merged[-1][1], b)
         else: merged.append([a, b])
     out, pos = [], 0
-    for a, b in merged: out += [text[pos:a], "***"]; pos = b
+    for a, b in merged:
+        out += [text[pos:a], "***"]
+        pos = b
     return "".join(out) + text[pos:]
 
 def safe_url(url) -> str:
@@ -171,7 +174,8 @@ def _validate(self: APIComparatorConfig):
     if any(not 32 <= ord(ch) < 127 for ch in self.comparator_api_key_prefix):
         raise ValueError(f"{_OWNER}.comparator_api_key_prefix is invalid: control or non-ASCII characters (use e.g. 'Bearer ')")
     _check_str(self.comparator_api_response_field, "comparator_api_response_field")
-    _validate_numbers(self); _validate_dicts(self)
+    _validate_numbers(self)
+    _validate_dicts(self)
 
 APIComparatorConfig._validate = _validate
 
@@ -346,7 +350,10 @@ def parse_retry_after(value) -> float | None:
 def backoff_schedule(base: float = 1.0, cap: float = 30.0, retries: int = 4) -> list:
     "The waits of retries 0..retries-1 and their running total, as (attempt, wait, total) rows."
     rows, total = [], 0.0
-    for a in range(retries): d = backoff_delay(a, base, cap); total += d; rows.append((a, d, total))
+    for a in range(retries):
+        d = backoff_delay(a, base, cap)
+        total += d
+        rows.append((a, d, total))
     return rows
 
 # %% ../nbs/52_api.ipynb #5d046578
@@ -441,7 +448,8 @@ def _read_capped(resp, cap: int, where: str) -> bytes:
     while True:
         chunk = resp.read1(1 << 16) if hasattr(resp, "read1") else resp.read(1 << 16)
         if not chunk: return b"".join(chunks)
-        size += len(chunk); chunks.append(chunk)
+        size += len(chunk)
+        chunks.append(chunk)
         if size > cap: raise APIError(f"{where}: the response is over the client's max_response_bytes={cap} bytes; raise it "
                                       "(client.max_response_bytes = ...) or ask for fewer/shorter completions")
 
@@ -455,7 +463,9 @@ def _send(self: APIComparatorClient, data: bytes):
         for s in list(socks):
             try: s.shutdown(2)
             except OSError: pass
-    dog = threading.Timer(timeout, expire); dog.daemon = True; dog.start()
+    dog = threading.Timer(timeout, expire)
+    dog.daemon = True
+    dog.start()
     late = "timed out: no complete response within the total deadline (one limit for the whole request, not per read)"
     try:
         try:
@@ -470,7 +480,8 @@ def _send(self: APIComparatorClient, data: bytes):
         if fired: raise TimeoutError(late) from None
         raise
     finally:
-        dog.cancel(); _SOCKETS.open = []
+        dog.cancel()
+        _SOCKETS.open = []
     if fired: raise TimeoutError(late)
     return out
 
@@ -596,7 +607,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         ctype = "application/json" if isinstance(payload, (dict, list)) else "text/html; charset=utf-8"
         for k, v in {"Content-Type": ctype, **headers, "Content-Length": str(len(data)), "Connection": "close"}.items(): self.send_header(k, v)
-        self.end_headers(); self.wfile.write(data)
+        self.end_headers()
+        self.wfile.write(data)
 
 # %% ../nbs/52_api.ipynb #805f8aea
 class MockAPIServer:
@@ -615,7 +627,9 @@ class MockAPIServer:
         with self._lock: self._script += [{"status": status, "body": body, "headers": headers or {}, "delay": delay}] * times
         return self
     def close(self):
-        self._httpd.shutdown(); self._httpd.server_close(); self._thread.join(timeout=2)
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=2)
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
@@ -630,7 +644,8 @@ def _answer(self: MockAPIServer, path: str, body, number: int):
         return {"object": "chat.completion", "choices": [{"index": i, "message": {"role": "assistant", "content": text(i)},
                                                            "finish_reason": "stop"} for i in range(int(b.get("n", 1)))]}
     if path.rstrip("/").endswith("messages"):
-        t = text(0); return {"type": "message", "content": [{"type": "text", "text": t[:3]}, {"type": "text", "text": t[3:]}], "stop_reason": "end_turn"}
+        t = text(0)
+        return {"type": "message", "content": [{"type": "text", "text": t[:3]}, {"type": "text", "text": t[3:]}], "stop_reason": "end_turn"}
     if path.rstrip("/").endswith("responses"):
         out = {"status": "completed", "output": [{"type": "reasoning", "summary": []},
                                                  {"type": "message", "content": [{"type": "output_text", "text": text(0)}]}]}

@@ -89,7 +89,8 @@ def _run_device(cfg) -> torch.device:
 
 def hardware_choice(cfg, threads: Optional[int] = None) -> dict:
     "Resolve `autocast_dtype` ('auto' by probing) and, on a CPU, the torch thread count; log both, return the record."
-    dev = _run_device(cfg); ac = getattr(cfg, "autocast_dtype", None)
+    dev = _run_device(cfg)
+    ac = getattr(cfg, "autocast_dtype", None)
     dt, why = auto_precision(dev) if ac == "auto" else (ac, "set in the config" if ac else "fp32: set in the config")
     if dev.type == "cpu" or threads is not None: k, kwhy = apply_threads(threads, dt)
     else: k, kwhy = torch.get_num_threads(), f"torch's default (agents on {dev.type})"
@@ -111,7 +112,8 @@ def warm_plotting() -> threading.Thread:
     "Import matplotlib's Figure and Agg canvas in a daemon thread (~0.35 s of CPU) while the models load."
     def imp():
         import matplotlib.figure, matplotlib.backends.backend_agg  # noqa: F401
-    t = threading.Thread(target=imp, daemon=True, name="comlrl_nb-warm-plot"); t.start()
+    t = threading.Thread(target=imp, daemon=True, name="comlrl_nb-warm-plot")
+    t.start()
     return t
 
 class FirstBatchEstimate(threading.Thread):
@@ -127,7 +129,8 @@ class FirstBatchEstimate(threading.Thread):
             try: fresh = path.stat().st_mtime >= self.t0 and path.read_text().strip()
             except OSError: fresh = False
             if fresh:
-                first = time.time() - self.t0; left = first * (self.total - 1) + self.after_s
+                first = time.time() - self.t0
+                left = first * (self.total - 1) + self.after_s
                 self.message = (f"[comlrl-nb] first batch took {first:.0f}s: about {left / 60:.1f} min left "
                                 f"({self.total - 1} batches{' and the held-out check' if self.after_s else ''})")
                 self.say(self.message)
@@ -266,8 +269,10 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--n", type=int, default=1, help="number of completions (default 1)")
     q.add_argument("--agent-idx", type=int, default=0, help="agent index sent by the generic format (default 0)")
     q.add_argument("--key-env", help="environment variable holding the API key")
-    q.add_argument("--max-new-tokens", type=int, default=256); q.add_argument("--temperature", type=float, default=1.0)
-    q.add_argument("--top-p", type=float, default=1.0); q.add_argument("--top-k", type=int, default=None)
+    q.add_argument("--max-new-tokens", type=int, default=256)
+    q.add_argument("--temperature", type=float, default=1.0)
+    q.add_argument("--top-p", type=float, default=1.0)
+    q.add_argument("--top-k", type=int, default=None)
     q.add_argument("--config", help="YAML or JSON file of comparator_api_* fields")
     q.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override comparator_api_* fields (the prefix may be left out)")
     return p
@@ -281,7 +286,8 @@ def _overrides(args) -> dict:
     ov = load_config_file(args.config) if args.config else {}
     for kv in args.set:
         if "=" not in kv: raise ValueError(f"--set expects KEY=VALUE, got {kv!r}")
-        k, v = kv.split("=", 1); ov[k.strip()] = _coerce(v)
+        k, v = kv.split("=", 1)
+        ov[k.strip()] = _coerce(v)
     return ov
 
 def _models(spec: str, n: int, algo: str = "magrpo", models: int | None = None, backend_critic: bool = False) -> dict:
@@ -314,7 +320,8 @@ def _algo_overrides(algo: str, cfg_cls, task, model: str, user: dict) -> dict:
 def cmd_train(args) -> dict:
     "The `train` command: build config, task and trainer; measure held-out reward before/after; train; report."
     cfg_cls, trainer_cls = _check_algo(args.algo)
-    task = task_from_args(args); user = _overrides(args)
+    task = task_from_args(args)
+    user = _overrides(args)
     ov = {**_algo_overrides(args.algo, cfg_cls, task, args.model, user), "num_agents": task.num_agents,
           "output_dir": args.output_dir, **user}
     cfg = build_config(cfg_cls, ov)
@@ -406,12 +413,15 @@ def render_readme(index_nb) -> str:
     return "\n\n".join(p for p in parts if p) + "\n"
 
 def cmd_readme(args, root: Path = Path(".")) -> int:
-    text = render_readme(root / "nbs" / "index.ipynb"); target = root / "README.md"
+    text = render_readme(root / "nbs" / "index.ipynb")
+    target = root / "README.md"
     if args.check:
         ok = target.exists() and target.read_text() == text
         print("README.md is up to date" if ok else "README.md differs from nbs/index.ipynb: run `comlrl-nb readme`")
         return 0 if ok else 1
-    target.write_text(text); print(f"wrote {target}"); return 0
+    target.write_text(text)
+    print(f"wrote {target}")
+    return 0
 
 # %% ../nbs/80_cli.ipynb #e2e4c3e9
 def cmd_comparator_query(args) -> int:
@@ -423,7 +433,8 @@ def cmd_comparator_query(args) -> int:
     client = APIComparatorClient(build_config(APIComparatorConfig, ov))
     outs = client.generate(args.prompt, args.n, agent_idx=args.agent_idx, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    print(json.dumps(outs, ensure_ascii=False, indent=2)); return 0
+    print(json.dumps(outs, ensure_ascii=False, indent=2))
+    return 0
 
 # %% ../nbs/80_cli.ipynb #0c7a5e12
 def cmd_options(args) -> int:
@@ -437,16 +448,22 @@ def cmd_options(args) -> int:
 def run(argv: Optional[Sequence[str]] = None) -> int:
     "Run a command; bad input raises (ValueError, FileNotFoundError, ...) with a message naming the problem."
     setup_logging()
-    p = _parser(); args = p.parse_args(argv)
-    if args.command == "train": cmd_train(args); return 0
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.command == "train":
+        cmd_train(args)
+        return 0
     if args.command == "options": return cmd_options(args)
     if args.command == "readme": return cmd_readme(args)
-    if args.command == "eval": cmd_eval(args); return 0
+    if args.command == "eval":
+        cmd_eval(args)
+        return 0
     if args.command == "comparator-query": return cmd_comparator_query(args)
     if args.command == "site":
         from comlrl_nb.site import cmd_site
         return cmd_site(args)
-    p.print_help(); return 0
+    p.print_help()
+    return 0
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     "Entry point of the `comlrl-nb` console script: bad input prints one line and exits with status 2."
@@ -455,4 +472,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"comlrl-nb: stopped ({type(e).__name__}); resume with --resume", file=sys.stderr)
         return exit_status(e)
     except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as e:
-        print(f"comlrl-nb: error: {e}", file=sys.stderr); return 2
+        print(f"comlrl-nb: error: {e}", file=sys.stderr)
+        return 2

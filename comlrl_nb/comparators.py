@@ -126,7 +126,10 @@ def _centralized(generator, role_prompts, items, ids, k, round_key, wrap, index,
     s = ComparatorSample([[""] * (B * k) for _ in range(n)], [[True] * (B * k) for _ in range(n)], [False] * (B * k))
     for r, t in enumerate(texts):
         parts = parser(t, n)
-        if parts is None: s.unparsed += 1; s.unparsed_examples = (s.unparsed_examples + [t])[:3]; continue
+        if parts is None:
+            s.unparsed += 1
+            s.unparsed_examples = (s.unparsed_examples + [t])[:3]
+            continue
         if len(parts) != n or not all(isinstance(x, str) for x in parts):
             raise ValueError(f"the comparator parse adapter returned {parts!r} for one response; it must return {n} strings (one per role) or None")
         s.present[r] = True
@@ -167,8 +170,10 @@ class PolicySnapshots:
     def __init__(self, directory): self.dir, self.index = Path(directory), {}
     def path(self, j: int) -> Path: return self.dir / f"policy_{j:04d}.pt"
     def save(self, j: int, agents: Sequence[torch.nn.Module]) -> Path:
-        buf = io.BytesIO(); torch.save([{k: v.detach().cpu() for k, v in m.state_dict().items()} for m in agents], buf)
-        data = buf.getvalue(); p = atomic_write_bytes(self.path(j), data)
+        buf = io.BytesIO()
+        torch.save([{k: v.detach().cpu() for k, v in m.state_dict().items()} for m in agents], buf)
+        data = buf.getvalue()
+        p = atomic_write_bytes(self.path(j), data)
         self.index[j] = {"file": p.name, "sha256": hashlib.sha256(data).hexdigest()}
         return p
     def load(self, j: int) -> list[dict]:
@@ -203,7 +208,8 @@ class ComparatorSide:
         self.devices = [resolve_device(d) for d in as_list(devices, self.n, "comparator_devices", "device")] if devices is not None \
                        else [next(m.parameters()).device for m in self.agents]
         self.gen_kwargs, self.seed, self.history_k, self.custom = dict(gen_kwargs or {}), seed, history_k, generator
-        self.models = self.toks = None; self._loaded, self._copies, self.client = None, None, None
+        self.models = self.toks = None
+        self._loaded, self._copies, self.client = None, None, None
         self.snapshots = PolicySnapshots(snapshot_dir) if policy == "history" and snapshot_dir is not None else None
         if policy == "model" and generator is None: self._load_models(model_name, comparator_agents, comparator_tokenizer, model_config)
         if policy == "api" and generator is None: self.client = client if client is not None else self._make_client(api_config)
@@ -247,7 +253,8 @@ def _cs_begin_round(self: ComparatorSide, iteration: int) -> Callable:
 def _cs_end_round(self: ComparatorSide):
     "Free what only the collection phase needed (the current_copy models)."
     if self._copies is not None:
-        self._copies = None; gc.collect()
+        self._copies = None
+        gc.collect()
         if torch.cuda.is_available(): torch.cuda.empty_cache()
 
 ComparatorSide._local, ComparatorSide.begin_round, ComparatorSide.end_round = _cs_local, _cs_begin_round, _cs_end_round
@@ -260,7 +267,8 @@ def _cs_history(self: ComparatorSide, iteration: int) -> ModelGenerator:
         self.toks = self.tokenizers
     if self._loaded != j:
         for m, sd in zip(self.models, self.snapshots.load(j)): m.load_state_dict(sd)
-        self._loaded = j; logger.info(f"round {iteration}: history comparator = policy snapshot S_{j}")
+        self._loaded = j
+        logger.info(f"round {iteration}: history comparator = policy snapshot S_{j}")
     return self._local(self.models, self.toks)
 
 def _cs_save_snapshot(self: ComparatorSide, j: int):
@@ -272,7 +280,8 @@ def _cs_state_dict(self: ComparatorSide) -> dict:
 
 def _cs_load_state_dict(self: ComparatorSide, state: dict):
     if self.snapshots is not None and state.get("snapshots") is not None:
-        self.snapshots.load_state_dict(state["snapshots"]); self._loaded = None
+        self.snapshots.load_state_dict(state["snapshots"])
+        self._loaded = None
 
 ComparatorSide._history, ComparatorSide.save_snapshot = _cs_history, _cs_save_snapshot
 ComparatorSide.state_dict, ComparatorSide.load_state_dict = _cs_state_dict, _cs_load_state_dict

@@ -34,7 +34,9 @@ def setup_logging(level: int | str = logging.INFO) -> logging.Logger:
 # %% ../nbs/00_core.ipynb #adec9cc2
 def seed_everything(seed: int) -> None:
     "Seed Python, NumPy and torch (CPU and CUDA) global generators."
-    random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 def derive_seed(*keys: Any) -> int:
     "A stable 63-bit seed from any tuple of printable keys (same keys -> same seed, on every machine)."
@@ -43,7 +45,9 @@ def derive_seed(*keys: Any) -> int:
 
 def keyed_generator(*keys: Any, device: str | torch.device = "cpu") -> torch.Generator:
     "A fresh `torch.Generator` seeded with `derive_seed(*keys)`."
-    g = torch.Generator(device=device); g.manual_seed(derive_seed(*keys)); return g
+    g = torch.Generator(device=device)
+    g.manual_seed(derive_seed(*keys))
+    return g
 
 # %% ../nbs/00_core.ipynb #20e99e2c
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -87,7 +91,8 @@ def _best_of(fn, device: torch.device, reps: int, budget: float = math.inf) -> f
     best, start = math.inf, time.perf_counter()
     for _ in range(reps):
         if device.type == "cuda": torch.cuda.synchronize(device)
-        t = time.perf_counter(); fn()
+        t = time.perf_counter()
+        fn()
         if device.type == "cuda": torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t)
         if time.perf_counter() - start > budget: break
@@ -95,7 +100,8 @@ def _best_of(fn, device: torch.device, reps: int, budget: float = math.inf) -> f
 
 def bf16_probe(device: str | torch.device = "cpu", reps: int = 3) -> tuple[float, float]:
     "Best-of-`reps` seconds of one Linear forward+backward on `device`: (fp32, bf16 autocast); global RNG untouched."
-    dev = torch.device(device); rows, width = (4096, 4096) if dev.type == "cuda" else (128, 512)
+    dev = torch.device(device)
+    rows, width = (4096, 4096) if dev.type == "cuda" else (128, 512)
     threads = torch.get_num_threads()
     if dev.type == "cpu": torch.set_num_threads(1)                # the kind of arithmetic, not thread contention
     try: return _bf16_probe(dev, rows, width, reps)
@@ -110,7 +116,8 @@ def _bf16_probe(dev: torch.device, rows: int, width: int, reps: int) -> tuple[fl
             with torch.autocast(dev.type, dtype=dt or torch.bfloat16, enabled=dt is not None):
                 y = torch.nn.functional.linear(x, w)
             y.float().square().mean().backward()
-        step(None); step(torch.bfloat16)                          # warm-up: the first bf16 call builds its kernels
+        step(None)
+        step(torch.bfloat16)                                      # warm-up: the first bf16 call builds its kernels
         fp32 = _best_of(lambda: step(None), dev, reps)
         return fp32, _best_of(lambda: step(torch.bfloat16), dev, reps, budget=max(0.05, 10 * reps * fp32))
 
@@ -153,7 +160,8 @@ def autocast(device: torch.device | str, dtype: str | torch.dtype | None):
 def thread_probe(threads: int, dtype=None, rows: int = 64, width: int = 576, hidden: int = 1536,
                  layers: int = 2) -> float:
     "Seconds of a stack of matmuls (a 135M model's MLP shape, `rows` rows) run with `threads` torch threads."
-    old = torch.get_num_threads(); torch.set_num_threads(threads)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     x, w1, w2 = (torch.randn(*s, generator=g) / 30 for s in ((rows, width), (hidden, width), (width, hidden)))
     try:
@@ -222,17 +230,21 @@ def choose_threads(threads: int | None = None, dtype=None, probe=thread_probe, c
 def apply_threads(threads: int | None = None, dtype=None) -> tuple[int, str]:
     "`choose_threads`, then `torch.set_num_threads` with the choice; logs it and returns (threads, reason)."
     k, why = choose_threads(threads, dtype)
-    torch.set_num_threads(k); logger.info(f"torch threads: {k} ({why})")
+    torch.set_num_threads(k)
+    logger.info(f"torch threads: {k} ({why})")
     return k, why
 
 # %% ../nbs/00_core.ipynb #35b9e3e2
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     "Write `data` to `path` atomically (temp file in the same directory, fsync, rename)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data); f.flush(); os.fsync(f.fileno())
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError): os.unlink(tmp)

@@ -50,7 +50,9 @@ def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter]):
     torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
     i = 0
     for p in params:
-        n = p.numel(); p.grad.copy_(flat[i:i + n].view_as(p)); i += n
+        n = p.numel()
+        p.grad.copy_(flat[i:i + n].view_as(p))
+        i += n
 
 def _dist_sum(self: DistContext, x: float) -> float:
     "Sum of a number over processes (on this process' GPU under NCCL, which reduces no CPU tensors)."

@@ -66,7 +66,8 @@ def _plain_metric(v):
 class MetricsLogger:
     "Appends one JSON line per record to `output_dir/metrics.jsonl`, mirrors summaries to trackers."
     def __init__(self, output_dir, logging_steps: int = 1, wandb_config: dict | None = None, tensorboard: bool = False):
-        self.path = Path(output_dir) / "metrics.jsonl"; self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.logging_steps, self.trackers = max(1, logging_steps), []
         if wandb_config is not None: self.trackers.append(_WandbTracker(wandb_config))
         if tensorboard: self.trackers.append(_TensorboardTracker(Path(output_dir) / "tensorboard"))
@@ -139,7 +140,9 @@ def rng_state() -> dict:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 def set_rng_state(s: dict):
-    random.setstate(s["python"]); np.random.set_state(s["numpy"]); torch.set_rng_state(s["torch"])
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
     if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
 
 import re                                      # (CheckpointManager only; kept here to leave the imports cell alone)
@@ -158,7 +161,8 @@ class CheckpointManager:
         ok = [p for p in self.root.iterdir() if self.PATTERN.fullmatch(p.name) and p.is_dir() and (p / "trainer_state.json").exists()]
         return sorted(ok, key=lambda p: int(self.PATTERN.fullmatch(p.name).group(1)))
     def latest(self) -> Optional[Path]:
-        c = self.complete(); return c[-1] if c else None
+        c = self.complete()
+        return c[-1] if c else None
     def _recover(self):
         """A re-save killed between its two renames leaves .checkpoint-N.old and no checkpoint-N: put it back. A prune
         killed while deleting leaves .checkpoint-N.del (renamed aside first, so never a half checkpoint): finish it."""
@@ -199,7 +203,8 @@ def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | No
     "Write `state` (torch-serializable) as checkpoint-<batch>; at every instant a complete checkpoint exists; prune old ones."
     num = f"{batch:0{self.width}d}"
     final, tmp = self.root / f"checkpoint-{num}", self.root / f".checkpoint-{num}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     torch.save(state, tmp / "state.pt")
     with open(tmp / "state.pt", "rb") as f: os.fsync(f.fileno())
     atomic_write_json(tmp / "trainer_state.json", {"batch": batch, "algo": self.algo, "num_agents": self.num_agents,
@@ -208,7 +213,10 @@ def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | No
     if final.exists() and _swap(tmp, final): shutil.rmtree(tmp, ignore_errors=True)     # the new one took the old one's place
     elif final.exists():                                  # no atomic swap: old aside, new in, old gone (see _recover)
         old = self.root / f".checkpoint-{num}.old"
-        shutil.rmtree(old, ignore_errors=True); os.replace(final, old); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     else: os.replace(tmp, final)
     _fsync_dir(self.root)
     if self.total_limit:
@@ -243,13 +251,17 @@ def _ckpt_load(self: CheckpointManager, path=True) -> tuple[Path, dict]:
         except ValueError as e:
             others = [q.name for q in self.complete() if q.resolve() != p.resolve()]
             raise ValueError(f"{e}; resume from another checkpoint ({', '.join(others[-3:]) or 'none left'}) or True for the newest that reads") from None
-        _check_meta(self, p, meta); return p, state
+        _check_meta(self, p, meta)
+        return p, state
     cands = self.complete()
     if not cands: raise FileNotFoundError(f"resume_from_checkpoint=True but there is no complete checkpoint under {self.root}")
     for p in reversed(cands):
         try: meta, state = _read_checkpoint(p)
-        except ValueError as e: logger.warning(f"{e}; falling back to the previous checkpoint"); continue
-        _check_meta(self, p, meta); return p, state
+        except ValueError as e:
+            logger.warning(f"{e}; falling back to the previous checkpoint")
+            continue
+        _check_meta(self, p, meta)
+        return p, state
     raise ValueError(f"every checkpoint under {self.root} is damaged ({', '.join(q.name for q in cands)}); start a fresh run")
 
 CheckpointManager.save, CheckpointManager.load = _ckpt_save, _ckpt_load
@@ -288,10 +300,14 @@ def run_epochs(trainer, per_epoch: int, order: Callable[[int], Any], batch: Call
             while st["batch_in_epoch"] < per_epoch:
                 if batch(o): return True
             if end_of_epoch is not None: end_of_epoch()
-            st["epoch"] += 1; st["batch_in_epoch"] = 0
+            st["epoch"] += 1
+            st["batch_in_epoch"] = 0
     except KeyboardInterrupt:
         logger.warning(f"interrupted: saving a checkpoint at batch {st['global_batch']} before exiting")
-        trainer._save_checkpoint(ckpt); bar.close(); metrics.close(); raise
+        trainer._save_checkpoint(ckpt)
+        bar.close()
+        metrics.close()
+        raise
     if trainer.args.save_steps >= 0: trainer._save_checkpoint(ckpt)
     return False
 
@@ -301,14 +317,17 @@ def batches_ahead(order, b: int, per_epoch: int, batch_size: int, filled: int, b
     out, j = [], b + 1
     while filled < buffer_size and j < per_epoch:                   # not full yet: no update before batch j
         ids = [int(x) for x in order[j * batch_size:(j + 1) * batch_size]]
-        out.append(([dataset[x] for x in ids], ids)); filled += per_item * len(ids); j += 1
+        out.append(([dataset[x] for x in ids], ids))
+        filled += per_item * len(ids)
+        j += 1
     return out
 
 def keep_ahead(full: list, n_now: int, ahead: list, round_key, cache: dict) -> list:
     "Per-agent completions of this batch (first `n_now` prompts of `full`); the later batches' prompts go to `cache`."
     s = n_now
     for _, ids in ahead:
-        cache[(round_key, tuple(int(j) for j in ids))] = [c.take(s, len(ids)) for c in full]; s += len(ids)
+        cache[(round_key, tuple(int(j) for j in ids))] = [c.take(s, len(ids)) for c in full]
+        s += len(ids)
     return [c.take(0, n_now) for c in full] if ahead else full
 
 # %% ../nbs/25_engine.ipynb #beca985b
@@ -345,7 +364,8 @@ def sample(self: Sampler, prompts: Sequence[Sequence[str]], ids: Sequence[int], 
 def _moving_average(x: Sequence[float], w: int) -> np.ndarray:
     x = np.asarray(x, dtype=float)
     if len(x) == 0: return x
-    w = max(1, min(w, len(x))); c = np.cumsum(np.insert(x, 0, 0.0))
+    w = max(1, min(w, len(x)))
+    c = np.cumsum(np.insert(x, 0, 0.0))
     out = (c[w:] - c[:-w]) / w
     return np.concatenate([np.cumsum(x[:w - 1]) / np.arange(1, w), out])
 
@@ -353,24 +373,30 @@ def new_figure(figsize=(11, 4), ncols: int = 1):
     "A matplotlib Figure that does not go through pyplot (no global state, no GUI backend, ~0.3 s less import)."
     from matplotlib.figure import Figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    fig = Figure(figsize=figsize); FigureCanvasAgg(fig)
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
     return fig, fig.subplots(1, ncols)
 
 def plot_run(metrics, out_png=None, title: str = "training run"):
     "Reward curve (+ moving average, + eval) and per-agent loss from a metrics file or list of records."
     rows = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
-    tr = [r for r in rows if "turn_1/reward_mean" in r]; ev = [r for r in rows if "eval/turn_1/reward_mean" in r]
+    tr = [r for r in rows if "turn_1/reward_mean" in r]
+    ev = [r for r in rows if "eval/turn_1/reward_mean" in r]
     fig, (a1, a2) = new_figure((11, 4), 2)
     if tr:
-        x = [r["batch"] for r in tr]; y = [r["turn_1/reward_mean"] for r in tr]
+        x = [r["batch"] for r in tr]
+        y = [r["turn_1/reward_mean"] for r in tr]
         a1.plot(x, y, ".", alpha=0.35, label="train reward (batch mean)")
         a1.plot(x, _moving_average(y, max(3, len(y) // 10)), "-", lw=2, label="moving average")
     if ev: a1.plot([r["batch"] for r in ev], [r["eval/turn_1/reward_mean"] for r in ev], "o-", label="eval reward")
-    a1.set(xlabel="batch", ylabel="reward", title=title); a1.grid(alpha=0.3); a1.legend(loc="best", fontsize=8)
+    a1.set(xlabel="batch", ylabel="reward", title=title)
+    a1.grid(alpha=0.3)
+    a1.legend(loc="best", fontsize=8)
     for k in sorted({k for r in rows for k in r if k.startswith("agent_") and k.endswith("/loss")}):
         pts = [(r["batch"], r[k]) for r in rows if k in r]
         a2.plot([p[0] for p in pts], [p[1] for p in pts], ".-", alpha=0.7, label=k.split("/")[0])
-    a2.set(xlabel="batch", ylabel="policy loss", title="per-agent loss"); a2.grid(alpha=0.3)
+    a2.set(xlabel="batch", ylabel="policy loss", title="per-agent loss")
+    a2.grid(alpha=0.3)
     if a2.lines: a2.legend(fontsize=8)
     fig.subplots_adjust(left=0.065, right=0.99, bottom=0.12, top=0.92, wspace=0.24)   # fixed: tight_layout costs a draw
     if out_png is not None: fig.savefig(out_png, dpi=110)

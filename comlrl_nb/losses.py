@@ -42,7 +42,8 @@ def _check_pair_shapes(a: torch.Tensor, b: torch.Tensor, names: str):
 def bradley_terry_prob(r_w, r_l) -> torch.Tensor:
     "P(w preferred to l) = sigmoid(r_w - r_l), elementwise."
     r_w, r_l = torch.as_tensor(r_w, dtype=torch.float32), torch.as_tensor(r_l, dtype=torch.float32)
-    _check_pair_shapes(r_w, r_l, "bradley_terry_prob"); return torch.sigmoid(r_w - r_l)
+    _check_pair_shapes(r_w, r_l, "bradley_terry_prob")
+    return torch.sigmoid(r_w - r_l)
 
 def bradley_terry_loss(r_w: torch.Tensor, r_l: torch.Tensor) -> torch.Tensor:
     "Mean Bradley-Terry negative log-likelihood `-logsigmoid(r_w - r_l).mean()` over pairs."

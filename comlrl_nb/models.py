@@ -167,8 +167,13 @@ def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: in
     for i, (s, d, t) in enumerate(zip(specs, devs, toks)):
         key = str(s) if isinstance(s, (str, os.PathLike)) else id(s)
         if key in cache: m = copy.deepcopy(cache[key])   # its own weights, loaded once
-        elif _is_embedded(s): m, t_emb = load_embedded(model_config); cache[key] = m; t = t or t_emb
-        else: m = load_model(s, model_config); cache[key] = m
+        elif _is_embedded(s):
+            m, t_emb = load_embedded(model_config)
+            cache[key] = m
+            t = t or t_emb
+        else:
+            m = load_model(s, model_config)
+            cache[key] = m
         if isinstance(s, torch.nn.Module) and sum(x is s for x in specs) > 1 and models and any(x is m for x in models):
             m = copy.deepcopy(m)
         models.append(m.to(resolve_device(d)))

@@ -167,7 +167,9 @@ def from_pretrained_kwargs(model_config, role: str = "agent") -> dict:
     kw = {k: v for k, v in own.items()}
     if "attn_implementation" not in kw:
         for src in (cfg, base):
-            if "attn_implementation" in src: kw["attn_implementation"] = src["attn_implementation"]; break
+            if "attn_implementation" in src:
+                kw["attn_implementation"] = src["attn_implementation"]
+                break
     if kw.get("attn_implementation", 0) is None: kw.pop("attn_implementation")
     if dtype is not None: kw["dtype"] = dtype
     return kw

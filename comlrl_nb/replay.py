@@ -39,7 +39,8 @@ def plot_weights(num_datasets: int, lam: float, ax=None):
     ax.bar([f"$a$={a}" for a in ages], w[::-1], color="#4c72b0")
     ax.set(ylim=(0, 1.05), ylabel=r"weight $w_a = \lambda^a / \sum_b \lambda^b$",
            title=rf"lambda_decay, $\lambda$ = {lam:.2f}, $K$ = {num_datasets} (newest right)")
-    ax.grid(axis="y", alpha=0.3); ax.figure.tight_layout()
+    ax.grid(axis="y", alpha=0.3)
+    ax.figure.tight_layout()
     return ax.figure
 
 def weights_widget(lam: float = 0.5, num_datasets: int = 5):
@@ -175,7 +176,8 @@ def _rb_state_dict(self: ReplayBuffer) -> dict:
 
 def _rb_load_state_dict(self: ReplayBuffer, state: dict, rewrite_files: bool = True):
     "Restore the index and data and this run's round files; files another run wrote are never changed or deleted."
-    self.index = [dict(e) for e in state["index"]]; self._data = {int(i): list(p) for i, p in state["data"].items()}
+    self.index = [dict(e) for e in state["index"]]
+    self._data = {int(i): list(p) for i, p in state["data"].items()}
     if "run_id" in state: self.run_id, self.written = state["run_id"], dict(state.get("written", {}))
     if rewrite_files:
         for e in self.index:
@@ -190,7 +192,9 @@ def _rb_load_state_dict(self: ReplayBuffer, state: dict, rewrite_files: bool = T
             if f.name not in known and self._ours(f): f.unlink()      # this run's rounds after the checkpoint
 
 def _readable_round(path: Path) -> bool:
-    try: load_iteration_file(path); return True
+    try:
+        load_iteration_file(path)
+        return True
     except (OSError, ValueError): return False
 
 ReplayBuffer.select, ReplayBuffer.state_dict, ReplayBuffer.load_state_dict = _rb_select, _rb_state_dict, _rb_load_state_dict
@@ -202,7 +206,9 @@ def replay_mix(pair_counts: Sequence[int], mode: str = "lambda_decay", lam: Opti
     out = []
     for nu in range(1, len(pair_counts) + 1):
         ds = [i for i in range(nu, 0, -1) if pair_counts[i - 1] > 0]       # newest first
-        if mode == "current": out.append({nu: 1.0} if pair_counts[nu - 1] > 0 else {}); continue
+        if mode == "current":
+            out.append({nu: 1.0} if pair_counts[nu - 1] > 0 else {})
+            continue
         w = replay_weights(len(ds), mode, lam, k)
         out.append({i: float(x) for i, x in zip(ds, w) if x > 0})
     return out
@@ -211,11 +217,14 @@ def animate_replay_mix(pair_counts: Sequence[int], lam: float = 0.5):
     "FuncAnimation: the lambda-decay training mix of each round as a bar chart over source rounds."
     import matplotlib.pyplot as plt
     from matplotlib.animation import FuncAnimation
-    mix = replay_mix(pair_counts, "lambda_decay", lam); R = len(pair_counts)
+    mix = replay_mix(pair_counts, "lambda_decay", lam)
+    R = len(pair_counts)
     fig, ax = plt.subplots(figsize=(6, 3))
     def draw(t):
-        ax.clear(); sh = mix[t]
+        ax.clear()
+        sh = mix[t]
         ax.bar(range(1, R + 1), [sh.get(i, 0.0) for i in range(1, R + 1)], color=["#dd8452" if i == t + 1 else "#4c72b0" for i in range(1, R + 1)])
         ax.set(xlim=(0.5, R + 0.5), ylim=(0, 1.05), xlabel="source round", ylabel="share of training sample",
-               title=f"round {t + 1}: lambda={lam} (pairs per round {list(pair_counts)})"); ax.set_xticks(range(1, R + 1))
+               title=f"round {t + 1}: lambda={lam} (pairs per round {list(pair_counts)})")
+        ax.set_xticks(range(1, R + 1))
     return FuncAnimation(fig, draw, frames=R, interval=700)

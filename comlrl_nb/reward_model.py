@@ -243,6 +243,7 @@ def _preference_accuracy(self: JointRewardModel, winners: Sequence[str], losers:
 
 def _freeze(self: JointRewardModel) -> JointRewardModel:
     "Eval mode and no gradients anywhere: the reward model as a fixed reward."
-    self.optimizer = None; return self.eval().requires_grad_(False)
+    self.optimizer = None
+    return self.eval().requires_grad_(False)
 
 JointRewardModel.fit_texts, JointRewardModel.fit, JointRewardModel.preference_accuracy, JointRewardModel.freeze = _fit_texts, _fit, _preference_accuracy, _freeze

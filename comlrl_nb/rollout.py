@@ -68,15 +68,18 @@ def grow_tree(roots: list[Node], num_turns: int, k: int, mode: str, generate: Ca
               early_termination_threshold: Optional[float] = None) -> list[list[Node]]:
     "Expand `roots` turn by turn; returns the nodes of each depth (the trees hang off `roots` via `children`)."
     if num_turns > 1 and transition is None: raise ValueError(f"num_turns={num_turns} needs an external transition")
-    n = len(roots[0].prompts); levels, frontier = [], list(roots)
+    n = len(roots[0].prompts)
+    levels, frontier = [], list(roots)
     for t in range(num_turns):
         if not frontier: break
         for node, (comps, handle) in zip(frontier, generate(frontier)): node.completions, node.handle = comps, handle
         joint = [compose_joint(node.completions, mode) for node in frontier]
         for node, r in zip(frontier, score(frontier, joint)): node.rewards = torch.as_tensor(r, dtype=torch.float32)
-        levels.append(frontier); nxt = []
+        levels.append(frontier)
+        nxt = []
         for node, parts in zip(frontier, joint):
-            J = len(parts[0]); node.children = [None] * J
+            J = len(parts[0])
+            node.children = [None] * J
             stop = early_termination_threshold is not None and float(node.rewards.mean()) > early_termination_threshold
             node.terminated = stop and t < num_turns - 1
             if stop or t == num_turns - 1: continue
@@ -87,7 +90,8 @@ def grow_tree(roots: list[Node], num_turns: int, k: int, mode: str, generate: Ca
                                       node.prompt_history, rh, node.batch_item)
                 child = Node(node.item, t + 1, node.path + (j,), [next_prompt(node.item, i, raw[i]) if next_prompt else raw[i] for i in range(n)],
                              [h + [raw[i]] for i, h in enumerate(node.prompt_history)], rh, batch_item=node.batch_item)
-                node.children[j] = child; nxt.append(child)
+                node.children[j] = child
+                nxt.append(child)
         frontier = nxt
     return levels
 
@@ -186,10 +190,15 @@ def tree_layout(levels: list[list[Node]]) -> dict:
     pos, next_x = {}, [0.0]
     def place(node):
         kids = [c for c in (node.children or []) if c is not None]
-        if not kids: x = next_x[0]; next_x[0] += 1.0
+        if not kids:
+            x = next_x[0]
+            next_x[0] += 1.0
         else: x = sum(place(c) for c in kids) / len(kids)
-        pos[(node.item, node.path)] = (x, -node.depth); return x
-    for root in levels[0]: place(root); next_x[0] += 0.5
+        pos[(node.item, node.path)] = (x, -node.depth)
+        return x
+    for root in levels[0]:
+        place(root)
+        next_x[0] += 0.5
     return pos
 
 def plot_tree(levels: list[list[Node]], ax=None, title: str = "rollout tree"):
@@ -201,9 +210,14 @@ def plot_tree(levels: list[list[Node]], ax=None, title: str = "rollout tree"):
         for nd in lv:
             x, y = pos[(nd.item, nd.path)]
             for c in nd.children or []:
-                if c is not None: cx, cy = pos[(c.item, c.path)]; ax.plot([x, cx], [y, cy], "-", color="0.7", zorder=1)
-            r = ", ".join(f"{v:.2g}" for v in nd.rewards.tolist()); g = ", ".join(f"{v:.2g}" for v in nd.returns.tolist()) if nd.returns is not None else "?"
+                if c is not None:
+                    cx, cy = pos[(c.item, c.path)]
+                    ax.plot([x, cx], [y, cy], "-", color="0.7", zorder=1)
+            r = ", ".join(f"{v:.2g}" for v in nd.rewards.tolist())
+            g = ", ".join(f"{v:.2g}" for v in nd.returns.tolist()) if nd.returns is not None else "?"
             ax.text(x, y, f"r=[{r}]\nG=[{g}]", ha="center", va="center", fontsize=7, zorder=2,
                     bbox=dict(boxstyle="round", fc="#fde9c9" if nd.terminated else "#dbe9f6", ec="0.5"))
-    ax.set_title(title); ax.axis("off"); ax.margins(0.1, 0.25)
+    ax.set_title(title)
+    ax.axis("off")
+    ax.margins(0.1, 0.25)
     return ax.figure

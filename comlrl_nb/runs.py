@@ -30,7 +30,8 @@ def check_writable(d) -> Path:
     try:
         d.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=d, prefix=".write_probe_")
-        os.close(fd); os.unlink(probe)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise type(e)(e.errno, f"output_dir {d} is not writable ({e.strerror}); choose a directory you can write to "
                                "(or fix its permissions / free space)") from None
@@ -67,7 +68,9 @@ def prepare_output_dir(output_dir=None, algo: str = "run", resume=None, root="ru
         check_writable(base)
         for n in range(1000):                              # two runs started in the same second get -1, -2, ...
             d = base / (stamp if n == 0 else f"{stamp}-{n}")
-            try: d.mkdir(); break
+            try:
+                d.mkdir()
+                break
             except FileExistsError: continue
         _point_latest(base, d)
         return d
@@ -83,7 +86,9 @@ def prepare_output_dir(output_dir=None, algo: str = "run", resume=None, root="ru
 class RunLock:
     "An exclusive lock on a run directory (context manager); RuntimeError naming the holder when another live run has it."
     def __init__(self, directory): self.path, self.fd = Path(directory) / ".comlrl_nb.lock", None
-    def __enter__(self): self.acquire(); return self
+    def __enter__(self):
+        self.acquire()
+        return self
     def __exit__(self, *exc): self.release()
     def holder(self) -> dict:
         try: return json.loads(self.path.read_text() or "{}")
@@ -112,7 +117,8 @@ def _lock_release(self: RunLock):
     "Let go (the file stays: removing it would race with a process that is opening it)."
     if self.fd is None: return
     with contextlib.suppress(OSError): os.ftruncate(self.fd, 0)
-    os.close(self.fd); self.fd = None
+    os.close(self.fd)
+    self.fd = None
 
 RunLock.acquire, RunLock.release = _lock_acquire, _lock_release
 
@@ -164,11 +170,15 @@ class StopRequest:
 def sigterm_as_interrupt(defer: bool = False, signals=(signal.SIGTERM,)):
     "Inside: SIGTERM raises Terminated (a KeyboardInterrupt) in the main thread, or with defer=True only marks the request for `.check()` at the next batch boundary. No-op off the main thread."
     stop = StopRequest()
-    if threading.current_thread() is not threading.main_thread(): yield stop; return
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
     def on_signal(signum, frame):
         name = signal.Signals(signum).name
         if stop.requested and signum == signal.SIGINT: raise KeyboardInterrupt   # a second Ctrl-C: stop at once
-        if stop.requested: logger.warning(f"{name} again: already stopping (saving a checkpoint); SIGKILL ends the process at once"); return
+        if stop.requested:
+            logger.warning(f"{name} again: already stopping (saving a checkpoint); SIGKILL ends the process at once")
+            return
         stop.requested = name
         logger.warning(f"{name} received: stopping at the last consistent point and saving a checkpoint")
         if not defer: raise Terminated(name)

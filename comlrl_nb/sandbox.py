@@ -50,7 +50,8 @@ def _enter_namespaces(libc):
     if libc.unshare(_CLONE_NEWUSER | sum(f for f, _ in kinds)) != 0: return []
     try:
         _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", "%d %d 1" % (uid, uid)); _write("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        _write("/proc/self/uid_map", "%d %d 1" % (uid, uid))
+        _write("/proc/self/gid_map", "%d %d 1" % (gid, gid))
     except OSError: pass
     return ["userns"] + [k for _, k in kinds]
 
@@ -94,7 +95,8 @@ def _private_root(libc, iso, payload):
     for d in _SYSTEM_DIRS + tuple(keep):
         if os.path.islink(d) and d in _SYSTEM_DIRS: os.symlink(os.readlink(d), root + d)
         elif os.path.isdir(d) and not any((d + "/").startswith(b + "/") for b in bound):
-            ok = _bind(libc, d, root + d) and ok; bound.append(os.path.realpath(d))
+            ok = _bind(libc, d, root + d) and ok
+            bound.append(os.path.realpath(d))
     for h in hide:                                  # an empty read-only tmpfs over every site-/dist-packages
         if os.path.isdir(root + h):
             ok = libc.mount(b"tmpfs", (root + h).encode(), b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, b"size=4k") == 0 and ok
@@ -115,7 +117,8 @@ def _private_root(libc, iso, payload):
     os.makedirs(root + work, 0o700)
     if payload["uid"] is not None: os.chown(root + work, payload["uid"], payload["gid"])
     libc.mount(None, root.encode(), None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
-    os.chroot(root); os.chdir(work)
+    os.chroot(root)
+    os.chdir(work)
     return done + (["private-root"] if ok and "private-tmp" in done else [])
 
 def _limit_ipc(iso, payload):
@@ -150,8 +153,11 @@ def _apply_limits(lim, drop):
         if cur != R.RLIM_INFINITY: soft, hard = min(soft, cur), min(hard, cur)
         try: R.setrlimit(which, (soft, hard))
         except (ValueError, OSError): pass
-    setl(R.RLIMIT_CORE, 0); setl(R.RLIMIT_AS, lim["memory"]); setl(R.RLIMIT_FSIZE, lim["fsize"])
-    setl(R.RLIMIT_NOFILE, lim["nofile"]); setl(R.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)
+    setl(R.RLIMIT_CORE, 0)
+    setl(R.RLIMIT_AS, lim["memory"])
+    setl(R.RLIMIT_FSIZE, lim["fsize"])
+    setl(R.RLIMIT_NOFILE, lim["nofile"])
+    setl(R.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)
     try: n = 0 if drop else _tasks_of(os.getuid())
     except OSError: n = 64                           # no /proc in the new root: leave room for the user's own
     setl(R.RLIMIT_NPROC, lim["nproc"] + n)
@@ -159,7 +165,9 @@ def _apply_limits(lim, drop):
 def _drop_privileges(libc, uid, gid):
     "Become uid/gid for good (real, effective and saved ids, no supplementary groups); without root, drop capabilities."
     if uid is not None:
-        os.setgroups([]); os.setresgid(gid, gid, gid); os.setresuid(uid, uid, uid)
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
     elif libc is not None:                           # a user namespace gave us capabilities: give them back
         hdr, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
         libc.capset(hdr, data)
@@ -280,7 +288,9 @@ def _child_main():
         msg = json.loads(line)
         rec = {"id": msg["id"]}
         if msg["op"] == "load":
-            try: exec(compile(msg["code"], "<solution>", "exec"), g); rec["load_error"] = None
+            try:
+                exec(compile(msg["code"], "<solution>", "exec"), g)
+                rec["load_error"] = None
             except BaseException as e: rec["load_error"] = _describe(e)
             rec.update(_names(g))
         else:
@@ -289,7 +299,8 @@ def _child_main():
                 kw = {k: _dec(v, 0, remote) for k, v in msg["kwargs"]}
                 rec["ok"] = _enc(remote(msg["fn"])(*args, **kw))
             except BaseException as e: rec["raise"] = [type(e).__name__, _describe(e).split(": ", 1)[-1] if ": " in _describe(e) else ""]
-        out.write((json.dumps(rec) + "\n").encode()); out.flush()
+        out.write((json.dumps(rec) + "\n").encode())
+        out.flush()
 
 
 # %% ../nbs/60_sandbox.ipynb #0224e2a7
@@ -302,12 +313,16 @@ def _spawn_program(payload, weak):
         try:
             os.setsid()
             lo, hi = sorted((req_r, ans_w))
-            os.closerange(3, lo); os.closerange(lo + 1, hi); os.closerange(hi + 1, 1 << 16)
-            os.set_inheritable(req_r, True); os.set_inheritable(ans_w, True)
+            os.closerange(3, lo)
+            os.closerange(lo + 1, hi)
+            os.closerange(hi + 1, 1 << 16)
+            os.set_inheritable(req_r, True)
+            os.set_inheritable(ans_w, True)
             os.execv(payload["exe"], [payload["exe"], "-I", "-S", "-c", payload["child_source"], str(req_r), str(ans_w),
                                       "1" if weak else "0"])
         finally: os._exit(_INTERNAL_ERROR)
-    os.close(req_r); os.close(ans_w)
+    os.close(req_r)
+    os.close(ans_w)
     return {"pid": pid, "req": req_w, "ans": ans_r, "buf": b""}
 
 def _stop_program(st):
@@ -359,14 +374,18 @@ def _run_tests_mode(payload, weak):
     import builtins
     out, nonce, step = os.fdopen(payload["result_fd"], "w", buffering=1), payload["nonce"], payload["test_timeout"]
     def emit(rec):
-        try: rec["k"] = nonce; out.write(json.dumps(rec) + "\n"); out.flush()
+        try:
+            rec["k"] = nonce
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
         except BaseException: pass
     st, ns, loaded = {}, {"__name__": "__test__"}, []
     def start():
         st.update(_spawn_program(payload, weak))
         try: ans = _ask(st, {"op": "load", "code": payload["code"]})
         except EOFError:
-            how = _stop_program(st); st.clear()
+            how = _stop_program(st)
+            st.clear()
             raise RuntimeError("the program stopped (%s)" % how) from None
         for name in ans.get("callables") if type(ans.get("callables")) is list else []:
             if type(name) is str and name.isidentifier() and not hasattr(builtins, name): ns.setdefault(name, remote(name))
@@ -382,17 +401,22 @@ def _run_tests_mode(payload, weak):
         req = {"op": "call", "fn": name, "args": [enc(a) for a in args], "kwargs": [[k, enc(v)] for k, v in kwargs.items()]}
         try: ans = _ask(st, req)
         except EOFError:
-            how = _stop_program(st); st.clear()
+            how = _stop_program(st)
+            st.clear()
             raise RuntimeError("the program stopped (%s)" % how) from None
         if "raise" in ans: _reraise(ans["raise"])
         try: return _dec(ans.get("ok"))
         except Exception as e: raise TypeError("the program's answer is not a plain value (%s)" % e) from None
     def remote(name):
         def f(*args, **kwargs): return call(name, args, kwargs)
-        f.__name__ = f.__qualname__ = name; f.__self_remote__ = f
+        f.__name__ = f.__qualname__ = name
+        f.__self_remote__ = f
         return f
     def timed(fn):
-        try: signal.setitimer(signal.ITIMER_REAL, step); fn(); return None
+        try:
+            signal.setitimer(signal.ITIMER_REAL, step)
+            fn()
+            return None
         except BaseException as e: return _describe(e)
         finally: signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -402,20 +426,25 @@ def _run_tests_mode(payload, weak):
     for i, t in enumerate(payload["tests"]):
         err = ("not run: " + fatal) if fatal is not None else timed(lambda: _run_one_test(t, ns))
         if err is not None and st and (err == "timed out" or "the program" in err):
-            _stop_program(st); st.clear()
+            _stop_program(st)
+            st.clear()
         emit({"test": i, "error": err})
     _stop_program(st)
     return 0
 
 def _run_exec_mode(payload):
     "Run the code as `python file.py` would: exit status from SystemExit, a traceback on an exception."
-    try: exec(compile(payload["code"], "<sandbox>", "exec"), {"__name__": "__main__"}); return 0
+    try:
+        exec(compile(payload["code"], "<sandbox>", "exec"), {"__name__": "__main__"})
+        return 0
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int): return e.code or 0
-        print(e.code, file=sys.stderr); return 1
+        print(e.code, file=sys.stderr)
+        return 1
     except BaseException as e:
         import traceback
-        traceback.print_exception(type(e), e, e.__traceback__.tb_next); return 1     # without the runner's frame
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+        return 1                                                                     # without the runner's frame
 
 
 # %% ../nbs/60_sandbox.ipynb #eb334fea
@@ -424,7 +453,8 @@ def _runner_program(payload, iso, status_fd):
     code = _INTERNAL_ERROR
     try:
         os.close(status_fd)
-        libc = _libc(); _die_with_parent(libc)
+        libc = _libc()
+        _die_with_parent(libc)
         drop = payload["uid"] is not None
         _apply_limits(payload["limits"], drop)
         _drop_privileges(libc, payload["uid"] if drop else None, payload["gid"])
@@ -436,7 +466,9 @@ def _runner_program(payload, iso, status_fd):
             if weak: _block_with_audit_hook()
             code = _run_exec_mode(payload)
     except BaseException:
-        try: import traceback; traceback.print_exc()
+        try:
+            import traceback
+            traceback.print_exc()
         except BaseException: pass
     finally:
         for s in (sys.stdout, sys.stderr):
@@ -450,7 +482,8 @@ def _runner_init(payload, iso, status_fd):
     "pid 1 of the sandbox: the private root, then start the program, reap, report; everything left dies with it."
     rec = {}
     try:
-        libc = _libc(); _die_with_parent(libc)
+        libc = _libc()
+        _die_with_parent(libc)
         os.setsid()
         rec["mounts"] = _private_root(libc, iso, payload)
         rec["mounts"] += _limit_ipc(iso, payload)
@@ -478,9 +511,12 @@ def _runner_main():
     "Read the job from stdin, isolate, fork init, enforce the wall-clock limit, report."
     payload = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     payload["exe"] = os.path.realpath(sys.executable)                       # its path inside the new root too
-    libc = _libc(); _die_with_parent(libc)
+    libc = _libc()
+    _die_with_parent(libc)
     if os.getppid() != payload["parent_pid"]: os._exit(_INTERNAL_ERROR)       # the trainer died before prctl
-    null = os.open(os.devnull, os.O_RDONLY); os.dup2(null, 0); os.close(null)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     iso = _enter_namespaces(libc) if payload["namespaces"] else []
     if libc is not None: libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     pid = os.fork()
@@ -562,7 +598,8 @@ def _killpg(pid: int):
 
 def _read(f, limit: int) -> tuple[str, bool]:
     "At most `limit` characters of a temporary file, and whether there was more."
-    size = os.fstat(f.fileno()).st_size; f.seek(0)
+    size = os.fstat(f.fileno()).st_size
+    f.seek(0)
     text = f.read(limit * 4 + 4).decode("utf-8", errors="replace")
     return text[:limit], len(text) > limit or size > limit * 4 + 4
 
@@ -595,10 +632,14 @@ def _launch(payload: dict, python: str, timeout: float, uid, gid, max_output: in
         t0 = time.perf_counter()
         p = subprocess.Popen([python, "-I", "-S", "-c", _runner_source()], stdin=subprocess.PIPE, stdout=files[0], stderr=files[1],
                              pass_fds=(w, files[2].fileno()), cwd=workdir, env=env, start_new_session=True)
-        os.close(w); w = None
-        backstop = threading.Timer(timeout + 5.0, _killpg, (p.pid,)); backstop.start()
+        os.close(w)
+        w = None
+        backstop = threading.Timer(timeout + 5.0, _killpg, (p.pid,))
+        backstop.start()
         try:
-            try: p.stdin.write(json.dumps(payload).encode()); p.stdin.close()
+            try:
+                p.stdin.write(json.dumps(payload).encode())
+                p.stdin.close()
             except OSError: pass
             p.wait()
         finally: backstop.cancel()
@@ -643,7 +684,9 @@ def sandbox_python(python: Optional[str] = None, uid: Optional[int] = SANDBOX_UI
     tried = []
     for c in cands:
         recs, rc, *_, tail = _launch(probe, c, 10.0, uid, gid, 2000)
-        if recs.get("init", {}).get("exit") == 0: _PYTHONS[key] = c; return c
+        if recs.get("init", {}).get("exit") == 0:
+            _PYTHONS[key] = c
+            return c
         tried.append(f"{c}: {(tail.strip().splitlines() or ['runner exit %s' % rc])[-1]}")
     raise SandboxError("no Python interpreter can run in the sandbox (pass python= one whose stdlib uid "
                        f"{uid} can read): " + "; ".join(tried))

@@ -87,7 +87,9 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     `fast`: the caller's `fast_decodable(model)` when it decided once for many calls (None: decided here)."""
     dev = next(model.parameters()).device
     N, C = completion_ids.shape
-    if C == 0: z = torch.zeros(N, 0, device=dev); return z, z.sum(-1)
+    if C == 0:
+        z = torch.zeros(N, 0, device=dev)
+        return z, z.sum(-1)
     fast, tgt, cmask = fast_decodable(model) if fast is None else fast, completion_ids.to(dev), completion_mask.to(dev)
     groups = prompt_groups(prompt_ids.to(dev), prompt_mask.to(dev), model, share_prompts) if fast else None
     with autocast(dev, autocast_dtype):

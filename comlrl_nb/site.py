@@ -54,7 +54,9 @@ def prepare_for_page(nb, module: str | None = None):
     "Drop `#| hide` and directive-only cells, strip directive lines, tag exported cells `export` (in place; returns `nb`)."
     keep = []
     for c in nb.cells:
-        if c.cell_type != "code": keep.append(c); continue
+        if c.cell_type != "code":
+            keep.append(c)
+            continue
         flags = cell_flags(c.source)
         if "hide" in flags: continue
         c.source = strip_directives(c.source)
@@ -96,11 +98,13 @@ def execute_notebook(path, skip_flags: Sequence[str] = ("notest", "slow"), timeo
     "Run the notebook at `path` top to bottom in a fresh kernel. Returns (nb, seconds, error message or None)."
     import nbformat
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
-    path = Path(path); nb = nbformat.read(path, as_version=4)
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
     client = _site_client_class()(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
                                   resources={"metadata": {"path": str(cwd or path.parent)}})
     client.skip_flags = tuple(skip_flags)
-    t0 = time.perf_counter(); error = None
+    t0 = time.perf_counter()
+    error = None
     try: client.execute(env=kernel_env())
     except (CellExecutionError, CellTimeoutError) as e:
         at = next((i for i, c in enumerate(nb.cells) if any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
@@ -138,7 +142,8 @@ def widget_snapshot(model_id: str, models: dict) -> tuple[list[str], list[dict]]
     controls, outputs, seen = [], [], set()
     def walk(mid):
         if mid in seen or mid not in models: return
-        seen.add(mid); st = models[mid].get("state", {})
+        seen.add(mid)
+        st = models[mid].get("state", {})
         if st.get("_model_name") in PROGRESS_MODELS: controls.append("\u2588" * 10)   # a full bar, as text
         t = _control_text(st)
         if t: controls.append(t)
@@ -158,7 +163,9 @@ def static_widgets(nb) -> int:
         new = []
         for o in c.get("outputs", []):
             view = o.get("data", {}).get(WIDGET_VIEW) if o.get("output_type") in ("display_data", "execute_result") else None
-            if view is None: new.append(o); continue
+            if view is None:
+                new.append(o)
+                continue
             n += 1
             controls, outs = widget_snapshot(view.get("model_id", ""), models)
             if "\u2588" * 10 in controls and not outs:          # a finished progress bar (tqdm): one plain line
@@ -187,7 +194,9 @@ def strip_remote(nb) -> int:
             if h is None: continue
             text = "".join(h) if isinstance(h, list) else h
             new, k = REMOTE_TAG.subn("", text)
-            if k: o["data"]["text/html"] = new; n += k
+            if k:
+                o["data"]["text/html"] = new
+                n += k
     return n
 
 # %% ../nbs/81_site.ipynb #074b77eb
@@ -203,9 +212,11 @@ def _unpack_tgz(tgz: Path, dest: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".unpack-"))
     with tarfile.open(tgz) as tf: tf.extractall(tmp, filter="data")
     if not (tmp / "package" / "es5" / "tex-chtml-full.js").exists():
-        shutil.rmtree(tmp); raise ValueError(f"{tgz} is not a MathJax 3 npm package (no package/es5/tex-chtml-full.js)")
+        shutil.rmtree(tmp)
+        raise ValueError(f"{tgz} is not a MathJax 3 npm package (no package/es5/tex-chtml-full.js)")
     if dest.exists(): shutil.rmtree(dest)
-    (tmp / "package").rename(dest); shutil.rmtree(tmp)
+    (tmp / "package").rename(dest)
+    shutil.rmtree(tmp)
     return dest
 
 # %% ../nbs/81_site.ipynb #dbaf55df
@@ -240,9 +251,12 @@ def vendor_mathjax(site_dir, source=None) -> Path:
     src = Path(source) if source else mathjax_source()
     dst = Path(site_dir) / "_static" / "mathjax"
     for rel in MATHJAX_FILES:
-        s = src / rel; t = dst / rel.removeprefix("es5/")
+        s = src / rel
+        t = dst / rel.removeprefix("es5/")
         if s.is_dir(): shutil.copytree(s, t, dirs_exist_ok=True)
-        elif s.exists(): t.parent.mkdir(parents=True, exist_ok=True); shutil.copy2(s, t)
+        elif s.exists():
+            t.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(s, t)
         else: raise FileNotFoundError(f"MathJax package at {src} has no {rel}")
     return dst / "tex-chtml-full.js"
 
@@ -346,14 +360,18 @@ def build_site(out="_site", nbs="nbs", only: Optional[Sequence[str]] = None, exe
     pages, books = [], {}
     for name in names:
         if execute and name != "index":
-            log(f"[site] running {name} ..."); nb, secs, err = execute_notebook(nbs / f"{name}.ipynb", skip_flags, timeout)
+            log(f"[site] running {name} ...")
+            nb, secs, err = execute_notebook(nbs / f"{name}.ipynb", skip_flags, timeout)
             log(f"[site] {name}: {secs:.1f}s" + (f"  FAILED: {err}" if err else ""))
         else: nb, secs, err = nbformat.read(nbs / f"{name}.ipynb", as_version=4), None, None
         title, sub = notebook_title(nb)
         pages.append(dict(name=name, title=title or name, subtitle=sub, seconds=None if secs is None else round(secs, 1), error=err))
         books[name] = nb
     for i, p in enumerate(pages):
-        nb = books[p["name"]]; static_widgets(nb); strip_remote(nb); prepare_for_page(nb)
+        nb = books[p["name"]]
+        static_widgets(nb)
+        strip_remote(nb)
+        prepare_for_page(nb)
         if p["name"] == "index": nb.cells.append(nbformat.v4.new_markdown_cell("## All pages\n\n" + contents_table(pages)))
         banner = (f"<div class='comlrl-banner'><b>This notebook stopped with an error while the pages were built</b>: "
                   f"{html.escape(p['error'])}</div>") if p["error"] else ""

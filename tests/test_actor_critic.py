@@ -185,7 +185,8 @@ def test_critic_source_errors(tmp_path):
 
 def test_critic_from_a_model_name(tmp_path):
     cm, tok = make_tiny_model(seed=7)
-    cm.save_pretrained(tmp_path / "critic"); tok.save_pretrained(tmp_path / "critic")
+    cm.save_pretrained(tmp_path / "critic")
+    tok.save_pretrained(tmp_path / "critic")
     m, _ = make_tiny_model(seed=0, tokenizer=tok)
     tr = IACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=IACConfig(critic_model_name=str(tmp_path / "critic")))
     a, b = tr.critics[0].backbone, tr.critics[1].backbone

@@ -231,7 +231,10 @@ def test_slow_once_then_fast(server):
 
 
 def test_connection_refused_is_transient():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
     sleeps = Sleeps()
     c = APIComparatorClient(comparator_api_url=f"http://127.0.0.1:{port}/x", comparator_api_max_retries=2, sleep=sleeps, **FAST)
     with pytest.raises(APIError, match="gave up after 3 attempts.*Connection"):
@@ -312,7 +315,8 @@ def test_fewer_completions_than_asked(server):
 def test_mock_server_request_budget():
     with MockAPIServer(max_requests=2) as srv:
         c = client(srv)
-        c.generate("p", 1); c.generate("p", 1)
+        c.generate("p", 1)
+        c.generate("p", 1)
         with pytest.raises(APIError, match="HTTP 418"):
             c.generate("p", 1)
 
@@ -365,7 +369,8 @@ def test_threads_share_one_client(server):
     def work(i):
         results[i] = c.generate(f"p{i}", 2)
     ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    [t.start() for t in ts]; [t.join() for t in ts]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
     assert all(len(r) == 2 and all(x.endswith(f"p{i}") for x in r) for i, r in enumerate(results))
     assert c.stats["requests"] == 4 and c.stats["completions"] == 8
 

@@ -321,7 +321,8 @@ def test_sigkill_during_replay_writes_leaves_old_or_new_file(tmp_path):
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         proc.stdout.readline()                                   # at least one complete write exists
         time.sleep(rng.uniform(0.0, 0.3))
-        proc.send_signal(signal.SIGKILL); proc.wait()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
         data = json.loads(path.read_text())                      # never a partial file
         assert data["num_pairs"] == len(data["pairs"]) == 300 and len({p["gen"] for p in data["pairs"]}) == 1
 
@@ -451,7 +452,10 @@ def test_host_unix_sockets_are_unreachable(tmp_path):
     import socket
     path = str(tmp_path / "svc.sock")
     srv, abstract = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
-    srv.bind(path); srv.listen(1); abstract.bind("\0comlrl_nb_test_" + os.urandom(4).hex()); abstract.listen(1)
+    srv.bind(path)
+    srv.listen(1)
+    abstract.bind("\0comlrl_nb_test_" + os.urandom(4).hex())
+    abstract.listen(1)
     try:
         code = ("import socket\nfor a in [%r, %r, '/run/systemd/private', '/var/run/docker.sock']:\n"
                 "    s = socket.socket(socket.AF_UNIX)\n    try: s.connect(a); print('CONNECTED', a)\n"
@@ -459,7 +463,8 @@ def test_host_unix_sockets_are_unreachable(tmp_path):
         r = run_sandboxed(code)
         assert "CONNECTED" not in r.stdout and r.stdout.count("no ") == 4, r.stdout
     finally:
-        srv.close(); abstract.close()
+        srv.close()
+        abstract.close()
 
 
 def test_scratch_quota_holds_whatever_tmpdir_is(monkeypatch):
@@ -581,7 +586,9 @@ def test_server_echoing_an_extra_body_secret_is_redacted():
 
 def _raw_server(handler):
     "A one-thread TCP server on 127.0.0.1 that runs handler(conn) for each connection."
-    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(8)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
     stop = threading.Event()
     def loop():
         while not stop.is_set():
@@ -609,13 +616,15 @@ def _serve(conn, handler, stop):
 def _trickle_body(conn, stop):
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
     while not stop.is_set():
-        conn.sendall(b" "); time.sleep(0.05)
+        conn.sendall(b" ")
+        time.sleep(0.05)
 
 
 def _trickle_headers(conn, stop):
     for ch in b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 10000:
         if stop.is_set(): return
-        conn.sendall(bytes([ch])); time.sleep(0.05)
+        conn.sendall(bytes([ch]))
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("handler", [_trickle_body, _trickle_headers])
@@ -628,7 +637,8 @@ def test_trickling_response_hits_a_total_deadline(handler):
             c.generate("hi", 1)
         assert time.time() - t0 < 2.5 and "timed out" in str(e.value) and "total deadline" in str(e.value)
     finally:
-        stop.set(); srv.close()
+        stop.set()
+        srv.close()
 
 
 @pytest.mark.parametrize("length", [True, False])
@@ -644,7 +654,8 @@ def test_response_size_is_capped(length):
         with pytest.raises(APIError, match="max_response_bytes=1048576"):
             c.generate("hi", 1)
     finally:
-        stop.set(); srv.close()
+        stop.set()
+        srv.close()
 
 
 @pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b'{"completions": ' + b"[" * 5000 + b"]" * 5000 + b"}",
@@ -822,7 +833,8 @@ def test_second_live_process_is_refused_and_a_killed_ones_lock_taken_over(tmp_pa
         with pytest.raises(RuntimeError, match=rf"in use by another run \(pid {p.pid} on "):
             RunLock(tmp_path).acquire()
     finally:
-        p.kill(); p.wait()
+        p.kill()
+        p.wait()
     with RunLock(tmp_path) as lock:
         assert lock.holder()["pid"] == os.getpid()
     assert f"took over the lock left by pid {p.pid}" in caplog.text
@@ -872,7 +884,8 @@ def test_resave_never_leaves_no_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "_swap", lambda a, b: False)              # no atomic exchange: the two-rename path
     real, calls = os.replace, []
     def crash_after_first(a, b):
-        calls.append(a); real(a, b)
+        calls.append(a)
+        real(a, b)
         if len(calls) == 1: raise KeyboardInterrupt("killed between the renames")
     monkeypatch.setattr(engine.os, "replace", crash_after_first)
     with pytest.raises(KeyboardInterrupt):
@@ -905,15 +918,18 @@ def test_resave_killed_at_random_moments_keeps_a_complete_checkpoint(tmp_path):
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         p.stdout.readline()
         time.sleep(rng.uniform(0.0, 0.4))
-        p.kill(); p.wait()
+        p.kill()
+        p.wait()
         path, state = CheckpointManager(tmp_path).load(True)
         assert path.name == "checkpoint-0000007" and state["w"].shape == (200_000,)
 
 
 def test_pruning_ignores_what_it_did_not_write(tmp_path):
-    (tmp_path / "checkpoint-best").mkdir(); (tmp_path / "checkpoint-best" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-best").mkdir()
+    (tmp_path / "checkpoint-best" / "trainer_state.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("mine")
-    other = CheckpointManager(tmp_path); other.save(90, {"other": True})       # a later batch number (another run)
+    other = CheckpointManager(tmp_path)
+    other.save(90, {"other": True})                                            # a later batch number (another run)
     ck = CheckpointManager(tmp_path, total_limit=2)
     for b in range(1, 6): ck.save(b, {"b": b})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-0000004", "checkpoint-0000005", "checkpoint-0000090",
@@ -939,9 +955,11 @@ def test_replay_restore_leaves_another_runs_files_alone(tmp_path):
     state = a.state_dict()
     a.register(2, [{"x": 2}])                                              # after a's checkpoint: a's own, removed on restore
     b = ReplayBuffer(tmp_path)
-    b.register(1, [{"b": 1}]); b.register(3, [{"b": 3}])                  # another run shares the directory
+    b.register(1, [{"b": 1}])
+    b.register(3, [{"b": 3}])                                             # another run shares the directory
     theirs = {n: iteration_path(tmp_path, n).read_bytes() for n in (1, 3)}
-    back = ReplayBuffer(tmp_path); back.load_state_dict(state)
+    back = ReplayBuffer(tmp_path)
+    back.load_state_dict(state)
     assert {n: iteration_path(tmp_path, n).read_bytes() for n in (1, 3)} == theirs
     assert not iteration_path(tmp_path, 2).exists() and back.select(1) == [{"x": 1}]
 
@@ -957,7 +975,8 @@ def test_missing_isolation_refuses_instead_of_degrading(monkeypatch):
         assert "missing: timens" in str(e.value) and "namespaces=False" in str(e.value)
         assert "weak" in run_sandboxed("pass", namespaces=False).isolation                   # asked for: runs, and says so
     finally:
-        monkeypatch.undo(); sandbox._runner_source.cache_clear()
+        monkeypatch.undo()
+        sandbox._runner_source.cache_clear()
 
 
 

@@ -66,7 +66,8 @@ def _shot(target, folder: Path, name: str):
     if readme and name in README_IMAGES:
         from PIL import Image
         img = Image.open(folder / name).convert("RGB")
-        dst = Path(readme) / README_IMAGES[name]; dst.parent.mkdir(parents=True, exist_ok=True)
+        dst = Path(readme) / README_IMAGES[name]
+        dst.parent.mkdir(parents=True, exist_ok=True)
         for width in (900, 800, 700, 600):
             small = img.resize((width, round(img.height * width / img.width)), Image.LANCZOS)
             small.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(dst, optimize=True)
@@ -75,7 +76,8 @@ def _shot(target, folder: Path, name: str):
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +111,8 @@ def lab(tmp_path_factory):
     for nb in NB_IDS: shutil.copy(NBS / nb, work / nb)
     for rel, value in [("@jupyterlab/apputils-extension/notification.jupyterlab-settings", {"checkForUpdates": False, "fetchNews": "false"}),
                        ("@jupyterlab/notebook-extension/tracker.jupyterlab-settings", {"windowingMode": "none"})]:
-        (settings / rel).parent.mkdir(parents=True, exist_ok=True); (settings / rel).write_text(json.dumps(value))
+        (settings / rel).parent.mkdir(parents=True, exist_ok=True)
+        (settings / rel).write_text(json.dumps(value))
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}   # inline plots in the kernel, not Agg
     env.update(JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(root / "ws"),
                JUPYTER_RUNTIME_DIR=str(root / "rt"), JUPYTER_CONFIG_DIR=str(root / "cfg"), HF_HUB_OFFLINE="1")
@@ -124,7 +127,8 @@ def lab(tmp_path_factory):
     try:
         for _ in range(120):
             try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2); break
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
             except OSError:
                 if proc.poll() is not None: break
                 time.sleep(0.5)
@@ -134,7 +138,9 @@ def lab(tmp_path_factory):
     finally:
         proc.terminate()
         try: proc.wait(20)
-        except subprocess.TimeoutExpired: proc.kill(); proc.wait()
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         log.close()
 
 
@@ -253,12 +259,15 @@ def _controls(cell) -> list:
 def _move(page, kind, control, direction: int):
     "Drag a slider's handle ~70 px (in `direction`, with intermediate mouse moves), or click a checkbox."
     if kind == "checkbox":
-        control.locator("input[type=checkbox]").first.click(); return
+        control.locator("input[type=checkbox]").first.click()
+        return
     handle = control.locator(".noUi-handle").first
     box = handle.bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    page.mouse.move(x, y); page.mouse.down()
-    page.mouse.move(x + 70 * direction, y, steps=10); page.mouse.up()
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + 70 * direction, y, steps=10)
+    page.mouse.up()
 
 
 @pytest.mark.parametrize("nb,marker,name,factory", LIVE_WIDGETS, ids=NB_IDS)
@@ -286,7 +295,8 @@ def test_widget_moves_the_plot(lab, browser, shots, nb, marker, name, factory):
     assert controls and _same(_browser_values(controls), opening["values"]), (_browser_values(controls), opening)
     _shot(cell, shots, f"lab_{stem}_widget_open.png")
     page.evaluate("() => jupyterapp.commands.execute('application:toggle-left-area')")   # hide the file browser
-    page.wait_for_timeout(500); cell.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    cell.scroll_into_view_if_needed()
     _shot(page, shots, f"lab_{stem}_page.png")
     moves = 0
     for j, (kind, control) in enumerate(controls):

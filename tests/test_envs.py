@@ -44,7 +44,9 @@ def test_every_reference_solution_scores_the_maximum():
 
 def test_loader_rejects_malformed_data(tmp_path):
     def broken(**change):
-        ps = copy.deepcopy(PROBS[:3]); ps[2].update(change); return ps
+        ps = copy.deepcopy(PROBS[:3])
+        ps[2].update(change)
+        return ps
     with pytest.raises(ValueError, match=r"problem #2 \(sum_of_digit_sums\)|problem #2 \(count_palindromes\)"): C.load_problems(broken(tests="assert x"))
     with pytest.raises(ValueError, match="field 'prompt' must be a non-empty string"): C.load_problems(broken(prompt=""))
     with pytest.raises(ValueError, match="main_signature 'n' is not a parameter list"): C.load_problems(broken(main_signature="n"))
@@ -52,7 +54,8 @@ def test_loader_rejects_malformed_data(tmp_path):
     with pytest.raises(ValueError, match="same prompt"): C.load_problems(broken(prompt=PROBS[0]["prompt"]))
     with pytest.raises(ValueError, match="must be a JSON object"): C.load_problems([PROBS[0], "oops"])
     with pytest.raises(ValueError, match="non-empty list of problems"): C.load_problems({"problems": []})
-    f = tmp_path / "p.json"; f.write_text(json.dumps({"problems": PROBS[:2]}))
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"problems": PROBS[:2]}))
     assert [p["id"] for p in C.load_problems(f)] == [p["id"] for p in PROBS[:2]]
     f.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"): C.load_problems(f)
@@ -99,7 +102,9 @@ def test_reward_contract_and_cache():
     assert rf([[AUX, AUX, ""], [MAIN, SELF_MAIN, MAIN]], [ITEM] * 3) == [4.0, 3.5, 1.5]
     with pytest.raises(ValueError, match="needs batch_items"): C.code_level_reward([AUX], [MAIN])
     with pytest.raises(ValueError, match="they must match"): C.code_level_reward([AUX], [MAIN, MAIN], [ITEM])
-    t0 = time.perf_counter(); C.code_level_reward([AUX], [MAIN], [ITEM]); assert time.perf_counter() - t0 < 0.05   # cached
+    t0 = time.perf_counter()
+    C.code_level_reward([AUX], [MAIN], [ITEM])
+    assert time.perf_counter() - t0 < 0.05                                                                         # cached
     # items of other problems are scored against their own tests
     other = C.problem_item(BY_ID["gcd_list"])
     assert C.code_level_reward([BY_ID["gcd_list"]["reference_aux"], AUX], [BY_ID["gcd_list"]["reference_main"], MAIN], [other, ITEM]) == [4.0, 4.0]
@@ -246,7 +251,8 @@ def test_multi_turn_magrpo_run_on_tiny_models(name, tmp_path):
     task = get_task(name)
     calls = []
     def transition(**kw):
-        calls.append(kw); return task.external_transition(**kw)
+        calls.append(kw)
+        return task.external_transition(**kw)
     (m1, tok), (m2, _) = make_tiny_model(seed=1), make_tiny_model(seed=2)
     cfg = MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=8, num_train_epochs=1, early_termination_threshold=None,
                        eval_interval=0, output_dir=str(tmp_path), save_steps=-1, progress_bar=False)

@@ -228,7 +228,8 @@ def test_centralized_nothing_parses_is_a_clear_error(tmp_path):
 
 def test_model_comparator_from_objects_and_from_a_local_path(tmp_path):
     other, tok = make_tiny_model(seed=5)
-    other.save_pretrained(tmp_path / "cmp"); tok.save_pretrained(tmp_path / "cmp")
+    other.save_pretrained(tmp_path / "cmp")
+    tok.save_pretrained(tmp_path / "cmp")
     by_path = madpo(tmp_path / "a", comparator_policy="model", comparator_model_name=str(tmp_path / "cmp"), pair_selection="all",
                     preference_pairs_per_sample=None)
     o2, _ = make_tiny_model(seed=5, tokenizer=tok)

@@ -99,7 +99,8 @@ def test_reward_model_left_and_right_padding(arch):
 
 def test_reward_model_default_backbone_is_agent_one_id(tmp_path):
     m, tok = make_tiny_model(seed=3)
-    m.save_pretrained(tmp_path / "agent"); tok.save_pretrained(tmp_path / "agent")
+    m.save_pretrained(tmp_path / "agent")
+    tok.save_pretrained(tmp_path / "agent")
     tr = MARLHFTrainer(agent_model=str(tmp_path / "agent"), reward_func=vowels, train_dataset=ITEMS,
                        args=MARLHFConfig(output_dir=str(tmp_path / "run"), progress_bar=False))
     assert torch.equal(tr.reward_model.body.get_input_embeddings().weight, m.get_input_embeddings().weight)
@@ -118,7 +119,8 @@ def test_bradley_terry_training_recovers_a_hidden_ranking():
             sa, sb = a.split().count("robot") - a.split().count("dog"), b.split().count("robot") - b.split().count("dog")
             if sa != sb:
                 w, l = (a, b) if sa > sb else (b, a)
-                W.append(joint_text(["Write"], [w])); L.append(joint_text(["Write"], [l]))
+                W.append(joint_text(["Write"], [w]))
+                L.append(joint_text(["Write"], [l]))
         return W, L
     m, tok = make_tiny_model()
     rm = JointRewardModel(m, tok)
@@ -298,7 +300,8 @@ def test_madpo_errors_and_reference_free(tmp_path, caplog):
 def test_marlhf_end_to_end_magrpo_backend_eval_with_task_reward(tmp_path):
     seen = []
     def eval_logger(agent_completions_turns, batch_items, prompts):
-        seen.append([[t[0] for t in a] for a in agent_completions_turns]); return [{} for _ in batch_items]
+        seen.append([[t[0] for t in a] for a in agent_completions_turns])
+        return [{} for _ in batch_items]
     tr = marlhf(tmp_path, eval_dataset=ITEMS, eval_interval=2, eval_num_samples=2, eval_batch_size=2,
                 eval_logger=eval_logger, eval_aggregator=lambda metrics, num_turns: {})
     assert type(tr.policy_trainer) is MAGRPOTrainer and tr.policy_trainer.args.advantage_mode == "mean"

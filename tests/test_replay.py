@@ -101,7 +101,8 @@ def test_files_and_empty_rounds(tmp_path):
 
 def test_current_mode(tmp_path):
     rb = ReplayBuffer(tmp_path)
-    rb.register(1, pairs(1, 3)); rb.register(2, [])
+    rb.register(1, pairs(1, 3))
+    rb.register(2, [])
     assert rb.select(1) == pairs(1, 3)                                    # all of them, in order
     assert rb.select(2) == []                                             # empty round: nothing, no history
     rb.register(3, pairs(3, 2))
@@ -110,7 +111,8 @@ def test_current_mode(tmp_path):
 
 def test_default_sample_size_rule(tmp_path):
     rb = ReplayBuffer(tmp_path, "all_history", seed=0)
-    rb.register(1, pairs(1, 7)); rb.register(2, pairs(2, 3))
+    rb.register(1, pairs(1, 7))
+    rb.register(2, pairs(2, 3))
     assert len(rb.select(2)) == 3                                         # this round's pair count
     rb.register(3, [])
     assert len(rb.select(3)) == 3                                         # empty round: the newest non-empty dataset's size
@@ -165,7 +167,8 @@ def test_without_replacement_while_it_fits_then_cycling(tmp_path):
 
 def test_combined_sample_is_shuffled(tmp_path):
     rb = ReplayBuffer(tmp_path, "all_history", sample_size=60, seed=4)
-    rb.register(1, pairs(1, 30)); rb.register(2, pairs(2, 30))
+    rb.register(1, pairs(1, 30))
+    rb.register(2, pairs(2, 30))
     its = [r["iteration"] for r in rb.select(2)]
     changes = sum(a != b for a, b in zip(its, its[1:]))
     assert changes > 10                                                   # not one block per dataset
@@ -240,7 +243,8 @@ def test_malformed_files_name_the_file_and_the_record(tmp_path):
 
 def test_select_reads_a_file_lazily_and_reports_its_damage(tmp_path):
     rb = ReplayBuffer(tmp_path, "all_history", validate=validate)
-    rb.register(1, pairs(1, 3)); rb.register(2, pairs(2, 3))
+    rb.register(1, pairs(1, 3))
+    rb.register(2, pairs(2, 3))
     index_only = {"index": rb.state_dict()["index"], "data": {}}
     lazy = ReplayBuffer(tmp_path, "all_history", validate=validate)
     lazy.load_state_dict(index_only, rewrite_files=False)                  # index restored, data read from the files

@@ -51,7 +51,8 @@ def test_normal_run_and_isolation():
 
 
 def test_infinite_loop():
-    t0 = time.time(); r = run_sandboxed("while True: pass", timeout=1.0)
+    t0 = time.time()
+    r = run_sandboxed("while True: pass", timeout=1.0)
     assert r.timed_out and r.killed_reason == "timeout" and r.returncode is None
     assert time.time() - t0 < 2.5
     still_works()
@@ -67,7 +68,8 @@ def test_sleeping_forever_and_per_test_timeout():
 def test_fork_bomb():
     before = procs_of(SANDBOX_UID)
     bomb = "import os, time\nwhile True:\n    try: os.fork()\n    except OSError: time.sleep(0.01)"
-    t0 = time.time(); r = run_sandboxed(bomb, timeout=1.5, max_processes=16)
+    t0 = time.time()
+    r = run_sandboxed(bomb, timeout=1.5, max_processes=16)
     assert r.timed_out and time.time() - t0 < 3.5
     if IS_ROOT: assert wait_gone(before) == set(), "fork bomb processes survived the run"
     still_works()
@@ -90,7 +92,8 @@ def test_huge_memory():
 
 
 def test_huge_output():
-    t0 = time.time(); r = run_sandboxed("while True:\n    print('x' * 10000)", max_output=1000, file_size_mb=2)
+    t0 = time.time()
+    r = run_sandboxed("while True:\n    print('x' * 10000)", max_output=1000, file_size_mb=2)
     assert r.killed_reason == "file size limit" and r.stdout_truncated and len(r.stdout) == 1000
     assert time.time() - t0 < 3.0
     r = run_sandboxed("print('y' * 50_000_000)", max_output=500, file_size_mb=2)     # one giant write
@@ -100,7 +103,9 @@ def test_huge_output():
 @needs_root
 def test_writing_outside_the_working_directory():
     protected = Path(tempfile.mkdtemp(prefix="comlrl_nb_protected_"))          # root-owned, 0755: not world-writable
-    protected.chmod(0o755); victim = protected / "keep.txt"; victim.write_text("original")
+    protected.chmod(0o755)
+    victim = protected / "keep.txt"
+    victim.write_text("original")
     victim.chmod(0o644)
     assert not protected.stat().st_mode & stat.S_IWOTH
     targets = [protected / "pwned.txt", ROOT / "PWNED.txt", Path("/etc/pwned.txt")]
@@ -139,7 +144,10 @@ def test_scratch_space_is_private_and_thrown_away():
 
 @pytest.mark.parametrize("namespaces", [True, False])
 def test_no_network(namespaces):
-    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1); srv.settimeout(0.3)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(0.3)
     port = srv.getsockname()[1]
     code = ("import socket\n"
             f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 80), ('example.com', 80)]:\n"
@@ -161,7 +169,8 @@ def test_audit_fallback_blocks_new_programs():
 
 def test_environment_secrets(monkeypatch):
     secret = "sk-test-" + os.urandom(8).hex()
-    monkeypatch.setenv("COMLRL_NB_TEST_API_KEY", secret); monkeypatch.setenv("OPENAI_API_KEY", secret)
+    monkeypatch.setenv("COMLRL_NB_TEST_API_KEY", secret)
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
     code = ("import os, glob\nprint(dict(os.environ))\n"
             f"for path in ['/proc/{os.getpid()}/environ', '/proc/{os.getppid()}/environ', '/proc/1/environ'] + glob.glob('/proc/*/environ'):\n"
             "    try: print(path, open(path, 'rb').read())\n    except OSError as e: print(path, 'refused', type(e).__name__)\n")
@@ -190,7 +199,8 @@ def test_cannot_kill_the_trainer():
         if IS_ROOT: assert f"refused {victim.pid}" in r.stdout and f"refused {me}" in r.stdout, r.stdout
         still_works()                                    # and we are obviously still alive
     finally:
-        victim.kill(); victim.wait()
+        victim.kill()
+        victim.wait()
 
 
 def test_exits_and_signals():
@@ -207,7 +217,8 @@ def test_reward_batch_survives_hostile_neighbours():
                "import os\nos._exit(0)", "import os, signal\nos.killpg(0, signal.SIGKILL)"]
     good = "def f(x):\n    return x + 1"
     jobs = [(good, ["assert f(1) == 2"])] + [(h + "\n" + good, ["assert f(1) == 2"]) for h in hostile] + [(good, ["assert f(2) == 3"])]
-    t0 = time.time(); reps = run_tests_batch(jobs, timeout=1.5)
+    t0 = time.time()
+    reps = run_tests_batch(jobs, timeout=1.5)
     assert [r.passed[0] for r in reps] == [True, False, False, False, False, False, True]
     assert time.time() - t0 < 6.0
 

@@ -106,7 +106,9 @@ _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _CODE_START = re.compile(r"^(def |async def |class |import |from |@)", re.M)
 
 def _parses(code: str) -> bool:
-    try: ast.parse(code); return True
+    try:
+        ast.parse(code)
+        return True
     except (SyntaxError, ValueError, RecursionError, MemoryError): return False
 
 def extract_code(text: str) -> str:
@@ -150,7 +152,8 @@ def _n_params(sig: str) -> int:
 # %% ../../nbs/61_env_code.ipynb #34916173
 def analyze(aux_code: str, main_code: str, item: dict) -> CodeAnalysis:
     "Static checks of a joint answer (helper code, main code) against the problem's names and signatures."
-    e = item["entry_point"]; (ta, ea), (tm, em) = _parse(aux_code), _parse(main_code)
+    e = item["entry_point"]
+    (ta, ea), (tm, em) = _parse(aux_code), _parse(main_code)
     fa, fm = _top_def(ta, "aux"), _top_def(tm, e)
     calls = fm is not None and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "aux" for n in ast.walk(fm))
     own_aux = tm is not None and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "aux" for n in ast.walk(tm))
@@ -199,7 +202,8 @@ def evaluate_batch(aux_texts: Sequence[str], main_texts: Sequence[str], items: S
     "Evaluate joint answers (raw completions) against their items' tests: per-level points, analysis, test reports."
     parts = []
     for at, mt, it in zip(aux_texts, main_texts, items):
-        ac, mc = extract_code(at), extract_code(mt); a = analyze(ac, mc, it)
+        ac, mc = extract_code(at), extract_code(mt)
+        a = analyze(ac, mc, it)
         parts.append((ac, mc, a, (joint_program(ac, mc, a), tuple(it["tests"]), test_timeout) if a.main_defined else None))
     todo = list(dict.fromkeys(k for *_, k in parts if k is not None and k not in _CACHE))
     for k, rep in zip(todo, run_tests_batch([(c, list(t)) for c, t, _ in todo], max_workers=max_workers, test_timeout=test_timeout, **sandbox)):
