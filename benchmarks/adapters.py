@@ -10,7 +10,8 @@ For each number of agents n, two fresh subprocesses run the same MAGRPO job (4 c
 
 Printed per run: weights held in memory (MB of parameter tensors, counted once per storage), trainable parameters,
 AdamW state after training (MB), peak RSS of the process, and the median batch time after the first batch
-(metrics.jsonl `time/batch`, split into generate and update). Nothing is asserted; the figures go in benchmarks/README.md.
+(metrics.jsonl `time/batch`, split into generate and update). Nothing is asserted; the figures go in
+benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ else:
     spec = dict(agents=LoRAAgents(base="embedded", num_agents=n, r=8))
 out = tempfile.mkdtemp(prefix="bench_adapters_")
 items = [{"prompt": p} for p in (bu.PROMPTS * 4)[:4 * batches]]
-cfg = MAGRPOConfig(num_agents=n, num_generations=4, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1, agent_learning_rate=1e-5,
-                   eval_interval=0, rollout_batch_size=4, rollout_buffer_size=4, early_termination_threshold=None,
-                   autocast_dtype=None if dtype == "fp32" else "bf16", use_chat_template=True, output_dir=out, progress_bar=False,
-                   save_steps=-1, logging_steps=1000, save_plot=False)
-tr = MAGRPOTrainer(reward_func=lambda *cs: [float(len(set(len(c[j]) for c in cs))) for j in range(len(cs[0]))], args=cfg,
-                   train_dataset=items, **spec)
+cfg = MAGRPOConfig(num_agents=n, num_generations=4, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1,
+                   agent_learning_rate=1e-5, eval_interval=0, rollout_batch_size=4, rollout_buffer_size=4,
+                   early_termination_threshold=None, autocast_dtype=None if dtype == "fp32" else "bf16",
+                   use_chat_template=True, output_dir=out, progress_bar=False, save_steps=-1, logging_steps=1000,
+                   save_plot=False)
+tr = MAGRPOTrainer(reward_func=lambda *cs: [float(len(set(len(c[j]) for c in cs))) for j in range(len(cs[0]))],
+                   args=cfg, train_dataset=items, **spec)
 build_s = time.perf_counter() - t0
 tr.train()
 rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
@@ -60,20 +62,22 @@ for m in tr.agents:                                  # every tensor held: adapte
         key = p.untyped_storage().data_ptr()
         if key not in seen: seen.add(key); weights += p.untyped_storage().nbytes()
 trainable = sum(p.numel() for m in tr.agents for p in m.parameters())   # what each agent's optimizer steps
-opt_bytes = sum(t.numel() * t.element_size() for o in tr.optimizers for s in o.state.values() for t in s.values() if torch.is_tensor(t))
+opt_bytes = sum(t.numel() * t.element_size() for o in tr.optimizers for s in o.state.values() for t in s.values()
+                if torch.is_tensor(t))
 steady = rows[1:] or rows
 med = lambda k: sorted(r[k] for r in steady)[len(steady) // 2]
-bu.emit({"mode": mode, "agents": n, "dtype": dtype, "build_s": round(build_s, 1), "weights_mb": round(weights / 2**20, 1),
-         "trainable_params_m": round(trainable / 1e6, 2), "optimizer_state_mb": round(opt_bytes / 2**20, 1),
-         "peak_rss_mb": round(bu.peak_rss_mb()), "batch_s": round(med("time/batch"), 2), "generate_s": round(med("time/generate"), 2),
+bu.emit({"mode": mode, "agents": n, "dtype": dtype, "build_s": round(build_s, 1),
+         "weights_mb": round(weights / 2**20, 1), "trainable_params_m": round(trainable / 1e6, 2),
+         "optimizer_state_mb": round(opt_bytes / 2**20, 1), "peak_rss_mb": round(bu.peak_rss_mb()),
+         "batch_s": round(med("time/batch"), 2), "generate_s": round(med("time/generate"), 2),
          "update_s": round(med("time/update"), 2), "batches": len(rows),
          "optimizer_steps": [rows[-1].get(f"agent_{i}/optimizer_steps") for i in range(n)]})
 '''
 
 
 def run(mode: str, n: int, batches: int, dtype: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", WORKER, HERE, mode, str(n), str(batches), dtype], capture_output=True, text=True,
-                         env={**os.environ, **bu.BENCH_ENV, "OMP_NUM_THREADS": "1"}, timeout=1800)
+    out = subprocess.run([sys.executable, "-c", WORKER, HERE, mode, str(n), str(batches), dtype], capture_output=True,
+                         text=True, env={**os.environ, **bu.BENCH_ENV, "OMP_NUM_THREADS": "1"}, timeout=1800)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"{mode} n={n} failed:\n{out.stderr[-3000:]}")
@@ -86,8 +90,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=2)
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     a = p.parse_args()
-    print(f"## adapters vs full copies: SmolLM2-135M, 4 prompts x K=4, 16 new tokens, {a.batches} batches, {a.dtype}, 1 thread "
-          f"[load1={os.getloadavg()[0]:.2f}]", flush=True)
+    print(f"## adapters vs full copies: SmolLM2-135M, 4 prompts x K=4, 16 new tokens, {a.batches} batches, {a.dtype}, "
+          f"1 thread [load1={os.getloadavg()[0]:.2f}]", flush=True)
     rows = []
     for n in [int(x) for x in a.agents.split(",")]:
         for mode in ("full", "lora") if n % 2 == 0 else ("lora", "full"):
@@ -95,15 +99,16 @@ def main() -> None:
             r = run(mode, n, a.batches, a.dtype)
             print(f"#   {mode:4s} n={n}: {json.dumps(r)}  ({time.perf_counter() - t0:.0f}s)", flush=True)
             rows.append(r)
-    cols = ("mode", "agents", "weights_mb", "trainable_params_m", "optimizer_state_mb", "peak_rss_mb", "batch_s", "generate_s", "update_s")
+    cols = ("mode", "agents", "weights_mb", "trainable_params_m", "optimizer_state_mb", "peak_rss_mb", "batch_s",
+            "generate_s", "update_s")
     print("\n" + "  ".join(f"{c:>18s}" for c in cols))
     for r in rows:
         print("  ".join(f"{str(r[c]):>18s}" for c in cols))
     for n in sorted({r["agents"] for r in rows}):
         f, l = (next(r for r in rows if r["agents"] == n and r["mode"] == m) for m in ("full", "lora"))
         print(f"n={n}: lora/full  weights {l['weights_mb'] / f['weights_mb']:.2f}  optimizer state "
-              f"{l['optimizer_state_mb'] / max(f['optimizer_state_mb'], 1e-9):.3f}  peak RSS {l['peak_rss_mb'] / f['peak_rss_mb']:.2f}  "
-              f"batch time {l['batch_s'] / f['batch_s']:.2f}")
+              f"{l['optimizer_state_mb'] / max(f['optimizer_state_mb'], 1e-9):.3f}  peak RSS "
+              f"{l['peak_rss_mb'] / f['peak_rss_mb']:.2f}  batch time {l['batch_s'] / f['batch_s']:.2f}")
     print(f"# done [load1={os.getloadavg()[0]:.2f}]")
 
 

@@ -23,12 +23,12 @@ def run(algo: str, ahead: bool):
     model = str(bu.TINY_MODEL)
     tok = AutoTokenizer.from_pretrained(model)
     agents = [AutoModelForCausalLM.from_pretrained(model) for _ in range(2)]
-    common = dict(num_agents=2, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1, eval_interval=0, output_dir=tempfile.mkdtemp(),
-                  progress_bar=False, save_steps=-1, logging_steps=1000, save_plot=False)
+    common = dict(num_agents=2, max_new_tokens=16, **bu.SAMPLING, num_train_epochs=1, eval_interval=0,
+                  output_dir=tempfile.mkdtemp(), progress_bar=False, save_steps=-1, logging_steps=1000, save_plot=False)
     data = [{"prompt": p} for p in bu.PROMPTS * 2]
     if algo == "maac":     # defaults: K=1, rollout_buffer_size 8, rollout_batch_size 1
-        tr = MAACTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=data, args=MAACConfig(**common),
-                         critic_model=AutoModelForCausalLM.from_pretrained(model))
+        tr = MAACTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=data,
+                         args=MAACConfig(**common), critic_model=AutoModelForCausalLM.from_pretrained(model))
     else:                  # defaults: K=4, rollout_buffer_size 2, rollout_batch_size 1
         tr = MAGRPOTrainer(agents=agents, tokenizer=tok, reward_func=bu.linear_reward, train_dataset=data,
                            args=MAGRPOConfig(**common, early_termination_threshold=None))
@@ -52,7 +52,8 @@ def main():
                 res[ahead].append(run(algo, ahead))
         same = all(torch.equal(x, y) for x, y in zip(res[False][0][1], res[True][0][1]))
         off, on = (statistics.median(r[0] for r in res[k]) for k in (False, True))
-        print(f"{algo:7s} sampling ahead off {off:.3f} s   on {on:.3f} s   ratio {on / off:.2f}   identical weights: {same}")
+        print(f"{algo:7s} sampling ahead off {off:.3f} s   on {on:.3f} s   ratio {on / off:.2f}   identical "
+              f"weights: {same}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ def tag_rate(tr, items, k: int, tag: str) -> dict:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--batches", type=int, default=3, help="training batches (rollout + one update each); 0: measure only")
+    p.add_argument("--batches", type=int, default=3,
+                   help="training batches (rollout + one update each); 0: measure only")
     p.add_argument("--samples", type=int, default=2, help="joint answers per held-out item for the rate")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-5)

@@ -193,7 +193,8 @@ PORTING = "nbs/90_porting.ipynb, 'Behaviour differences kept on purpose'"
 DEVIATIONS = [   # (test id regex, reason)
     (r"test_centralized_magrpo\.py::test_config_rejects_wrong_mode_and_multiple_turns",
      f"MAGRPOConfig().num_turns is 1 here, 2 in the library (SPEC deviation 'num_turns default'; {PORTING})"),
-    (r"test_magrpo\.py::test_(single_agent_accepts_any_joint_mode\[unknown\]|multiple_agents_reject_unknown_joint_mode)",
+    (r"test_magrpo\.py::test_(single_agent_accepts_any_joint_mode\[unknown\]|"
+     r"multiple_agents_reject_unknown_joint_mode)",
      "an unknown joint_mode is rejected when the config is built, for any number of agents (the library accepts it "
      f"and fails only at a multi-agent step); SPEC: 'anything else: ValueError' ({PORTING})"),
     (r"test_centralized_magrpo\.py::test_(one_actor_training|eval_passes)",
@@ -360,7 +361,8 @@ def main(argv=None):
     ap.add_argument("--report", default=None,
                     help="write the left-out tests with their reasons as Markdown here (benchmarks/comlrl_suite.md)")
     ap.add_argument("--stub-missing", action="store_true",
-                    help="stand in for library names comlrl_nb lacks (placeholders that fail when used), to see the rest")
+                    help="stand in for library names comlrl_nb lacks (placeholders that fail when used), to see "
+                         "the rest")
     ap.add_argument("pytest_args", nargs="*")
     a = ap.parse_args(argv)
     archive = sdist(a.sdist)

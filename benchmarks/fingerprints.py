@@ -67,8 +67,8 @@ def build(name: str, out: str):
         return cls(**base, args=ccls(**cfg)), []
     if name in ("maac", "maac_turns", "iac_heads"):
         cm, _ = make_tiny_model(seed=3, tokenizer=tok)
-        cfg = dict(COMMON, num_train_epochs=1, agent_learning_rate=1e-2, critic_learning_rate=1e-2, rollout_buffer_size=2,
-                   output_dir=out)
+        cfg = dict(COMMON, num_train_epochs=1, agent_learning_rate=1e-2, critic_learning_rate=1e-2,
+                   rollout_buffer_size=2, output_dir=out)
         if name == "maac_turns":
             cfg.update(num_turns=2, early_termination_threshold=None)
             base["external_transition"] = revise

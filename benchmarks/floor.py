@@ -94,8 +94,8 @@ def main() -> None:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         del opts
         return {"step_s": wall, "step_cpu_s": cpu, "generate_s": clock.s["generate"], "reward_s": clock.s["reward"],
-                "update_s": clock.s["update"], "generate_cpu_s": clock.cpu["generate"], "update_cpu_s": clock.cpu["update"],
-                "tokens": sum(int(c.lengths.sum()) for c in comps)}
+                "update_s": clock.s["update"], "generate_cpu_s": clock.cpu["generate"],
+                "update_cpu_s": clock.cpu["update"], "tokens": sum(int(c.lengths.sum()) for c in comps)}
 
     def ours_step(rep: int) -> dict:
         out_dir = tempfile.mkdtemp(prefix="bench_floor_")
@@ -111,14 +111,16 @@ def main() -> None:
         tr.train()
         train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         import comlrl_nb.engine as E
-        if hasattr(E, "wait_for_plots"): E.wait_for_plots()   # the background plot, outside the timed call and the next step
+        if hasattr(E, "wait_for_plots"): E.wait_for_plots()   # the background plot, outside the
+                                                              # timed call and the next step
         (row,) = [json.loads(ln) for ln in open(os.path.join(out_dir, "metrics.jsonl")) if ln.strip()]
         steps = [row.get(f"agent_{i}/optimizer_steps") for i in range(2)]
         del tr
         shutil.rmtree(out_dir, ignore_errors=True)
-        return {"train_s": train_s, "train_cpu_s": train_cpu_s, "step_s": row["time/batch"], "generate_s": row["time/generate"],
-                "reward_s": row["time/reward"], "update_s": row["time/update"], "plot_s": plot["s"] - p0,
-                "tokens": round(row["tokens_per_s"] * row["time/batch"]), "optimizer_steps": steps}
+        return {"train_s": train_s, "train_cpu_s": train_cpu_s, "step_s": row["time/batch"],
+                "generate_s": row["time/generate"], "reward_s": row["time/reward"], "update_s": row["time/update"],
+                "plot_s": plot["s"] - p0, "tokens": round(row["tokens_per_s"] * row["time/batch"]),
+                "optimizer_steps": steps}
 
     # Untimed warm-up: one full floor step (first-touch of gradient/optimizer memory, kernel selection per shape).
     warm = floor_step(-1) if a.warmup else None
@@ -131,7 +133,8 @@ def main() -> None:
     for rep, side in enumerate(order):
         res = (floor_step if side == "floor" else ours_step)(rep)
         runs[side].append(res)
-        print(f"# {a.dtype} {side}: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}),
+        print(f"# {a.dtype} {side}: "
+              + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}),
               file=sys.stderr, flush=True)
 
     def med(side, key):
@@ -139,7 +142,8 @@ def main() -> None:
 
     summary = {s: {k: round(med(s, k), 3) for k in runs[s][0] if isinstance(runs[s][0][k], (int, float))} for s in runs}
     summary["ours"]["optimizer_steps"] = runs["ours"][0]["optimizer_steps"]
-    bu.emit({"dtype": a.dtype, "order": order, "warmup_step_s": round(warm["step_s"], 3) if warm else None, "load_s": round(load_s, 2), "threads": torch.get_num_threads(),
+    bu.emit({"dtype": a.dtype, "order": order, "warmup_step_s": round(warm["step_s"], 3) if warm else None,
+             "load_s": round(load_s, 2), "threads": torch.get_num_threads(),
              "summary": summary, "runs": runs, "peak_rss_mb": round(bu.peak_rss_mb(), 1)})
 
 

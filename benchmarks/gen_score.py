@@ -34,7 +34,8 @@ def hf_generated_tokens(seqs, prompt_len: int, eos: list[int]) -> int:
     if gen.shape[1] == 0:
         return 0
     is_eos = torch.isin(gen, torch.tensor(eos))
-    first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(is_eos[:, 0], gen.shape[1], dtype=torch.long))
+    first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1,
+                        torch.full_like(is_eos[:, 0], gen.shape[1], dtype=torch.long))
     return int(first.sum())
 
 

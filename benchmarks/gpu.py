@@ -61,7 +61,8 @@ def build(shape: str, device, dtype=torch.float32, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     arch, kw = SHAPES[shape]
     cfg_cls, cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
-    cfg = cfg_cls(**kw, tie_word_embeddings=True, max_position_embeddings=4096, eos_token_id=0, bos_token_id=0, pad_token_id=1)
+    cfg = cfg_cls(**kw, tie_word_embeddings=True, max_position_embeddings=4096, eos_token_id=0, bos_token_id=0,
+                  pad_token_id=1)
     torch.manual_seed(seed)
     with torch.device(device):
         m = cls(cfg).to(dtype)
@@ -94,10 +95,11 @@ def gen_bench(shape, device, B, K, T, repeats):
     prompts = [" ".join(f"w{int(x)}" for x in torch.randint(2, vocab, (int(n),), generator=g))
                for n in torch.randint(16, 48, (B,), generator=g)]
     rows = []
-    for label, dtype, ac in (("fp32 weights + bf16 autocast", torch.float32, "bfloat16"), ("bf16 weights", torch.bfloat16, None)):
+    for label, dtype, ac in (("fp32 weights + bf16 autocast", torch.float32, "bfloat16"),
+                             ("bf16 weights", torch.bfloat16, None)):
         m = build(shape, device, dtype)
-        ours = lambda: generate_completions(m, tok, prompts, k=K, max_new_tokens=T, temperature=1.0, top_p=0.95, top_k=50,
-                                            autocast_dtype=ac)
+        ours = lambda: generate_completions(m, tok, prompts, k=K, max_new_tokens=T, temperature=1.0, top_p=0.95,
+                                            top_k=50, autocast_dtype=ac)
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
 
         def hf():
@@ -112,8 +114,8 @@ def gen_bench(shape, device, B, K, T, repeats):
         rows.append({"model": shape, "dtype": label, "rows": B * K, "new_tokens": T, "ours_s": round(t_ours, 3),
                      "hf_s": round(t_hf, 3), "ours_tok_s": round(n_ours / t_ours), "hf_tok_s": round(n_hf / t_hf),
                      "ours_vs_hf": round((n_ours / t_ours) / (n_hf / t_hf), 2)})
-        print(f"  gen {shape:9s} {label:28s} rows={B * K} T={T}: ours {n_ours / t_ours:9.0f} tok/s  hf {n_hf / t_hf:9.0f} tok/s",
-              flush=True)
+        print(f"  gen {shape:9s} {label:28s} rows={B * K} T={T}: ours {n_ours / t_ours:9.0f} tok/s  hf "
+              f"{n_hf / t_hf:9.0f} tok/s", flush=True)
         del m
     return rows
 
@@ -124,7 +126,8 @@ def magrpo_bench(shape, device, B, K, T, lora: bool):
     vocab = SHAPES[shape][1]["vocab_size"]
     tok = word_tokenizer(vocab)
     g = torch.Generator().manual_seed(1)
-    items = [{"prompt": " ".join(f"w{int(x)}" for x in torch.randint(2, vocab, (24,), generator=g))} for _ in range(2 * B)]
+    items = [{"prompt": " ".join(f"w{int(x)}" for x in torch.randint(2, vocab, (24,), generator=g))}
+             for _ in range(2 * B)]
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -147,13 +150,15 @@ def magrpo_bench(shape, device, B, K, T, lora: bool):
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     r = rows[-1]                                                      # the second batch: kernels warm
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.device(device).type == "cuda" else float("nan")
-    res = {"model": shape, "agents": "2 LoRA (r=16) over one base" if lora else "2 full copies", "rows_per_agent": B * K,
-           "new_tokens": T, "batch_s": round(r["time/batch"], 3), "generate_s": round(r["time/generate"], 3),
-           "score_s": round(r.get("time/score", float("nan")), 3), "backward_step_s": round(r.get("time/backward_step", float("nan")), 3),
+    res = {"model": shape, "agents": "2 LoRA (r=16) over one base" if lora else "2 full copies",
+           "rows_per_agent": B * K, "new_tokens": T, "batch_s": round(r["time/batch"], 3),
+           "generate_s": round(r["time/generate"], 3), "score_s": round(r.get("time/score", float("nan")), 3),
+           "backward_step_s": round(r.get("time/backward_step", float("nan")), 3),
            "train_s": round(wall, 2), "peak_gpu_gib": round(peak, 2),
            "gen_tok_s": round(r["tokens_per_s"] * r["time/batch"] / max(r["time/generate"], 1e-9))}
-    print(f"  magrpo {shape:9s} {res['agents']:28s}: batch {res['batch_s']:.2f}s (generate {res['generate_s']:.2f}, score "
-          f"{res['score_s']:.2f}, backward+step {res['backward_step_s']:.2f}), peak {res['peak_gpu_gib']} GiB", flush=True)
+    print(f"  magrpo {shape:9s} {res['agents']:28s}: batch {res['batch_s']:.2f}s (generate "
+          f"{res['generate_s']:.2f}, score {res['score_s']:.2f}, backward+step {res['backward_step_s']:.2f}), peak "
+          f"{res['peak_gpu_gib']} GiB", flush=True)
     del tr
     return res
 
@@ -166,7 +171,8 @@ def trainers_bench(shape, device, B, K, T, algos=None):
     vocab = SHAPES[shape][1]["vocab_size"]
     tok = word_tokenizer(vocab)
     g = torch.Generator().manual_seed(2)
-    items = [{"prompt": " ".join(f"w{int(x)}" for x in torch.randint(2, vocab, (24,), generator=g))} for _ in range(2 * B)]
+    items = [{"prompt": " ".join(f"w{int(x)}" for x in torch.randint(2, vocab, (24,), generator=g))}
+             for _ in range(2 * B)]
     reward = lambda *cs: [float(len(c[j]) % 7) for c in cs[:1] for j in range(len(c))]
     prec = auto_precision(device)
     print(f"  trainers {shape}: autocast_dtype='auto' -> {prec[0] or 'float32'} ({prec[1]})", flush=True)
@@ -175,10 +181,11 @@ def trainers_bench(shape, device, B, K, T, algos=None):
         cfg_cls, trainer_cls = _algorithms()[algo]
         names = {f.name for f in __import__("dataclasses").fields(cfg_cls)}
         want = dict(num_agents=2, num_generations=K, max_new_tokens=T, temperature=1.0, top_p=0.95, top_k=50,
-                    num_train_epochs=1, eval_interval=0, rollout_batch_size=B, rollout_buffer_size=B, train_batch_size=B,
-                    early_termination_threshold=None, autocast_dtype="auto", agent_devices=str(device),
-                    output_dir=tempfile.mkdtemp(prefix=f"gpu_{algo}_"), progress_bar=False, save_steps=-1, save_plot=False,
-                    preference_num_candidates=K, preference_pairs_per_sample=1, num_iterations=2,  # preference ones: small
+                    num_train_epochs=1, eval_interval=0, rollout_batch_size=B, rollout_buffer_size=B,
+                    train_batch_size=B, early_termination_threshold=None, autocast_dtype="auto",
+                    agent_devices=str(device), output_dir=tempfile.mkdtemp(prefix=f"gpu_{algo}_"), progress_bar=False,
+                    save_steps=-1, save_plot=False, preference_num_candidates=K, preference_pairs_per_sample=1,
+                    num_iterations=2,  # preference ones: small
                     reward_train_batch_size=B)
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
@@ -197,8 +204,8 @@ def trainers_bench(shape, device, B, K, T, algos=None):
             wall = time.perf_counter() - t0
             recs = [r for r in read_metrics(os.path.join(cfg.output_dir, "metrics.jsonl")) if "time/batch" in r]
             peak = torch.cuda.max_memory_allocated() / 2**30 if torch.device(device).type == "cuda" else float("nan")
-            res.update(train_s=round(wall, 2), batches=int(state.get("global_batch", len(recs))), peak_gpu_gib=round(peak, 2),
-                       last_batch_s=round(recs[-1]["time/batch"], 3) if recs else None)
+            res.update(train_s=round(wall, 2), batches=int(state.get("global_batch", len(recs))),
+                       peak_gpu_gib=round(peak, 2), last_batch_s=round(recs[-1]["time/batch"], 3) if recs else None)
             print(f"  trainer {algo:12s} {shape}: train() {wall:.2f}s, {res['batches']} batches, last batch "
                   f"{res['last_batch_s']}s, peak {res['peak_gpu_gib']} GiB", flush=True)
             del tr
@@ -216,9 +223,12 @@ def main() -> None:
     p.add_argument("--models", default="smollm2,qwen0.5b")
     p.add_argument("--small", action="store_true", help="tiny shapes and lengths: a smoke test of the code path")
     p.add_argument("--out", default=None, help="write every result as JSON here")
-    p.add_argument("--shape", default=None, help="B,K,T,repeats override (prompts, samples per prompt, new tokens, timed calls)")
-    p.add_argument("--trainers", default="all", help="algorithms for the every-trainer pass ('all', 'none' or a comma list)")
-    p.add_argument("--trainer-shape", default=None, help="B,K,T of the every-trainer pass (default 4,4,64; --small 2,2,8)")
+    p.add_argument("--shape", default=None,
+                   help="B,K,T,repeats override (prompts, samples per prompt, new tokens, timed calls)")
+    p.add_argument("--trainers", default="all",
+                   help="algorithms for the every-trainer pass ('all', 'none' or a comma list)")
+    p.add_argument("--trainer-shape", default=None,
+                   help="B,K,T of the every-trainer pass (default 4,4,64; --small 2,2,8)")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     models = ["small"] if a.small else a.models.split(",")
@@ -241,7 +251,8 @@ def main() -> None:
     if a.trainers != "none":
         tB, tK, tT = (2, 2, 8) if a.small else (4, 4, 64)
         if a.trainer_shape: tB, tK, tT = (int(x) for x in a.trainer_shape.split(","))
-        res["trainers"] = trainers_bench(models[0], a.device, tB, tK, tT, None if a.trainers == "all" else a.trainers.split(","))
+        res["trainers"] = trainers_bench(models[0], a.device, tB, tK, tT,
+                                         None if a.trainers == "all" else a.trainers.split(","))
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)

@@ -26,7 +26,8 @@ import benchutil as bu  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rollout-batch-size", default="1",
-                   help="task items per sampling loop (the default is 1); 'auto' = None: one rollout buffer, 2 items here")
+                   help="task items per sampling loop (the default is 1); 'auto' = None: one rollout buffer, 2 "
+                        "items here")
     p.add_argument("--model", default=str(bu.TINY_MODEL))
     a = p.parse_args()
 
@@ -78,7 +79,8 @@ def main() -> None:
     rows = [json.loads(ln) for ln in open(os.path.join(out_dir, "metrics.jsonl")) if ln.strip()]
     tsum = lambda k: sum(r.get(k, 0.0) for r in rows)  # noqa: E731
     gen, rew, upd, batch = tsum("time/generate"), tsum("time/reward"), tsum("time/update"), tsum("time/batch")
-    score, bwd = tsum("time/score"), tsum("time/backward_step")   # parts of time/update: log-prob forward | backward + step
+    score, bwd = tsum("time/score"), tsum("time/backward_step")   # parts of time/update: log-prob
+                                                                  # forward | backward + step
     tokens = sum(r["tokens_per_s"] * r["time/batch"] for r in rows)  # tokens_per_s = generated tokens / time/batch
     steps = [max((r.get(f"agent_{i}/optimizer_steps", 0) for r in rows), default=0) for i in range(2)]
     # Fingerprint of the learning outcome (rewards, losses, lengths; no timings) to check repeat determinism.
@@ -87,9 +89,9 @@ def main() -> None:
     params = [round(float(sum(p.detach().double().sum() for p in m.parameters())), 6) for m in tr.agents]
     shutil.rmtree(out_dir, ignore_errors=True)
     bu.emit({
-        "side": "ours", "rollout_batch_size": cfg.rollout_batch_size, "rollout_batch_size_arg": a.rollout_batch_size, "threads": torch.get_num_threads(),
-        "import_s": round(import_s, 3), "build_trainer_s": round(build_s, 3), "train_s": round(train_s, 4),
-        "train_cpu_s": round(train_cpu_s, 4),
+        "side": "ours", "rollout_batch_size": cfg.rollout_batch_size, "rollout_batch_size_arg": a.rollout_batch_size,
+        "threads": torch.get_num_threads(), "import_s": round(import_s, 3), "build_trainer_s": round(build_s, 3),
+        "train_s": round(train_s, 4), "train_cpu_s": round(train_cpu_s, 4),
         "batches": len(rows), "time_generate_s": round(gen, 4), "time_reward_s": round(rew, 4),
         "time_update_s": round(upd, 4), "time_score_s": round(score, 4), "time_backward_step_s": round(bwd, 4),
         "time_batch_s": round(batch, 4),

@@ -1,9 +1,10 @@
 """Worker for the yardstick side, run with the yardstick's interpreter ($PEER_DIR/venv/bin/python).
 
-Runs the yardstick's own `run_peer.run_single(algo, ...)` unchanged (algo: --algo, default magrpo) (same trainer, settings, seeding and its own
-wall-clock `train_s`), and adds one thing: a stopwatch of process CPU time around `MAGRPOTrainer.train` (a class-level
-wrapper that calls the original; for any algo: every trainer class of comlrl.trainers, the outermost call only), so both sides can also be compared by CPU time on a shared machine.
-Prints the yardstick's result dict plus `train_cpu_s` as one `RESULT {json}` line.
+Runs the yardstick's own `run_peer.run_single(algo, ...)` unchanged (algo: --algo, default magrpo) (same trainer,
+settings, seeding and its own wall-clock `train_s`), and adds one thing: a stopwatch of process CPU time around
+`MAGRPOTrainer.train` (a class-level wrapper that calls the original; for any algo: every trainer class of
+comlrl.trainers, the outermost call only), so both sides can also be compared by CPU time on a shared machine. Prints
+the yardstick's result dict plus `train_cpu_s` as one `RESULT {json}` line.
 
     $PEER_DIR/venv/bin/python benchmarks/peer_magrpo.py [run_peer.py options, e.g. --threads 1]
 """

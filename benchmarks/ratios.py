@@ -62,7 +62,8 @@ def header() -> dict:
     h = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": model, "cpus": os.cpu_count(),
          "flags": {f: f in flags for f in FLAGS}, "torch": torch.__version__, "transformers": transformers.__version__,
          "load_start": os.getloadavg()}
-    print(f"# {h['date']}  {platform.node()}  {model}, {h['cpus']} CPUs  torch {h['torch']}  transformers {h['transformers']}")
+    print(f"# {h['date']}  {platform.node()}  {model}, {h['cpus']} CPUs  torch {h['torch']}  transformers "
+          f"{h['transformers']}")
     print("# CPU flags: " + "  ".join(f"{f}={'yes' if v else 'no'}" for f, v in h["flags"].items()))
     print(f"# load average at start {h['load_start'][0]:.2f} {h['load_start'][1]:.2f} {h['load_start'][2]:.2f} "
           "(2-core machine; other jobs inflate wall times, read the CPU columns)", flush=True)
@@ -71,8 +72,9 @@ def header() -> dict:
 
 def pair_rows(name: str, ours: list, theirs: list) -> dict:
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
-    r = {"name": name, "runs": (len(ours), len(theirs)), "ours_s": med(ours, "train_s"), "theirs_s": med(theirs, "train_s"),
-         "ours_cpu": med(ours, "train_cpu_s"), "theirs_cpu": med(theirs, "train_cpu_s")}
+    r = {"name": name, "runs": (len(ours), len(theirs)), "ours_s": med(ours, "train_s"),
+         "theirs_s": med(theirs, "train_s"), "ours_cpu": med(ours, "train_cpu_s"),
+         "theirs_cpu": med(theirs, "train_cpu_s")}
     r["ratio"], r["ratio_cpu"] = r["ours_s"] / r["theirs_s"], r["ours_cpu"] / r["theirs_cpu"]
     # Each round's own ratio (ours and theirs ran back to back): this machine's speed drifts by up to ~40% over
     # seconds (the same tensor add timed 1.1-2.0 us within one process), so the spread says how far to trust a verdict.
@@ -100,7 +102,8 @@ def yardstick(algos: list[str], repeats: int, out: list) -> None:
 
 
 def trl_rows(pairs: int, out: list) -> None:
-    ok = subprocess.run([str(bu.PEER_PYTHON), "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True)
+    ok = subprocess.run([str(bu.PEER_PYTHON), "-c", "import trl; print(trl.__version__)"], capture_output=True,
+                        text=True)
     if ok.returncode != 0:
         print(f"#   TRL: not run: `import trl` fails in {bu.PEER_PYTHON} ({ok.stderr.strip().splitlines()[-1:]}); "
               f"install it there with: {bu.PEER_DIR}/venv/bin/pip install trl", flush=True)
@@ -115,8 +118,9 @@ def trl_rows(pairs: int, out: list) -> None:
             ours[lab].append(o)
         t = worker([str(bu.PEER_PYTHON), str(HERE / "trl_grpo.py"), "--side", "trl", "--model", str(model)])
         theirs.append(t)
-        print(f"#   trl pair {rep + 1}: " + "   ".join(f"ours{lab} {ours[lab][-1]['train_s']:.2f} s (CPU {ours[lab][-1]['train_cpu_s']:.2f})"
-                                                  for lab in TREES)
+        print(f"#   trl pair {rep + 1}: "
+              + "   ".join(f"ours{lab} {ours[lab][-1]['train_s']:.2f} s (CPU {ours[lab][-1]['train_cpu_s']:.2f})"
+                           for lab in TREES)
               + f"   TRL {t.get('trl_version')} {t['train_s']:.2f} s (CPU {t['train_cpu_s']:.2f}); optimizer steps "
               f"{ours[''][-1]['optimizer_steps']} / {t['optimizer_steps']}", flush=True)
     for lab in TREES:
@@ -152,8 +156,8 @@ def roofline(dtypes: str, lab: str = "", tree: str | None = None) -> dict:
         g["label"] = lab
         print(f"#   roofline{lab} {g['dtype']}: peak {res['peak_gflops'][g['dtype'] + '/1']:.1f} GFLOP/s, copy "
               f"{res['bandwidth_gbs']['1']:.1f} GB/s; generation {g['tokens_per_s']:.0f} tokens/s "
-              f"({g['achieved_gflops']:.1f} GFLOP/s) vs roofline {g['roofline_tokens_per_s']:.0f} -> {g['fraction']:.2f}",
-              flush=True)
+              f"({g['achieved_gflops']:.1f} GFLOP/s) vs roofline {g['roofline_tokens_per_s']:.0f} -> "
+              f"{g['fraction']:.2f}", flush=True)
     return res
 
 
@@ -163,7 +167,8 @@ def main() -> None:
     p.add_argument("--trl-pairs", type=int, default=1)
     p.add_argument("--algos", default="magrpo,madpo,marlhf")
     p.add_argument("--skip", default="", help="any of yardstick, trl, floor, roofline")
-    p.add_argument("--before", default=None, help="another source tree (e.g. a checkout of main): its rows, '(before)', "
+    p.add_argument("--before", default=None,
+                   help="another source tree (e.g. a checkout of main): its rows, '(before)', "
                    "alternate with ours against the same theirs runs")
     p.add_argument("--out", default=str(bu.PEER_DIR / "ratios.json"))
     a = p.parse_args()
@@ -175,7 +180,8 @@ def main() -> None:
     roof = None
     t0 = time.perf_counter()
     if "yardstick" not in skip:
-        print("## ours vs the yardstick (comlrl 1.4.3): tiny Qwen2, 8 prompts, 2 agents, K=4, 16 new tokens, 1 epoch", flush=True)
+        print("## ours vs the yardstick (comlrl 1.4.3): tiny Qwen2, 8 prompts, 2 agents, K=4, 16 new tokens, 1 epoch",
+              flush=True)
         yardstick(a.algos.split(","), a.repeats, rows)
     if "trl" not in skip:
         print("## one agent vs TRL GRPO: SmolLM2-135M fp32, 4 prompts x K=4, 32 new tokens, one AdamW step", flush=True)
@@ -185,7 +191,8 @@ def main() -> None:
         for lab, tree in TREES.items():
             floor_rows(rows, lab, tree)
     if "roofline" not in skip:
-        print("## generation vs this CPU's roofline (benchmarks/roofline.py, one thread, 16 rows x 32 tokens)", flush=True)
+        print("## generation vs this CPU's roofline (benchmarks/roofline.py, one thread, 16 rows x 32 tokens)",
+              flush=True)
         dts = "fp32,bf16" if h["flags"]["avx512_bf16"] or h["flags"]["amx_bf16"] else "fp32"
         for lab, tree in TREES.items():
             r = roofline(dts, lab, tree)
@@ -195,11 +202,13 @@ def main() -> None:
     for r in rows:
         base, lab = r["name"].split(" ", 1)[0], r["name"][len(r["name"].split(" ", 1)[0]):]
         tgt = TARGETS.get(base)
-        what = {"trl": "ours / TRL GRPO (1 agent)", "floor": "ours / bare floor"}.get(base, f"ours / comlrl {base.upper()}") + lab
+        what = {"trl": "ours / TRL GRPO (1 agent)",
+                "floor": "ours / bare floor"}.get(base, f"ours / comlrl {base.upper()}") + lab
         pc = r.get("paired_cpu")
         spread = f"{pc['median']:.2f} [{pc['min']:.2f}-{pc['max']:.2f}]" if pc and r["runs"][0] > 1 else "-"
         table.append([what, f"{r['ours_s']:.3f}", f"{r['theirs_s']:.3f}", f"{r['ratio']:.2f}", f"{r['ratio_cpu']:.2f}",
-                      spread, f"<= {tgt}" if tgt else "-", ("met" if r["ratio_cpu"] <= tgt else "NOT met") if tgt else "-"])
+                      spread, f"<= {tgt}" if tgt else "-",
+                      ("met" if r["ratio_cpu"] <= tgt else "NOT met") if tgt else "-"])
     for g in (roof or {}).get("generation", []):
         table.append([f"generation / roofline ({g['dtype']}){g.get('label', '')}", f"{g['tokens_per_s']:.0f} tok/s",
                       f"{g['roofline_tokens_per_s']:.0f} tok/s", f"{g['fraction']:.2f}", "-", "-", "-", "-"])

@@ -72,7 +72,8 @@ def generation(model, tok, rows: int, k: int, new_tokens: int, dtype, threads: i
     eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = None          # no early stop: every step decodes every row
     try:
-        kw = dict(k=k, max_new_tokens=new_tokens, temperature=0.7, autocast_dtype=dtype, keys=[(0, i) for i in range(len(prompts))])
+        kw = dict(k=k, max_new_tokens=new_tokens, temperature=0.7, autocast_dtype=dtype,
+                  keys=[(0, i) for i in range(len(prompts))])
         out = {}
         t = best_of(lambda: out.setdefault("c", generate_completions(model, tok, prompts, **kw)), reps, budget=30.0)
     finally:
@@ -116,19 +117,22 @@ def main() -> None:
         model, tok = load_embedded()
         model.eval()
         P = sum(p.numel() for p in model.parameters())
-        print(f"\nSmolLM2-135M: {P / 1e6:.1f}M parameters per token; roofline step = max(2 P B / peak, 4 P / bandwidth)")
-        print("| dtype | threads | rows | tokens/s | achieved GFLOP/s | roofline tokens/s | fraction |\n|---|---|---|---|---|---|---|")
+        print(f"\nSmolLM2-135M: {P / 1e6:.1f}M parameters per token; roofline step = max(2 P B / peak, 4 P / "
+              "bandwidth)")
+        print("| dtype | threads | rows | tokens/s | achieved GFLOP/s | roofline tokens/s | fraction "
+              "|\n|---|---|---|---|---|---|---|")
         for t in threads:
             for B in [int(x) for x in a.rows.split(",")]:
                 for d in dtypes:
                     r = generation(model, tok, B, min(a.k, B), a.new_tokens, dts[d][1], t, a.reps)
-                    step_roof = max(2 * P * r["rows"] / (res["peak_gflops"][f"{d}/{t}"] * 1e9), 4 * P / (res["bandwidth_gbs"][t] * 1e9))
+                    step_roof = max(2 * P * r["rows"] / (res["peak_gflops"][f"{d}/{t}"] * 1e9),
+                                    4 * P / (res["bandwidth_gbs"][t] * 1e9))
                     roof_tps = r["rows"] / step_roof
-                    r.update(dtype=d, threads=t, achieved_gflops=2 * P * r["tokens_per_s"] / 1e9, roofline_tokens_per_s=roof_tps,
-                             fraction=r["tokens_per_s"] / roof_tps)
+                    r.update(dtype=d, threads=t, achieved_gflops=2 * P * r["tokens_per_s"] / 1e9,
+                             roofline_tokens_per_s=roof_tps, fraction=r["tokens_per_s"] / roof_tps)
                     res["generation"].append(r)
-                    print(f"| {d} | {t} | {r['rows']} | {r['tokens_per_s']:.0f} | {r['achieved_gflops']:.1f} | {roof_tps:.0f} | "
-                          f"{r['fraction']:.2f} |")
+                    print(f"| {d} | {t} | {r['rows']} | {r['tokens_per_s']:.0f} | {r['achieved_gflops']:.1f} | "
+                          f"{roof_tps:.0f} | {r['fraction']:.2f} |")
     res["load_avg_end"] = os.getloadavg()[0]
     bu.emit(res)
 

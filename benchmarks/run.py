@@ -35,7 +35,8 @@ def machine_load() -> str:
     la = open("/proc/loadavg").read().split()[0]
     try:
         ps = subprocess.run(["ps", "-eo", "pid,pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True).stdout
-        busy = [ln.strip()[:110] for ln in ps.splitlines()[1:] if float(ln.split()[1]) >= 20.0 and str(os.getpid()) != ln.split()[0]]
+        busy = [ln.strip()[:110] for ln in ps.splitlines()[1:] if float(ln.split()[1]) >= 20.0
+                and str(os.getpid()) != ln.split()[0]]
     except Exception:
         busy = []
     return f"load1={la}" + (f"; busy processes: {busy}" if busy else "")
@@ -84,13 +85,14 @@ def suite_magrpo(a, out_fh) -> None:
     runs = {"theirs": []} | {f"ours rbs={r}": [] for r in rbs}
     for rep in range(a.repeats):
         for r in rbs:
-            for label, cmd in ((f"ours rbs={r}", [OURS_PY, str(HERE / "ours_magrpo.py"), "--rollout-batch-size", str(r)]),
+            for label, cmd in ((f"ours rbs={r}",
+                                [OURS_PY, str(HERE / "ours_magrpo.py"), "--rollout-batch-size", str(r)]),
                                ("theirs", theirs_cmd)):
                 res = run_worker(cmd, {"PEER_DIR": str(bu.PEER_DIR)})
                 runs[label].append(res)
                 log(out_fh, "magrpo", {"label": label, "round": rep, **res})
-                print(f"#   round {rep + 1} {label:<12} train_s={res['train_s']:.4f}  peak_rss={res['peak_rss_mb']:.0f} MB",
-                      flush=True)
+                print(f"#   round {rep + 1} {label:<12} train_s={res['train_s']:.4f}  "
+                      f"peak_rss={res['peak_rss_mb']:.0f} MB", flush=True)
 
     # Split of the train() wall time. Theirs: the yardstick's method timers; ours: the time/* keys of metrics.jsonl.
     def split(label, r):
@@ -98,11 +100,12 @@ def suite_magrpo(a, out_fh) -> None:
             t = r["timers"]
             g, w, u, pl = t["generate"]["seconds"], t["reward"]["seconds"], t["update"]["seconds"], 0.0
             sc = t.get("loss_fwd", {}).get("seconds", float("nan"))
-            st = u - sc                                                               # its update = loss forward, backward, step
+            st = u - sc  # its update = loss forward, backward, step
         else:
             g, w, u, pl = r["time_generate_s"], r["time_reward_s"], r["time_update_s"], r["time_plot_s"]
             sc, st = r.get("time_score_s", float("nan")), r.get("time_backward_step_s", float("nan"))
-        return {"generate": g, "reward": w, "update": u, "score": sc, "bwd+step": st, "plot": pl, "other": r["train_s"] - g - w - u - pl}
+        return {"generate": g, "reward": w, "update": u, "score": sc, "bwd+step": st, "plot": pl,
+                "other": r["train_s"] - g - w - u - pl}
 
     theirs_med = bu.median([r["train_s"] for r in runs["theirs"]])
     theirs_cpu = bu.median([r["train_cpu_s"] for r in runs["theirs"]])
@@ -110,25 +113,28 @@ def suite_magrpo(a, out_fh) -> None:
     for label, rs in runs.items():
         ts = [r["train_s"] for r in rs]
         med, cpu = bu.median(ts), bu.median([r["train_cpu_s"] for r in rs])
-        parts = {k: bu.median([split(label, r)[k] for r in rs]) for k in ("generate", "reward", "update", "score", "bwd+step", "plot", "other")}
+        parts = {k: bu.median([split(label, r)[k] for r in rs])
+                 for k in ("generate", "reward", "update", "score", "bwd+step", "plot", "other")}
         no_plot = bu.median([r["train_s"] - split(label, r)["plot"] for r in rs])
         no_plot_cpu = bu.median([r["train_cpu_s"] - r.get("time_plot_cpu_s", 0.0) for r in rs])
         if label != "theirs":
             ratios[label] = (med / theirs_med, cpu / theirs_cpu)
         rows.append([label, len(rs), f"{med:.3f}", f"{min(ts):.3f}-{max(ts):.3f}", f"{med / theirs_med:.2f}",
-                     f"{no_plot / theirs_med:.2f}", f"{cpu:.3f}", f"{cpu / theirs_cpu:.2f}", f"{no_plot_cpu / theirs_cpu:.2f}",
-                     f"{bu.median([r['peak_rss_mb'] for r in rs]):.0f}",
-                     *(f"{parts[k]:.3f}" for k in ("generate", "reward", "update", "score", "bwd+step", "plot", "other"))])
+                     f"{no_plot / theirs_med:.2f}", f"{cpu:.3f}", f"{cpu / theirs_cpu:.2f}",
+                     f"{no_plot_cpu / theirs_cpu:.2f}", f"{bu.median([r['peak_rss_mb'] for r in rs]):.0f}",
+                     *(f"{parts[k]:.3f}" for k in ("generate", "reward", "update", "score", "bwd+step", "plot",
+                                                   "other"))])
     print()
     bu.table(["variant", "runs", "wall s med", "min-max", "/theirs", "/theirs no-plot", "CPU s med", "/theirs CPU",
-              "/theirs CPU no-plot", "peak RSS MB", "generate", "reward", "update", "score", "bwd+step", "plot", "other"], rows)
+              "/theirs CPU no-plot", "peak RSS MB", "generate", "reward", "update", "score", "bwd+step", "plot",
+              "other"], rows)
     print("  (wall s = wall time of the train() call; CPU s = process CPU time of the same call (robust to other load);"
           " ratios are of medians; no-plot = minus our end-of-run plot_run call.\n"
-          "   split columns: median wall seconds; ours from metrics.jsonl time/generate, time/reward, time/update (log-probs"
-          " + backward + step + metrics) and a stopwatch around the end-of-run plot; theirs from the yardstick's method"
-          " timers; other = wall s - the rest.\n   score = log-prob forward, bwd+step = backward + optimizer step: parts of update"
-          " (ours: time/score, time/backward_step; theirs: its _compute_loss_with_gradients timer, and the rest of"
-          " its update))")
+          "   split columns: median wall seconds; ours from metrics.jsonl time/generate, time/reward, time/update "
+          "(log-probs + backward + step + metrics) and a stopwatch around the end-of-run plot; theirs from the "
+          "yardstick's method timers; other = wall s - the rest.\n   score = log-prob forward, bwd+step = backward + "
+          "optimizer step: parts of update (ours: time/score, time/backward_step; theirs: its "
+          "_compute_loss_with_gradients timer, and the rest of its update))")
     # Same-work checks (reported, not asserted).
     print()
     chk = []
@@ -144,14 +150,16 @@ def suite_magrpo(a, out_fh) -> None:
     bu.table(["variant", "optimizer steps/agent", "generated tokens", "mean reward", "identical across runs"], chk)
     print()
     for label, (ratio, cratio) in ratios.items():
-        print(f"target ours/theirs <= {TARGET_RATIO}: {label}: wall {ratio:.2f} -> {'MET' if ratio <= TARGET_RATIO else 'NOT met'}"
-              f"   (CPU time {cratio:.2f} -> {'MET' if cratio <= TARGET_RATIO else 'NOT met'})")
+        print(f"target ours/theirs <= {TARGET_RATIO}: {label}: wall {ratio:.2f} -> "
+              f"{'MET' if ratio <= TARGET_RATIO else 'NOT met'}   (CPU time {cratio:.2f} -> "
+              f"{'MET' if cratio <= TARGET_RATIO else 'NOT met'})")
     print(f"# done [{machine_load()}]", flush=True)
 
 
 # --------------------------------------------------------------------------- suite: gen_score
 def suite_gen_score(a, out_fh) -> None:
-    print("## suite gen_score: 4 prompts x K=4 (16 rows), 32 new tokens, temperature 0.6 / top_p 0.6 / top_k 50, 1 thread")
+    print("## suite gen_score: 4 prompts x K=4 (16 rows), 32 new tokens, temperature 0.6 / top_p 0.6 / top_k 50, "
+          "1 thread")
     print(f"# [{machine_load()}]", flush=True)
     jobs = []
     if bu.TINY_MODEL.exists():
@@ -162,8 +170,8 @@ def suite_gen_score(a, out_fh) -> None:
     for args in jobs:
         res = run_worker([OURS_PY, str(HERE / "gen_score.py"), *args])
         log(out_fh, "gen_score", res)
-        print(f"\n# model={res['model']} params={res['params'] / 1e6:.3f}M, prompt length {res['prompt_len']} (left-padded),"
-              f" load {res['load_s']}s, peak RSS {res['peak_rss_mb']:.0f} MB")
+        print(f"\n# model={res['model']} params={res['params'] / 1e6:.3f}M, prompt length {res['prompt_len']} "
+              f"(left-padded), load {res['load_s']}s, peak RSS {res['peak_rss_mb']:.0f} MB")
         rows, by = [], {}
         for r in res["results"]:
             by[(r["dtype"], r["op"].split()[0])] = r
@@ -181,9 +189,9 @@ def suite_gen_score(a, out_fh) -> None:
                          fmt_int(1e3 * r["tokens_per_call"] / r["cpu_ms_median"]), vs, vs_cpu])
         bu.table(["dtype", "op", "calls", "ms/call med", "ms min", "CPU ms med", "tokens/call", "tokens/s",
                   "tokens/CPU-s", "ours vs HF", "ours vs HF (CPU)"], rows)
-    print("  (ms = wall per call; CPU ms = process CPU time per call; ours vs HF = our tokens/s over HF's tokens/s (wall,"
-          " then CPU): > 1 means generate_completions is faster; tokens counted up to and including EOS; score ops count"
-          " the completion tokens scored)")
+    print("  (ms = wall per call; CPU ms = process CPU time per call; ours vs HF = our tokens/s over HF's "
+          "tokens/s (wall, then CPU): > 1 means generate_completions is faster; tokens counted up to and including "
+          "EOS; score ops count the completion tokens scored)")
     print(f"# done [{machine_load()}]", flush=True)
 
 
@@ -193,8 +201,8 @@ def fmt_int(x):
 
 # --------------------------------------------------------------------------- suite: smollm2_floor
 def suite_floor(a, out_fh) -> None:
-    print("## suite smollm2_floor: 2 SmolLM2-135M agents, 4 prompts (chat template) x K=4, 32 new tokens, one AdamW step"
-          " per agent on its 16 completions, 1 thread")
+    print("## suite smollm2_floor: 2 SmolLM2-135M agents, 4 prompts (chat template) x K=4, 32 new tokens, one "
+          "AdamW step per agent on its 16 completions, 1 thread")
     print(f"# [{machine_load()}]", flush=True)
     rows, split_rows = [], []
     for dtype in a.floor_dtypes.split(","):
@@ -212,17 +220,18 @@ def suite_floor(a, out_fh) -> None:
                                f"{d.get('plot_s', 0.0):.2f}", f"{d['tokens']:.0f}",
                                "/".join(map(str, o["optimizer_steps"])) if side == "ours" else "1/1"])
         print(f"#   {dtype}: order {' '.join(res['order'])}; per-run step_s floor "
-              f"{[round(r['step_s'], 2) for r in res['runs']['floor']]} ours {[round(r['step_s'], 2) for r in res['runs']['ours']]}",
-              flush=True)
+              f"{[round(r['step_s'], 2) for r in res['runs']['floor']]} ours "
+              f"{[round(r['step_s'], 2) for r in res['runs']['ours']]}", flush=True)
     print()
     bu.table(["dtype", "runs/side", "floor step s", "ours batch s", "ours train() s", "ours/floor (batch)",
-              "ours/floor (train())", "floor CPU s", "ours train() CPU s", "ours/floor CPU", "warm-up s", "peak RSS MB"], rows)
+              "ours/floor (train())", "floor CPU s", "ours train() CPU s", "ours/floor CPU", "warm-up s",
+              "peak RSS MB"], rows)
     print()
     bu.table(["dtype", "side", "generate s", "reward s", "update s", "plot s", "gen tokens", "optimizer steps/agent"],
              split_rows)
-    print("  (medians; s = wall seconds, CPU s = process CPU seconds; ours batch = metrics.jsonl time/batch; ours train()"
-          " adds trainer start-up, the end-of-run plot and closing; update = log-probs + backward + AdamW step for both"
-          " agents)")
+    print("  (medians; s = wall seconds, CPU s = process CPU seconds; ours batch = metrics.jsonl time/batch; "
+          "ours train() adds trainer start-up, the end-of-run plot and closing; update = log-probs + backward + AdamW "
+          "step for both agents)")
     print(f"# done [{machine_load()}]", flush=True)
 
 
@@ -232,7 +241,8 @@ def main() -> None:
     p.add_argument("--suite", choices=["magrpo", "gen_score", "smollm2_floor", "all"], default="magrpo")
     p.add_argument("--repeats", type=int, default=3, help="magrpo: rounds of alternating ours/theirs runs (>= 3)")
     p.add_argument("--rollout-batch-sizes", default="1,auto,8",
-                   help="magrpo: our rollout_batch_size values, one row each (1 = the default; 'auto' = None, one buffer = 2 items)")
+                   help="magrpo: our rollout_batch_size values, one row each (1 = the default; 'auto' = None, one "
+                        "buffer = 2 items)")
     p.add_argument("--gs-tiny-repeats", type=int, default=10)
     p.add_argument("--gs-smollm2-repeats", type=int, default=2)
     p.add_argument("--floor-dtypes", default="bf16,fp32")
@@ -240,14 +250,15 @@ def main() -> None:
     p.add_argument("--floor-pairs-fp32", type=int, default=1)
     p.add_argument("--wait-idle", type=float, default=0.0,
                    help="wait up to this many seconds for the 1-min load average to drop below 0.5 before each suite")
-    p.add_argument("--out", default=str(bu.REPO / ".peer" / "bench_results.jsonl"), help="raw RESULT lines (JSON lines)")
+    p.add_argument("--out", default=str(bu.REPO / ".peer" / "bench_results.jsonl"),
+                   help="raw RESULT lines (JSON lines)")
     a = p.parse_args()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     suites = ["magrpo", "gen_score", "smollm2_floor"] if a.suite == "all" else [a.suite]
     import platform
 
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {os.cpu_count()} CPUs  python {platform.python_version()}"
-          f"  results -> {a.out}", flush=True)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {os.cpu_count()} CPUs  python "
+          f"{platform.python_version()}  results -> {a.out}", flush=True)
     with open(a.out, "a") as out_fh:
         for s in suites:
             if a.wait_idle:

@@ -6,7 +6,7 @@ completions; no reference model (beta 0), fp32, one torch thread. Timed: the `tr
 process CPU time); model loading and trainer construction are outside it. Prints one `RESULT {json}` line.
 
     .venv/bin/python benchmarks/trl_grpo.py --side ours --model .peer/smollm2-hf
-    $PEER_DIR/venv/bin/python benchmarks/trl_grpo.py --side trl --model .peer/smollm2-hf     # needs trl (pip install trl)
+    $PEER_DIR/venv/bin/python benchmarks/trl_grpo.py --side trl --model .peer/smollm2-hf  # needs trl (pip install trl)
 
 `--model` is a local HF model folder (benchmarks/ratios.py writes SmolLM2-135M there once from the embedded model).
 TRL's GRPO defaults differ from ours in ways that do not change the work: its loss is the clipped-ratio form (equal to
@@ -72,8 +72,8 @@ def trl(model_dir: str) -> dict:
     cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=len(PROMPTS) * K, num_generations=K,
                      gradient_accumulation_steps=1, max_completion_length=NEW, temperature=bu.SAMPLING["temperature"],
                      top_p=bu.SAMPLING["top_p"], top_k=bu.SAMPLING["top_k"], learning_rate=LR, beta=0.0, max_steps=1,
-                     num_train_epochs=1, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
-                     disable_tqdm=True, seed=0, dataloader_num_workers=0)
+                     num_train_epochs=1, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+                     bf16=False, disable_tqdm=True, seed=0, dataloader_num_workers=0)
     tr = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok)
     steps = {"n": 0}
     orig = tr.optimizer.step if tr.optimizer is not None else None

@@ -9,7 +9,8 @@ __all__ = []
 # %% ../nbs/99_api.ipynb #f759fafb
 from .core import seed_everything, derive_seed, resolve_device, setup_logging
 from .adapters import LoRAAgents
-from .models import load_agents, load_model, load_tokenizer, load_embedded, make_tiny_model, make_tiny_tokenizer
+from .models import (load_agents, load_model, load_tokenizer, load_embedded, make_tiny_model,
+                              make_tiny_tokenizer)
 from .generation import Completions, generate_completions, compose_joint, joint_indices, per_agent_returns
 from .scoring import completion_logprobs, k3_kl
 from .rewards import RewardFunction, RewardError, default_formatter, apply_chat_template
@@ -34,12 +35,14 @@ from .comparators import COMPARATOR_POLICIES, parse_agent_sections, centralized_
 from .api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets
 from .dataset import as_rows, check_dataset
 from .rewards import FormatterError
-from .runs import RunLock, Terminated, check_resume_config, config_changes, prepare_output_dir, sigterm_as_interrupt
+from .runs import (RunLock, Terminated, check_resume_config, config_changes, prepare_output_dir,
+                            sigterm_as_interrupt)
 from .porting import (RewardProcessors, read_checkpoint_metadata, wandb_init_kwargs, set_reward_range,
                                install_library_modules, install_trainer_wrappers)
 install_library_modules()          # comlrl's module paths (comlrl_nb.utils.reward_processor, ...), see 90_porting
 install_trainer_wrappers()         # the library's wandb_config, reward layout and num_agents on every trainer
-from .config_files import config_from_dict, config_from_file, add_config_constructors, attach_to_package_configs
+from .config_files import (config_from_dict, config_from_file, add_config_constructors,
+                                    attach_to_package_configs)
 attach_to_package_configs()      # MAGRPOConfig.from_file(...), .from_dict(...) on every config class
 
 # %% ../nbs/99_api.ipynb #100d7049

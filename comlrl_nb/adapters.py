@@ -49,8 +49,9 @@ def _aa_load_state_dict(self: AdapterAgent, state: dict, strict: bool = True):
     if strict and set(own) != set(state):
         other = sorted({m.group(1) for k in state for m in [re.search(r"\.(agent_\d+)\.", k)] if m} - {self.name})
         if other and {k.replace(f".{other[0]}.", f".{self.name}.") for k in state} == set(own):
-            raise ValueError(f"adapter '{self.name}': the checkpoint's tensors belong to adapter '{other[0]}' (every key names its "
-                             f"adapter); load it into that agent, or rename the keys ('.{other[0]}.' -> '.{self.name}.')")
+            raise ValueError(f"adapter '{self.name}': the checkpoint's tensors belong to adapter '{other[0]}' (every "
+                             f"key names its adapter); load it into that agent, or rename the keys ('.{other[0]}.' -> "
+                             f"'.{self.name}.')")
         missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
         raise ValueError(f"adapter '{self.name}': checkpoint holds {len(state)} tensors, this adapter has {len(own)}; "
                          f"{len(missing)} missing (e.g. {missing[:1]}), {len(extra)} unexpected (e.g. {extra[:1]}); "
@@ -76,8 +77,10 @@ def _aa_reference_copy(self: AdapterAgent):
     "The frozen reference policy: the base model with adapters switched off (no copy)."
     return BaseView(self.peft)
 
-AdapterAgent.state_dict, AdapterAgent.load_state_dict, AdapterAgent.train = _aa_state_dict, _aa_load_state_dict, _aa_train
-AdapterAgent.to, AdapterAgent.save_pretrained, AdapterAgent.reference_copy = _aa_to, _aa_save_pretrained, _aa_reference_copy
+AdapterAgent.state_dict, AdapterAgent.load_state_dict, AdapterAgent.train = _aa_state_dict, _aa_load_state_dict, \
+    _aa_train
+AdapterAgent.to, AdapterAgent.save_pretrained, AdapterAgent.reference_copy = _aa_to, _aa_save_pretrained, \
+    _aa_reference_copy
 
 # %% ../nbs/06_adapters.ipynb #a87782e5
 class BaseView(torch.nn.Module):
@@ -129,8 +132,8 @@ def _lora_build(self: LoRAAgents, model_config: dict | None = None, device=None)
         base, tok = load_model(self.base, model_config, device), None
     tok = load_tokenizer(self.tokenizer if self.tokenizer is not None else (tok or self.base))
     if hasattr(base, "peft_config"):
-        raise ValueError("this base model already carries LoRA adapters from an earlier build (build() adds them in place); "
-                         "pass a fresh model, or reuse the agents the first build returned")
+        raise ValueError("this base model already carries LoRA adapters from an earlier build (build() adds them in "
+                         "place); pass a fresh model, or reuse the agents the first build returned")
     base.requires_grad_(False)
     cfg = LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
                      target_modules=list(self.target_modules) if self.target_modules else "all-linear")
@@ -140,7 +143,8 @@ def _lora_build(self: LoRAAgents, model_config: dict | None = None, device=None)
     agents = [AdapterAgent(peft_model, f"agent_{i}") for i in range(self.num_agents)]
     n_ad = sum(p.numel() for p in agents[0].parameters())
     n_base = sum(p.numel() for p in base.parameters())
-    logger.info(f"{self.num_agents} LoRA agents (r={self.r}) over one base: {n_ad:,} trainable parameters each, base {n_base:,}")
+    logger.info(f"{self.num_agents} LoRA agents (r={self.r}) over one base: {n_ad:,} trainable parameters each, base "
+                f"{n_base:,}")
     return agents, [tok] * self.num_agents
 
 LoRAAgents.build = _lora_build

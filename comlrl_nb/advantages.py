@@ -61,7 +61,8 @@ def node_advantages(returns, mode: str = "mean", normalize: bool = True, eps: fl
     R = _as_float(returns)
     _check_samples(R)
     if not torch.isfinite(R).all():
-        raise ValueError(f"returns contain NaN or inf: {R.tolist() if R.numel() <= 16 else R}; check the reward function.")
+        raise ValueError(f"returns contain NaN or inf: {R.tolist() if R.numel() <= 16 else R}; check the reward "
+                         "function.")
     if not eps > 0: raise ValueError(f"eps must be > 0 (it floors the std), got {eps}.")
     A = R - baselines(R, mode)
     if not normalize: return A
@@ -92,12 +93,14 @@ def advantage_stats(adv) -> dict:
 def advantage_table(rewards, normalize: bool = True) -> dict[str, list[float]]:
     "Advantages of one node's `rewards` under every mode in `ADVANTAGE_MODES`: `{mode: [A^1, ..., A^K]}`."
     R = _as_float(rewards)
-    if R.dim() != 1: raise ValueError(f"advantage_table takes the rewards of one node (1-d), got shape {tuple(R.shape)}.")
+    if R.dim() != 1:
+        raise ValueError(f"advantage_table takes the rewards of one node (1-d), got shape {tuple(R.shape)}.")
     return {m: node_advantages(R, m, normalize=normalize).tolist() for m in ADVANTAGE_MODES}
 
 # %% ../nbs/10_advantages.ipynb #20fec481
 def plot_advantages(rewards, normalize: bool = True, ax=None):
-    "Grouped bar chart of `advantage_table(rewards, normalize)`: one group per sample, one bar per mode. Returns the Figure."
+    """Grouped bar chart of `advantage_table(rewards, normalize)`: one group per sample, one bar per mode. Returns the
+    Figure."""
     from matplotlib.figure import Figure
     table = advantage_table(rewards, normalize)
     R = _as_float(rewards).tolist()
@@ -124,7 +127,8 @@ def display_figure(fig):
     display(Image(buf.getvalue()))
 
 def off_main_shell(*widgets):
-    "Let the browser's messages for `widgets` (and their children) go to the shell it chose, not back to the main shell."
+    """Let the browser's messages for `widgets` (and their children) go to the shell it chose, not back to the main
+    shell."""
     for x in widgets:
         comm = getattr(x, "comm", None)
         if comm is not None and "_reply_subshell_id" in vars(comm):   # ipykernel >= 7 remembers the last shell
@@ -146,11 +150,13 @@ def advantages_widget(rewards=(0.2, 0.5, 0.9, 0.4), normalize: bool = False):
 
 # %% ../nbs/10_advantages.ipynb #0e750d90
 def baseline_frames(num_frames: int = 24, K: int = 4, seed: int = 0) -> list[dict]:
-    "Per frame: `t`, `rewards` (K floats) and `baselines` {mode: float, or K floats for 'rloo'} for smoothly moving rewards."
+    """Per frame: `t`, `rewards` (K floats) and `baselines` {mode: float, or K floats for 'rloo'} for smoothly moving
+    rewards."""
     if num_frames < 1: raise ValueError(f"num_frames must be >= 1, got {num_frames}.")
     if K < 2: raise ValueError(f"K must be >= 2 (rloo needs another sample), got {K}.")
     g = torch.Generator().manual_seed(seed)
-    c, a, phi = 0.2 + 0.6 * torch.rand(K, generator=g), 0.2 + 0.3 * torch.rand(K, generator=g), 2 * math.pi * torch.rand(K, generator=g)
+    c, a, phi = 0.2 + 0.6 * torch.rand(K, generator=g), 0.2 + 0.3 * torch.rand(K, generator=g), \
+        2 * math.pi * torch.rand(K, generator=g)
     frames = []
     for t in range(num_frames):
         R = c + a * torch.sin(2 * math.pi * t / num_frames + phi)

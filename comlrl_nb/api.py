@@ -23,7 +23,8 @@ __all__ = ['FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS', 'DEFAULT_KEY_ENVS', 'ANT
 FORMATS = ("generic", "openai", "anthropic", "openai_responses")
 FORMAT_ALIASES = {"responses": "openai_responses", "codex": "openai_responses", "openai_chat": "openai",
                   "chat": "openai", "anthropic_messages": "anthropic", "messages": "anthropic"}
-DEFAULT_URLS = {"anthropic": "https://api.anthropic.com/v1/messages", "openai_responses": "https://api.openai.com/v1/responses"}
+DEFAULT_URLS = {"anthropic": "https://api.anthropic.com/v1/messages",
+                "openai_responses": "https://api.openai.com/v1/responses"}
 DEFAULT_KEY_ENVS = {"anthropic": "ANTHROPIC_API_KEY", "openai_responses": "OPENAI_API_KEY"}
 ANTHROPIC_VERSION = "2023-06-01"
 ONE_PER_REQUEST = ("anthropic", "openai_responses")  # formats without an `n`
@@ -38,7 +39,8 @@ _SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|password|credential|ses
 FRAGMENT_CHARS = 8   # any run of this many characters of a secret (or of its base64/URL encodings) is hidden
 
 def _encodings(s: str) -> list:
-    "`s` and how it can appear elsewhere: base64 (standard and URL-safe, at each of the 3 alignments inside a longer string), URL-quoted."
+    """`s` and how it can appear elsewhere: base64 (standard and URL-safe, at each of the 3 alignments inside a longer
+    string), URL-quoted."""
     import base64
     out = {s, urllib.parse.quote(s, safe="")}
     for pad in range(3):
@@ -48,7 +50,8 @@ def _encodings(s: str) -> list:
     return [e for e in out if e]
 
 def redact(text, secrets: Sequence[str] = ()) -> str:
-    "`text` with every secret, and every run of >= FRAGMENT_CHARS characters of a secret or of its base64/URL encodings, replaced by `***`."
+    """`text` with every secret, and every run of >= FRAGMENT_CHARS characters of a secret or of its base64/URL
+    encodings, replaced by `***`."""
     text, spans = str(text), []
     for s in {s for s in secrets if isinstance(s, str) and s}:
         for e in _encodings(s):
@@ -81,7 +84,8 @@ def safe_url(url) -> str:
 def _secret_header(name: str) -> bool: return bool(_SECRET_NAME.search(str(name)))
 
 def _scrub(x, secret: bool = False):
-    "A JSON-like value with the string values under secret-looking names replaced by `***` (nested dicts and lists too)."
+    """A JSON-like value with the string values under secret-looking names replaced by `***` (nested dicts and lists
+    too)."""
     if isinstance(x, dict): return {k: _scrub(v, secret or _secret_header(k)) for k, v in x.items()}
     if isinstance(x, (list, tuple)): return [_scrub(v, secret) for v in x]
     return "***" if secret and isinstance(x, str) and x else x
@@ -93,7 +97,8 @@ def secret_values(x, secret: bool = False) -> list:
     return [x] if secret and isinstance(x, str) and x else []
 
 def scrub_secrets(cfg) -> dict:
-    "A copy of a config mapping (or dataclass) with `comparator_api_key` and secret-looking header and extra-body values replaced by `***`."
+    """A copy of a config mapping (or dataclass) with `comparator_api_key` and secret-looking header and extra-body
+    values replaced by `***`."""
     d = dict(asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else cfg)
     if d.get("comparator_api_key"): d["comparator_api_key"] = "***"
     for k in ("comparator_api_headers", "comparator_api_extra_body"):
@@ -114,7 +119,8 @@ EXCERPT_CHARS = 300
 
 def excerpt(body, secrets: Sequence[str] = (), limit: int = EXCERPT_CHARS) -> str:
     "A redacted, single-line excerpt of a response body, at most `limit` characters."
-    text = body[:8 * limit].decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else str(body)[:8 * limit]
+    text = body[:8 * limit].decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else \
+        str(body)[:8 * limit]
     text = redact(" ".join(text.split())[:limit + 64], secrets)     # cut first: redaction cost stays small
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -124,7 +130,8 @@ from .config import ComparatorAPIFields, TrainerConfig, compose
 
 @compose(ComparatorAPIFields)
 class APIComparatorConfig(TrainerConfig):
-    "Settings of an API comparator (the `comparator_api_*` fields of the iterative configs; help: `ComparatorAPIFields`)."
+    """Settings of an API comparator (the `comparator_api_*` fields of the iterative configs; help:
+    `ComparatorAPIFields`)."""
     def __repr__(self): return f"APIComparatorConfig({', '.join(f'{k}={v!r}' for k, v in scrub_secrets(self).items())})"
 
 # %% ../nbs/52_api.ipynb #027bd1ee
@@ -134,23 +141,26 @@ def _check_str(value, name, allow_none=False, show=True):
     if value is None and allow_none: return None
     if not isinstance(value, str) or not value.strip():
         shown = f"{value!r}" if show else f"<{type(value).__name__}>"
-        raise ValueError(f"{_OWNER}.{name}={shown} is invalid: expected a non-empty string" + (" or None" if allow_none else ""))
+        raise ValueError(f"{_OWNER}.{name}={shown} is invalid: expected a non-empty string"
+                         + (" or None" if allow_none else ""))
     return value
 
 def _check_url(url, name="comparator_api_url"):
     p = urllib.parse.urlsplit(url)
     if p.scheme not in ("http", "https") or not p.hostname:
-        raise ValueError(f"{_OWNER}.{name}={safe_url(url)!r} is invalid: expected an http:// or https:// URL with a host")
+        raise ValueError(f"{_OWNER}.{name}={safe_url(url)!r} is invalid: expected an http:// or https:// URL "
+                         "with a host")
     return url
 
 # %% ../nbs/52_api.ipynb #14b6f91a
 def check_key(key, where: str) -> str:
-    "An API key as an HTTP header can carry it: surrounding whitespace (a pasted newline) removed; other control or non-ASCII characters refused. Never echoes the key."
+    """An API key as an HTTP header can carry it: surrounding whitespace (a pasted newline) removed; other control or
+    non-ASCII characters refused. Never echoes the key."""
     key = key.strip()
     bad = next((i for i, ch in enumerate(key) if not (32 <= ord(ch) < 127)), None)
     if bad is not None:
-        raise ValueError(f"{where} contains a control or non-ASCII character at position {bad} of {len(key)} (the key itself is "
-                         "not shown); copy the key again without line breaks or quotes")
+        raise ValueError(f"{where} contains a control or non-ASCII character at position {bad} of {len(key)} (the key "
+                         "itself is not shown); copy the key again without line breaks or quotes")
     if not key: raise ValueError(f"{where} is empty after removing whitespace; set the key")
     return key
 
@@ -160,19 +170,24 @@ def _validate(self: APIComparatorConfig):
     self.comparator_api_format = fmt = resolve_format(self.comparator_api_format)
     if self.comparator_api_url is None and fmt not in DEFAULT_URLS:
         raise ValueError(f"{_OWNER}.comparator_api_url=None is invalid: the {fmt!r} format needs an endpoint URL "
-                         "(e.g. https://api.openai.com/v1/chat/completions or https://api.deepseek.com/chat/completions)")
-    if self.comparator_api_url is not None: _check_url(_check_str(self.comparator_api_url, "comparator_api_url", show=False))
+                         "(e.g. https://api.openai.com/v1/chat/completions or "
+                         "https://api.deepseek.com/chat/completions)")
+    if self.comparator_api_url is not None:
+        _check_url(_check_str(self.comparator_api_url, "comparator_api_url", show=False))
     _check_str(self.comparator_api_model, "comparator_api_model", allow_none=True)
     _check_str(self.comparator_api_key_env, "comparator_api_key_env", allow_none=True)
     if _check_str(self.comparator_api_key, "comparator_api_key", allow_none=True, show=False) is not None:
         self.comparator_api_key = check_key(self.comparator_api_key, f"{_OWNER}.comparator_api_key")
     _check_str(self.comparator_api_key_header, "comparator_api_key_header")
     if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", self.comparator_api_key_header):
-        raise ValueError(f"{_OWNER}.comparator_api_key_header={self.comparator_api_key_header!r} is invalid: not an HTTP header name")
+        raise ValueError(f"{_OWNER}.comparator_api_key_header={self.comparator_api_key_header!r} is invalid: not an "
+                         "HTTP header name")
     if not isinstance(self.comparator_api_key_prefix, str):
-        raise ValueError(f"{_OWNER}.comparator_api_key_prefix={self.comparator_api_key_prefix!r} is invalid: expected a string ('' for none)")
+        raise ValueError(f"{_OWNER}.comparator_api_key_prefix={self.comparator_api_key_prefix!r} is invalid: expected "
+                         "a string ('' for none)")
     if any(not 32 <= ord(ch) < 127 for ch in self.comparator_api_key_prefix):
-        raise ValueError(f"{_OWNER}.comparator_api_key_prefix is invalid: control or non-ASCII characters (use e.g. 'Bearer ')")
+        raise ValueError(f"{_OWNER}.comparator_api_key_prefix is invalid: control or non-ASCII characters (use e.g. "
+                         "'Bearer ')")
     _check_str(self.comparator_api_response_field, "comparator_api_response_field")
     _validate_numbers(self)
     _validate_dicts(self)
@@ -183,27 +198,32 @@ APIComparatorConfig._validate = _validate
 def _validate_numbers(self: APIComparatorConfig):
     b = self.comparator_api_backoff
     if isinstance(b, (list, tuple)):
-        if len(b) != 2: raise ValueError(f"{_OWNER}.comparator_api_backoff={b!r} is invalid: expected a number or [base, cap]")
+        if len(b) != 2:
+            raise ValueError(f"{_OWNER}.comparator_api_backoff={b!r} is invalid: expected a number or [base, cap]")
         self.comparator_api_backoff, self.comparator_api_backoff_cap = b
     check_number(self.comparator_api_timeout, "comparator_api_timeout", _OWNER, min=0, min_exclusive=True)
     check_number(self.comparator_api_max_retries, "comparator_api_max_retries", _OWNER, integer=True, min=0)
     check_number(self.comparator_api_backoff, "comparator_api_backoff", _OWNER, min=0)
     check_number(self.comparator_api_backoff_cap, "comparator_api_backoff_cap", _OWNER, min=self.comparator_api_backoff)
-    check_number(self.comparator_api_max_n_per_request, "comparator_api_max_n_per_request", _OWNER, integer=True, min=1, allow_none=True)
+    check_number(self.comparator_api_max_n_per_request, "comparator_api_max_n_per_request", _OWNER, integer=True, min=1,
+                 allow_none=True)
 
 def _validate_dicts(self: APIComparatorConfig):
     h = self.comparator_api_headers
     if h is not None:
-        if not isinstance(h, dict): raise ValueError(f"{_OWNER}.comparator_api_headers must be a dict of str -> str or None (got {type(h).__name__})")
+        if not isinstance(h, dict): raise ValueError(f"{_OWNER}.comparator_api_headers must be a dict of str -> str or "
+                                                     f"None (got {type(h).__name__})")
         for k, v in h.items():
             if not isinstance(k, str) or not isinstance(v, str) or "\n" in k + v or "\r" in k + v:
-                raise ValueError(f"{_OWNER}.comparator_api_headers[{k!r}] is invalid: names and values must be single-line strings"
-                                 " (the value is not shown)")
+                raise ValueError(f"{_OWNER}.comparator_api_headers[{k!r}] is invalid: names and values must be "
+                                 "single-line strings (the value is not shown)")
     eb = self.comparator_api_extra_body
     if eb is not None:
-        if not isinstance(eb, dict): raise ValueError(f"{_OWNER}.comparator_api_extra_body must be a dict or None (got {type(eb).__name__})")
+        if not isinstance(eb, dict):
+            raise ValueError(f"{_OWNER}.comparator_api_extra_body must be a dict or None (got {type(eb).__name__})")
         try: json.dumps(eb)
-        except (TypeError, ValueError) as e: raise ValueError(f"{_OWNER}.comparator_api_extra_body is invalid: not JSON-serializable ({e})") from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{_OWNER}.comparator_api_extra_body is invalid: not JSON-serializable ({e})") from None
 
 # %% ../nbs/52_api.ipynb #6ba3b877
 @classmethod
@@ -214,7 +234,8 @@ def _from_any(cls, obj=None, **overrides) -> APIComparatorConfig:
     elif isinstance(obj, dict): src = {k: v for k, v in obj.items() if k in names}
     else: src = {k: getattr(obj, k) for k in names if hasattr(obj, k)}
     unknown = [k for k in overrides if k not in names]
-    if unknown: raise ValueError(f"{_OWNER}: unknown field(s) {', '.join(map(repr, unknown))}; valid fields: {', '.join(names)}")
+    if unknown: raise ValueError(f"{_OWNER}: unknown field(s) {', '.join(map(repr, unknown))}; valid fields: "
+                                 f"{', '.join(names)}")
     return cls(**{**src, **overrides})
 
 APIComparatorConfig.from_any = _from_any
@@ -236,7 +257,8 @@ def get_path(data, path: str):
         if isinstance(cur, dict) and str(part) in cur: cur = cur[str(part)]
         elif isinstance(cur, list) and isinstance(part, int) and part < len(cur): cur = cur[part]
         else:
-            have = f"keys {sorted(cur)[:10]}" if isinstance(cur, dict) else f"a {type(cur).__name__}" + (f" of length {len(cur)}" if isinstance(cur, list) else "")
+            have = f"keys {sorted(cur)[:10]}" if isinstance(cur, dict) else \
+                f"a {type(cur).__name__}" + (f" of length {len(cur)}" if isinstance(cur, list) else "")
             raise KeyError(f"no {'.'.join(map(str, done + [part]))!r} (found {have})")
         done.append(part)
     return cur
@@ -262,9 +284,9 @@ def build_body(cfg: APIComparatorConfig, prompt: str, count: int, agent_idx: int
     fmt, model, extra = cfg.comparator_api_format, cfg.comparator_api_model, cfg.comparator_api_extra_body
     msgs = [{"role": "user", "content": prompt}]
     if fmt == "generic":
-        return _merge({"prompt": prompt, "agent_idx": agent_idx, "num_return_sequences": count, "max_new_tokens": max_new_tokens,
-                       "temperature": temperature, "top_p": top_p, "top_k": top_k, "batch_item": jsonable(batch_item),
-                       "model": model}, extra, drop_none=False)
+        return _merge({"prompt": prompt, "agent_idx": agent_idx, "num_return_sequences": count,
+                       "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                       "batch_item": jsonable(batch_item), "model": model}, extra, drop_none=False)
     if fmt == "openai":
         return _merge({"model": model, "messages": msgs, "n": count, "max_tokens": max_new_tokens,
                        "temperature": temperature, "top_p": top_p}, extra)
@@ -289,7 +311,8 @@ def _parse_generic(data, field: str) -> list:
     try: value = get_path(data, field)
     except KeyError as e: raise ValueError(f"response field {field!r} missing: {e.args[0]}") from None
     if isinstance(value, str): return [value]
-    if not isinstance(value, list): raise ValueError(f"response field {field!r} is a {type(value).__name__}, expected a list of completions")
+    if not isinstance(value, list):
+        raise ValueError(f"response field {field!r} is a {type(value).__name__}, expected a list of completions")
     return [_text_of(v, f"{field}[{i}]") for i, v in enumerate(value)]
 
 # %% ../nbs/52_api.ipynb #9ea76c1f
@@ -299,24 +322,30 @@ def _parse_openai(data) -> list:
     out = []
     for i, c in enumerate(choices):
         msg = c.get("message") if isinstance(c, dict) else None
-        if isinstance(msg, dict) and msg.get("content") is not None: out.append(_text_of(msg["content"], f"choices[{i}].message.content"))
+        if isinstance(msg, dict) and msg.get("content") is not None:
+            out.append(_text_of(msg["content"], f"choices[{i}].message.content"))
         elif isinstance(c, dict) and isinstance(c.get("text"), str): out.append(c["text"])
-        else: raise ValueError(f"choices[{i}] has no message.content (finish_reason={c.get('finish_reason') if isinstance(c, dict) else None!r})")
+        else:
+            raise ValueError(f"choices[{i}] has no message.content "
+                             f"(finish_reason={c.get('finish_reason') if isinstance(c, dict) else None!r})")
     return out
 
 def _parse_anthropic(data) -> list:
     blocks = data.get("content") if isinstance(data, dict) else None
     if not isinstance(blocks, list): raise ValueError(f"no 'content' list (found {_keys(data)})")
-    texts = [b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)]
+    texts = [b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text"
+             and isinstance(b.get("text"), str)]
     if not texts: raise ValueError(f"no content block of type 'text' (stop_reason={data.get('stop_reason')!r})")
     return ["".join(texts)]
 
 def _parse_responses(data) -> list:
     if isinstance(data, dict) and isinstance(data.get("output_text"), str): return [data["output_text"]]
     output = data.get("output") if isinstance(data, dict) else None
-    if not isinstance(output, list): raise ValueError(f"neither 'output_text' nor an 'output' list (found {_keys(data)})")
+    if not isinstance(output, list):
+        raise ValueError(f"neither 'output_text' nor an 'output' list (found {_keys(data)})")
     texts = [b["text"] for it in output if isinstance(it, dict) and isinstance(it.get("content"), list)
-             for b in it["content"] if isinstance(b, dict) and b.get("type") == "output_text" and isinstance(b.get("text"), str)]
+             for b in it["content"] if isinstance(b, dict) and b.get("type") == "output_text"
+             and isinstance(b.get("text"), str)]
     if not texts: raise ValueError(f"no output[*].content[*] of type 'output_text' (status={data.get('status')!r})")
     return ["".join(texts)]
 
@@ -358,7 +387,8 @@ def backoff_schedule(base: float = 1.0, cap: float = 30.0, retries: int = 4) -> 
 
 # %% ../nbs/52_api.ipynb #5d046578
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs): return None  # a 3xx becomes an HTTPError: the key is never re-sent elsewhere
+    def redirect_request(self, *args, **kwargs): return None  # a 3xx becomes an HTTPError: the
+                                                              # key is never re-sent elsewhere
 
 def _is_loopback(host: str) -> bool:
     if host == "localhost": return True
@@ -388,10 +418,12 @@ _OPENERS = {True: urllib.request.build_opener(urllib.request.ProxyHandler({}), _
 MAX_RESPONSE_BYTES = 16 << 20
 
 class APIComparatorClient:
-    "Candidates from a remote model: `generate(prompt, n, ...)` -> exactly n strings (see the notebook for formats and retries)."
+    """Candidates from a remote model: `generate(prompt, n, ...)` -> exactly n strings (see the notebook for formats and
+    retries)."""
     max_response_bytes = MAX_RESPONSE_BYTES       # a larger response is an APIError (set it per client to change)
     def __init__(self, config=None, *, sleep: Callable[[float], Any] = time.sleep, **fields_):
-        self.config = cfg = config if isinstance(config, APIComparatorConfig) and not fields_ else APIComparatorConfig.from_any(config, **fields_)
+        self.config = cfg = config if isinstance(config, APIComparatorConfig) and not fields_ else \
+            APIComparatorConfig.from_any(config, **fields_)
         self.format = cfg.comparator_api_format
         self.url = cfg.comparator_api_url or DEFAULT_URLS[self.format]
         self._sleep, self._lock = sleep, threading.Lock()
@@ -406,12 +438,13 @@ class APIComparatorClient:
 
     def redact(self, text) -> str: return redact(text, self._secrets)
     def __repr__(self):
-        return (f"APIComparatorClient(format={self.format!r}, url={safe_url(self.url)!r}, model={self.config.comparator_api_model!r}, "
-                f"key={self.key_source})")
+        return (f"APIComparatorClient(format={self.format!r}, url={safe_url(self.url)!r}, "
+                f"model={self.config.comparator_api_model!r}, key={self.key_source})")
 
 # %% ../nbs/52_api.ipynb #6ab2cd7f
 def _resolve_key(self: APIComparatorClient):
-    "(key or None, description of its source for messages): config value, else the named env var, else the format's default."
+    """(key or None, description of its source for messages): config value, else the named env var, else the format's
+    default."""
     cfg = self.config
     if cfg.comparator_api_key: return cfg.comparator_api_key, "from config"
     env = cfg.comparator_api_key_env
@@ -420,8 +453,9 @@ def _resolve_key(self: APIComparatorClient):
     key = os.environ.get(env, "").strip()
     if key: key = check_key(key, f"the API key in ${env}")
     if not key:
-        raise ValueError(f"{_OWNER}: the API key environment variable {env} is not set or empty "
-                         f"({'comparator_api_key_env' if cfg.comparator_api_key_env else f'default for {self.format!r} at its default URL'}); "
+        named = "comparator_api_key_env" if cfg.comparator_api_key_env else \
+            f"default for {self.format!r} at its default URL"
+        raise ValueError(f"{_OWNER}: the API key environment variable {env} is not set or empty ({named}); "
                          "export it, or set comparator_api_key_env / comparator_api_key")
     return key, f"from ${env}"
 
@@ -450,8 +484,9 @@ def _read_capped(resp, cap: int, where: str) -> bytes:
         if not chunk: return b"".join(chunks)
         size += len(chunk)
         chunks.append(chunk)
-        if size > cap: raise APIError(f"{where}: the response is over the client's max_response_bytes={cap} bytes; raise it "
-                                      "(client.max_response_bytes = ...) or ask for fewer/shorter completions")
+        if size > cap:
+            raise APIError(f"{where}: the response is over the client's max_response_bytes={cap} bytes; raise it "
+                           "(client.max_response_bytes = ...) or ask for fewer/shorter completions")
 
 def _send(self: APIComparatorClient, data: bytes):
     "One POST under a total deadline: a watchdog shuts the sockets down when comparator_api_timeout seconds are over."
@@ -504,15 +539,18 @@ def _fatal(self: APIComparatorClient, status: int, body: bytes, headers) -> APIE
         src = self.key_source if self._key else "no key configured"
         msg += f" (authentication failed: check the API key, {src}; set comparator_api_key_env or comparator_api_key)"
     elif 300 <= status < 400:
-        msg += f" redirect to {safe_url(headers.get('Location', '?')) if headers else '?'} (not followed; set comparator_api_url to the final endpoint)"
+        msg += f" redirect to {safe_url(headers.get('Location', '?')) if headers else '?'} (not followed; set " \
+               "comparator_api_url to the final endpoint)"
     elif status == 404: msg += " (not found: check comparator_api_url and the model name)"
-    return APIError(self.redact(f"{msg}: {excerpt(body, self._secrets)}"), status=status, url=safe_url(self.url), format=self.format, attempts=1)
+    return APIError(self.redact(f"{msg}: {excerpt(body, self._secrets)}"), status=status, url=safe_url(self.url),
+                    format=self.format, attempts=1)
 
 def _decode(self: APIComparatorClient, body: bytes, headers):
     try: return json.loads(body.decode("utf-8"))
     except (ValueError, RecursionError, MemoryError):            # not UTF-8, not JSON, nested too deep
         ctype = headers.get("Content-Type", "?") if headers else "?"
-        raise APIError(self.redact(f"{self._where()}: response is not JSON (Content-Type {ctype}): {excerpt(body, self._secrets) or '<empty body>'}"),
+        raise APIError(self.redact(f"{self._where()}: response is not JSON (Content-Type {ctype}): "
+                                   f"{excerpt(body, self._secrets) or '<empty body>'}"),
                        status=200, url=safe_url(self.url), format=self.format) from None
 
 APIComparatorClient._fatal, APIComparatorClient._decode = _fatal, _decode
@@ -527,21 +565,28 @@ def _post(self: APIComparatorClient, body: dict):
         with self._lock: self.stats["attempts"] += 1
         status = retry_after = None
         try: status, raw, headers = self._send(data)
-        except APIError as e: raise APIError(self.redact(str(e)), url=safe_url(self.url), format=self.format, attempts=attempt + 1) from None
+        except APIError as e: raise APIError(self.redact(str(e)), url=safe_url(self.url), format=self.format,
+                                             attempts=attempt + 1) from None
         except (OSError, http.client.HTTPException) as e:
-            if not _transient_exc(e): raise APIError(self.redact(f"{self._where()}: {type(e).__name__}: {e}"), url=safe_url(self.url), format=self.format, attempts=attempt + 1) from None
+            if not _transient_exc(e): raise APIError(self.redact(f"{self._where()}: {type(e).__name__}: {e}"),
+                                                     url=safe_url(self.url), format=self.format,
+                                                     attempts=attempt + 1) from None
             reason = getattr(e, "reason", e)
-            why = f"{type(reason).__name__}: {reason}" + (f" (comparator_api_timeout={cfg.comparator_api_timeout}s)" if isinstance(reason, TimeoutError) else "")
+            why = f"{type(reason).__name__}: {reason}" + (f" (comparator_api_timeout={cfg.comparator_api_timeout}s)"
+                                                          if isinstance(reason, TimeoutError) else "")
         except Exception as e:           # anything else the HTTP stack raises (a bad header value, a codec error, ...)
-            raise APIError(self.redact(f"{self._where()}: {type(e).__name__}: {e}"), url=safe_url(self.url), format=self.format,
-                           attempts=attempt + 1) from None
+            raise APIError(self.redact(f"{self._where()}: {type(e).__name__}: {e}"), url=safe_url(self.url),
+                           format=self.format, attempts=attempt + 1) from None
         else:
             if 200 <= status < 300: return self._decode(raw, headers)
             if not is_transient_status(status): raise self._fatal(status, raw, headers)
-            why, retry_after = f"HTTP {status}: {excerpt(raw, self._secrets, 120)}", parse_retry_after(headers.get("Retry-After") if headers else None)
+            why, retry_after = f"HTTP {status}: {excerpt(raw, self._secrets, 120)}", \
+                parse_retry_after(headers.get("Retry-After") if headers else None)
         if attempt + 1 == attempts:
-            raise APIError(self.redact(f"{self._where()}: gave up after {attempts} attempt{'s' * (attempts > 1)} (comparator_api_max_retries="
-                                       f"{cfg.comparator_api_max_retries}); last error: {why}"), status=status, url=safe_url(self.url), format=self.format, attempts=attempts)
+            raise APIError(self.redact(f"{self._where()}: gave up after {attempts} attempt{'s' * (attempts > 1)} "
+                                       f"(comparator_api_max_retries={cfg.comparator_api_max_retries}); last "
+                                       f"error: {why}"), status=status, url=safe_url(self.url), format=self.format,
+                           attempts=attempts)
         wait = backoff_delay(attempt, cfg.comparator_api_backoff, cfg.comparator_api_backoff_cap, retry_after)
         logger.warning(self.redact(f"{self._where()}: {why}; retry {attempt + 1}/{attempts - 1} in {wait:.2f}s"))
         with self._lock: self.stats["retries"] += 1
@@ -565,7 +610,8 @@ APIComparatorClient._is_deepseek, APIComparatorClient.request_sizes = _is_deepse
 
 # %% ../nbs/52_api.ipynb #91432220
 def _generate(self: APIComparatorClient, prompt: str, n: int, agent_idx: int = 0, batch_item: dict | None = None, *,
-             max_new_tokens: int | None = 256, temperature: float | None = 1.0, top_p: float | None = 1.0, top_k: int | None = None) -> list:
+             max_new_tokens: int | None = 256, temperature: float | None = 1.0, top_p: float | None = 1.0,
+             top_k: int | None = None) -> list:
     "Exactly `n` completions of `prompt` from the remote model (APIError if the server returns fewer)."
     if not isinstance(prompt, str): raise ValueError(f"prompt must be a string (got {type(prompt).__name__})")
     check_number(n, "n", "APIComparatorClient.generate", integer=True, min=1)
@@ -575,12 +621,15 @@ def _generate(self: APIComparatorClient, prompt: str, n: int, agent_idx: int = 0
                           temperature=temperature, top_p=top_p, top_k=top_k)
         data = self._post(body)
         try: texts = parse_completions(self.config, data)
-        except Exception as e:           # a shape no parser expects (RecursionError, TypeError, ...) is still an APIError
-            raise APIError(self.redact(f"{self._where()}: {e if isinstance(e, ValueError) else f'{type(e).__name__}: {e}'}; response: {excerpt(json.dumps(data), self._secrets, 200)}"),
+        except Exception as e:  # a shape no parser expects (RecursionError, TypeError, ...) is still an APIError
+            raise APIError(self.redact(f"{self._where()}: "
+                                       f"{e if isinstance(e, ValueError) else f'{type(e).__name__}: {e}'}; response: "
+                                       f"{excerpt(json.dumps(data), self._secrets, 200)}"),
                            status=200, url=safe_url(self.url), format=self.format) from None
         out += texts[:size]
     if len(out) < n:
-        raise APIError(self.redact(f"{self._where()}: asked for {n} completions in {len(sizes)} request(s) of sizes {sizes}, got {len(out)}"),
+        raise APIError(self.redact(f"{self._where()}: asked for {n} completions in {len(sizes)} request(s) of sizes "
+                                   f"{sizes}, got {len(out)}"),
                        status=200, url=safe_url(self.url), format=self.format)
     with self._lock: self.stats["completions"] += n
     return out
@@ -597,16 +646,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try: body = json.loads(raw)
         except ValueError: body = raw.decode("utf-8", "replace")
         with srv._lock:
-            srv.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+            srv.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
+                                 "body": body})
             number, canned = len(srv.requests), (srv._script.pop(0) if srv._script else None)
-        if number > srv.max_requests: canned = {"status": 418, "body": {"error": "request budget of the mock server exhausted"}}
-        status, payload, headers, delay = (canned["status"], canned.get("body", ""), canned.get("headers", {}), canned.get("delay", 0)) \
+        if number > srv.max_requests:
+            canned = {"status": 418, "body": {"error": "request budget of the mock server exhausted"}}
+        status, payload, headers, delay = (canned["status"], canned.get("body", ""), canned.get("headers", {}),
+                                           canned.get("delay", 0)) \
             if canned else (200, srv.answer(self.path, body, number), {}, 0)
         if delay: time.sleep(delay)
-        data = payload if isinstance(payload, bytes) else (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+        data = payload if isinstance(payload, bytes) else (payload if isinstance(payload, str)
+                                                           else json.dumps(payload)).encode()
         self.send_response(status)
         ctype = "application/json" if isinstance(payload, (dict, list)) else "text/html; charset=utf-8"
-        for k, v in {"Content-Type": ctype, **headers, "Content-Length": str(len(data)), "Connection": "close"}.items(): self.send_header(k, v)
+        for k, v in {"Content-Type": ctype, **headers, "Content-Length": str(len(data)), "Connection": "close"}.items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
 
@@ -624,7 +678,8 @@ class MockAPIServer:
     def url(self, path: str = "/generic") -> str: return f"http://127.0.0.1:{self._httpd.server_address[1]}{path}"
     def script(self, status: int = 200, body="", headers: dict | None = None, delay: float = 0.0, times: int = 1):
         "Queue `times` canned answers, served before the automatic ones."
-        with self._lock: self._script += [{"status": status, "body": body, "headers": headers or {}, "delay": delay}] * times
+        with self._lock:
+            self._script += [{"status": status, "body": body, "headers": headers or {}, "delay": delay}] * times
         return self
     def close(self):
         self._httpd.shutdown()
@@ -641,14 +696,17 @@ def _answer(self: MockAPIServer, path: str, body, number: int):
     prompt = str(b.get("prompt", b.get("input", msgs[-1].get("content", ""))))
     text = lambda i: f"{number}.{i}: {prompt}"
     if path.rstrip("/").endswith("chat/completions"):
-        return {"object": "chat.completion", "choices": [{"index": i, "message": {"role": "assistant", "content": text(i)},
-                                                           "finish_reason": "stop"} for i in range(int(b.get("n", 1)))]}
+        return {"object": "chat.completion",
+                "choices": [{"index": i, "message": {"role": "assistant", "content": text(i)},
+                             "finish_reason": "stop"} for i in range(int(b.get("n", 1)))]}
     if path.rstrip("/").endswith("messages"):
         t = text(0)
-        return {"type": "message", "content": [{"type": "text", "text": t[:3]}, {"type": "text", "text": t[3:]}], "stop_reason": "end_turn"}
+        return {"type": "message", "content": [{"type": "text", "text": t[:3]}, {"type": "text", "text": t[3:]}],
+                "stop_reason": "end_turn"}
     if path.rstrip("/").endswith("responses"):
         out = {"status": "completed", "output": [{"type": "reasoning", "summary": []},
-                                                 {"type": "message", "content": [{"type": "output_text", "text": text(0)}]}]}
+                                                 {"type": "message",
+                                                  "content": [{"type": "output_text", "text": text(0)}]}]}
         return {**out, "output_text": text(0)} if self.output_text else out
     value = [text(i) for i in range(int(b.get("num_return_sequences", 1)))]
     for part in reversed(self.generic_field.split(".")): value = {part: value}

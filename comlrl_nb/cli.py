@@ -29,11 +29,12 @@ def _algorithms() -> dict:
             "marloo": (R.MARLOOConfig, R.MARLOOTrainer), "maremax": (R.MAReMaxConfig, R.MAReMaxTrainer),
             "maac": (AC.MAACConfig, AC.MAACTrainer), "iac": (AC.IACConfig, AC.IACTrainer),
             "madpo": (D.MADPOConfig, D.MADPOTrainer), "marlhf": (H.MARLHFConfig, H.MARLHFTrainer),
-            "madpo_iter": (I.MADPOIterConfig, I.MADPOIterTrainer), "marlhf_iter": (I.MARLHFIterConfig, I.MARLHFIterTrainer),
+            "madpo_iter": (I.MADPOIterConfig, I.MADPOIterTrainer),
+            "marlhf_iter": (I.MARLHFIterConfig, I.MARLHFIterTrainer),
             "centralized_magrpo": (C.CentralizedMAGRPOConfig, C.CentralizedMAGRPOTrainer)}
 
-ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac", "madpo", "marlhf", "madpo_iter", "marlhf_iter",
-              "centralized_magrpo")
+ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac", "madpo", "marlhf", "madpo_iter",
+              "marlhf_iter", "centralized_magrpo")
 PREFERENCE_ALGOS = ("madpo", "marlhf", "madpo_iter", "marlhf_iter")
 
 #: The CPU preset of the main job (SmolLM2-135M, <= 5 minutes on 2 cores with or without native bf16): one pass over the
@@ -44,7 +45,8 @@ CPU_PRESET = dict(num_train_epochs=1, num_generations=4, max_new_tokens=32, temp
                   train_batch_size=2, eval_interval=0, logging_steps=1, use_chat_template=True, autocast_dtype="auto",
                   save_steps=-1)
 TINY_PRESET = dict(num_train_epochs=2, max_new_tokens=12, agent_learning_rate=1e-2, rollout_batch_size=4,
-                   rollout_buffer_size=4, train_batch_size=4, eval_interval=0, logging_steps=1, save_steps=-1, temperature=1.0)
+                   rollout_buffer_size=4, train_batch_size=4, eval_interval=0, logging_steps=1, save_steps=-1,
+                   temperature=1.0)
 
 # %% ../nbs/80_cli.ipynb #180583ff
 def _coerce(text: str):
@@ -67,7 +69,8 @@ def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -
     if getattr(trainer.args, "collaboration_mode", None) == "centralized":            # one actor writes every role
         x = trainer.central_sample(items, [(trainer.args.seed, "heldout", j, "actor") for j in range(len(items))], K)
         rep = lambda xs: [v for v in xs for _ in range(K)]
-        r, comps = np.asarray(trainer.reward_fn(x["texts"], rep(items), [rep(p) for p in x["prompts"]]), dtype=float), [x["comps"]]
+        r, comps = np.asarray(trainer.reward_fn(x["texts"], rep(items), [rep(p) for p in x["prompts"]]), dtype=float), \
+            [x["comps"]]
         extra = {"unparsed": x["unparsed"]}
     else:
         ro = trainer.rollout(items, list(range(len(items))), "heldout", k=K)
@@ -106,7 +109,8 @@ class Stopwatch:
         w, c = time.perf_counter(), time.process_time()
         try: yield
         finally:
-            self.phases[name] = {"wall_s": round(time.perf_counter() - w, 2), "cpu_s": round(time.process_time() - c, 2)}
+            self.phases[name] = {"wall_s": round(time.perf_counter() - w, 2),
+                                 "cpu_s": round(time.process_time() - c, 2)}
 
 def warm_plotting() -> threading.Thread:
     "Import matplotlib's Figure and Agg canvas in a daemon thread (~0.35 s of CPU) while the models load."
@@ -142,9 +146,11 @@ def add_data_args(p: argparse.ArgumentParser):
     p.add_argument("--dataset", help="your rows: a JSONL/JSON/CSV/Parquet file or a saved datasets directory")
     p.add_argument("--eval-dataset", help="held-out rows (default: a saved dataset's test/validation split, else none)")
     p.add_argument("--reward", help="your reward as FILE.py:NAME or module:NAME; it gets the rows as batch_items=")
-    p.add_argument("--formatters", help="FILE.py:NAME[,NAME...], one shared or one per agent (default: the row's prompt)")
+    p.add_argument("--formatters",
+                   help="FILE.py:NAME[,NAME...], one shared or one per agent (default: the row's prompt)")
     p.add_argument("--num-agents", type=int, help="agents on your data (default 2)")
-    p.add_argument("--transition", help="FILE.py:NAME making each next turn's prompts (2 turns unless --set num_turns=)")
+    p.add_argument("--transition",
+                   help="FILE.py:NAME making each next turn's prompts (2 turns unless --set num_turns=)")
 
 def task_from_args(args) -> Task:
     "The built-in task of --task, or a task from --dataset/--reward/--formatters/--num-agents/--transition."
@@ -207,11 +213,13 @@ def cmd_eval(args) -> dict:
     "The `eval` command: agents, rows and sampling settings from the flags; the summary as one JSON line on stdout."
     if bool(args.agents) == bool(args.model):
         raise ValueError("give the agents to evaluate: --agents DIR (saved agents) or --model SPEC")
-    if args.agents and not Path(args.agents).is_dir(): raise FileNotFoundError(f"--agents {args.agents}: no such directory")
+    if args.agents and not Path(args.agents).is_dir():
+        raise FileNotFoundError(f"--agents {args.agents}: no such directory")
     cfg_cls, _ = _check_algo(args.algo)
     task, user = task_from_args(args), _overrides(args)
     names = {f.name for f in dataclasses.fields(cfg_cls)}
-    run_cfg = {k: v for k, v in _run_config(args.agents).items() if k in names and k not in ("output_dir", "num_agents")}
+    run_cfg = {k: v for k, v in _run_config(args.agents).items() if k in names
+               and k not in ("output_dir", "num_agents")}
     preset = _algo_overrides(args.algo, cfg_cls, task, args.model or "saved", user)
     cfg = build_config(cfg_cls, {**preset, **run_cfg, "num_agents": task.num_agents, **user})
     splits = {"eval": task.eval_dataset, "train": task.train_dataset, "all": task.train_dataset + task.eval_dataset}
@@ -230,11 +238,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="comlrl-nb", description="Cooperative multi-LLM RL from the command line.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    t = sub.add_parser("train", help="train agents (the default run is the main job)", formatter_class=argparse.RawDescriptionHelpFormatter,
+    t = sub.add_parser("train", help="train agents (the default run is the main job)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"Train agents on a task.\n\nalgorithms: {', '.join(ALGORITHMS)}\ntasks: {tasks}\n"
-                    "models: 'embedded' (SmolLM2-135M-Instruct, offline), 'tiny' (random, for smoke tests), or a local path / hub id\n"
-                    "config options: every field of the algorithm's config (e.g. MAGRPOConfig), via --config or --set;\n"
-                    "  run `comlrl-nb options --algo magrpo` to list them with defaults")
+                    "models: 'embedded' (SmolLM2-135M-Instruct, offline), 'tiny' (random, for smoke tests), or a local "
+                    "path / hub id\nconfig options: every field of the algorithm's config (e.g. MAGRPOConfig), via "
+                    "--config or --set;\n  run `comlrl-nb options --algo magrpo` to list them with defaults")
     t.add_argument("--algo", default="magrpo", help=f"one of {', '.join(ALGORITHMS)} (default magrpo)")
     t.add_argument("--model", default="embedded", help="embedded | tiny | PATH | hub id (default embedded)")
     t.add_argument("--task", help=f"one of {tasks} (default length_ratio); or your own rows with --dataset")
@@ -242,16 +251,19 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override single config fields")
     t.add_argument("--output-dir", help="where metrics.jsonl, plots and checkpoints go (default: a fresh "
                    "runs/<algo>/<timestamp>/, with runs/<algo>/latest pointing at it)")
-    t.add_argument("--heldout-samples", type=int, default=25, help="joint responses per held-out item, before and after (0 skips)")
+    t.add_argument("--heldout-samples", type=int, default=25,
+                   help="joint responses per held-out item, before and after (0 skips)")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output directory "
                    "(without --output-dir: the newest run under runs/<algo>/)")
     t.add_argument("--allow-config-change", nargs="*", default=[], metavar="FIELD",
                    help="on --resume, config fields allowed to differ from the checkpoint's (the run then differs "
                    "from an uninterrupted one)")
-    t.add_argument("--no-final", action="store_true", help="do not write the trained agents to <output_dir>/final/agent_i/")
+    t.add_argument("--no-final", action="store_true",
+                   help="do not write the trained agents to <output_dir>/final/agent_i/")
     add_data_args(t)
     add_eval_parser(sub)
-    t.add_argument("--threads", type=int, help="torch CPU threads (default: $COMLRL_NB_THREADS, else chosen by a probe)")
+    t.add_argument("--threads", type=int,
+                   help="torch CPU threads (default: $COMLRL_NB_THREADS, else chosen by a probe)")
     o = sub.add_parser("options", help="list an algorithm's config fields with their defaults")
     o.add_argument("--algo", default="magrpo")
     r = sub.add_parser("readme", help="regenerate README.md from nbs/index.ipynb")
@@ -259,10 +271,12 @@ def _parser() -> argparse.ArgumentParser:
     from comlrl_nb.site import add_site_parser
     add_site_parser(sub)
     q = sub.add_parser("comparator-query", help="ask an API comparator for completions and print them as JSON",
-        description="Send one prompt to an API comparator (the client of comparator_policy='api') and print the completions as JSON.\n"
-                    "formats: generic, openai, anthropic, openai_responses (aliases responses, codex); the key is read from --key-env",
+        description="Send one prompt to an API comparator (the client of comparator_policy='api') and print the "
+                    "completions as JSON.\nformats: generic, openai, anthropic, openai_responses (aliases responses, "
+                    "codex); the key is read from --key-env",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    q.add_argument("--format", default="generic", help="generic | openai | anthropic | openai_responses (default generic)")
+    q.add_argument("--format", default="generic",
+                   help="generic | openai | anthropic | openai_responses (default generic)")
     q.add_argument("--url", help="endpoint (required for generic/openai)")
     q.add_argument("--model", help="model name sent in the request")
     q.add_argument("--prompt", required=True, help="the prompt text")
@@ -274,7 +288,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--top-p", type=float, default=1.0)
     q.add_argument("--top-k", type=int, default=None)
     q.add_argument("--config", help="YAML or JSON file of comparator_api_* fields")
-    q.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override comparator_api_* fields (the prefix may be left out)")
+    q.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override comparator_api_* fields (the prefix may be left out)")
     return p
 
 # %% ../nbs/80_cli.ipynb #d0d120d3
@@ -291,14 +306,17 @@ def _overrides(args) -> dict:
     return ov
 
 def _models(spec: str, n: int, algo: str = "magrpo", models: int | None = None, backend_critic: bool = False) -> dict:
-    "Trainer model arguments for `--model`: agents (`models` of them, default n), plus a critic (maac/iac) or a reward-model backbone (marlhf)."
+    """Trainer model arguments for `--model`: agents (`models` of them, default n), plus a critic (maac/iac) or a
+    reward-model backbone (marlhf)."""
     if spec == "tiny":
         from comlrl_nb.models import make_tiny_model
         m, tok = make_tiny_model()
         kw = {"agents": [m] * (models or n), "tokenizer": tok}
         if algo in ("maac", "iac"): kw["critic_model"] = make_tiny_model(seed=1, tokenizer=tok)[0]
-        if algo in ("marlhf", "marlhf_iter"): kw.update(reward_model=make_tiny_model(seed=2, tokenizer=tok)[0], reward_tokenizer=tok)
-        if backend_critic: kw["backend_kwargs"] = {"critic_model": make_tiny_model(seed=1, tokenizer=tok)[0]}  # maac/iac
+        if algo in ("marlhf", "marlhf_iter"):
+            kw.update(reward_model=make_tiny_model(seed=2, tokenizer=tok)[0], reward_tokenizer=tok)
+        # maac/iac
+        if backend_critic: kw["backend_kwargs"] = {"critic_model": make_tiny_model(seed=1, tokenizer=tok)[0]}
         return kw
     return {"agent_model": spec, "num_agents": n}
 
@@ -311,7 +329,8 @@ def _algo_overrides(algo: str, cfg_cls, task, model: str, user: dict) -> dict:
         ov.update(num_turns=task.num_turns, early_termination_threshold=None)
         if algo in ("maac", "iac"): ov["num_generations"] = 1
     if model != "tiny" and algo in ("maac", "iac") and "critic_model_name" in names: ov["critic_model_name"] = model
-    if model != "tiny" and algo in ("marlhf", "marlhf_iter") and "reward_model_name" in names: ov["reward_model_name"] = model
+    if model != "tiny" and algo in ("marlhf", "marlhf_iter") and "reward_model_name" in names:
+        ov["reward_model_name"] = model
     if model != "tiny" and algo in ("marlhf", "marlhf_iter") and user.get("rl_algorithm") in ("maac", "iac") \
             and user.get("use_separate_critic", True) is not False: ov["critic_model_name"] = model   # the backend's
     return ov
@@ -336,12 +355,13 @@ def cmd_train(args) -> dict:
     if getattr(cfg, "save_plot", False): warm_plotting()             # the end-of-run plot then only draws
     extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
     if task.eval_logger is not None: extra.update(eval_logger=task.eval_logger, eval_aggregator=task.eval_aggregator)
-    P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents   # models trained
-    critic = getattr(cfg, "rl_algorithm", None) in ("maac", "iac") and getattr(cfg, "use_separate_critic", True)  # MARLHF
+    P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents  # models trained
+    # MARLHF
+    critic = getattr(cfg, "rl_algorithm", None) in ("maac", "iac") and getattr(cfg, "use_separate_critic", True)
     with sw("load"):
-        trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P, critic), reward_func=task.reward_func,
-                              formatters=task.formatters, args=cfg, train_dataset=task.train_dataset,
-                              eval_dataset=task.eval_dataset or None, **extra)
+        trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P, critic),
+                              reward_func=task.reward_func, formatters=task.formatters, args=cfg,
+                              train_dataset=task.train_dataset, eval_dataset=task.eval_dataset or None, **extra)
     print(f"[comlrl-nb] agents loaded in {sw.phases['load']['wall_s']:.1f}s")
     from comlrl_nb.api import scrub_secrets
     report = {"algo": args.algo, "task": task.name, "model": args.model, **hw,
@@ -382,7 +402,8 @@ def cmd_train(args) -> dict:
     atomic_write_json(out / "report.json", report)
     print(f"[comlrl-nb] trained {state['global_batch']} batches in {report['train_seconds']:.0f}s "
           f"(total {report['total_seconds']:.0f}s)\n[comlrl-nb] metrics: {Path(state['metrics_path']).resolve()}\n"
-          f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: {(out / 'report.json').resolve()}")
+          f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: "
+          f"{(out / 'report.json').resolve()}")
     return report
 
 def _num_batches(cfg, task) -> int:
@@ -391,11 +412,13 @@ def _num_batches(cfg, task) -> int:
     return n * math.ceil(len(task.train_dataset) / b) if n and b else 0
 
 def _fmt(h: dict) -> str:
-    return f"{h['mean']:.3f} +/- {h['se']:.3f} (n={h['n']}, mean completion lengths {[round(x, 1) for x in h['completion_len']]})"
+    return f"{h['mean']:.3f} +/- {h['se']:.3f} (n={h['n']}, mean completion lengths " \
+           f"{[round(x, 1) for x in h['completion_len']]})"
 
 # %% ../nbs/80_cli.ipynb #33caf233
 def rebase_links(markdown: str, prefix: str = "nbs/") -> str:
-    "Prefix relative link and image targets (`](images/x.png)`) with `prefix`: README.md sits one folder above the notebooks."
+    """Prefix relative link and image targets (`](images/x.png)`) with `prefix`: README.md sits one folder above the
+    notebooks."""
     return re.sub(r"\]\((?![a-z][a-z0-9+.-]*:|/|#)([^)\s]+)\)", lambda m: f"]({prefix}{m[1]})", markdown)
 
 def render_readme(index_nb) -> str:
@@ -427,8 +450,9 @@ def cmd_readme(args, root: Path = Path(".")) -> int:
 def cmd_comparator_query(args) -> int:
     "The `comparator-query` command: `--n` completions of `--prompt` from an API comparator, printed as a JSON list."
     from comlrl_nb.api import APIComparatorClient, APIComparatorConfig
-    ov = {k: v for k, v in {"comparator_api_format": args.format, "comparator_api_url": args.url, "comparator_api_model": args.model,
-                            "comparator_api_key_env": args.key_env}.items() if v is not None}
+    ov = {k: v for k, v in {"comparator_api_format": args.format, "comparator_api_url": args.url,
+                            "comparator_api_model": args.model, "comparator_api_key_env": args.key_env}.items()
+          if v is not None}
     for k, v in _overrides(args).items(): ov[k if k.startswith("comparator_api_") else f"comparator_api_{k}"] = v
     client = APIComparatorClient(build_config(APIComparatorConfig, ov))
     outs = client.generate(args.prompt, args.n, agent_idx=args.agent_idx, max_new_tokens=args.max_new_tokens,

@@ -28,7 +28,8 @@ COMPARISON_SELECTIONS = ("reward_gap", "all", "random", "comparator_reward")
 
 def select_comparisons(comparisons: Sequence[tuple], pair_selection: str = "comparator_reward",
                        pairs_per_sample: Optional[int] = 4, key: tuple = (0,)) -> list[tuple]:
-    "The kept (k, target score, comparator score) comparisons of one item: ties dropped, ordered by `pair_selection`, capped."
+    """The kept (k, target score, comparator score) comparisons of one item: ties dropped, ordered by `pair_selection`,
+    capped."""
     untied = [(int(k), float(t), float(c)) for k, t, c in comparisons if float(t) != float(c)]
     if pair_selection == "comparator_reward": untied = sorted(untied, key=lambda x: (-x[2], -abs(x[1] - x[2]), x[0]))
     elif pair_selection == "reward_gap": untied = sorted(untied, key=lambda x: -abs(x[1] - x[2]))
@@ -61,8 +62,8 @@ def parse_agent_sections(text: str, num_agents: int) -> Optional[list[str]]:
     return out
 
 # %% ../nbs/51_comparators.ipynb #aee159cf
-def run_generator(generator: Callable, agent_idx: int, prompts: Sequence[str], k: int, items: Sequence, item_ids: Sequence[int],
-                  round_key) -> tuple[list[str], list[bool]]:
+def run_generator(generator: Callable, agent_idx: int, prompts: Sequence[str], k: int, items: Sequence,
+                  item_ids: Sequence[int], round_key) -> tuple[list[str], list[bool]]:
     "Call a comparator generator and validate its answer: exactly len(prompts) * k strings (+ optional ended flags)."
     out = generator(agent_idx, list(prompts), k, list(items), [int(j) for j in item_ids], round_key)
     texts, ended = (out if isinstance(out, tuple) and len(out) == 2 else (out, None))
@@ -73,40 +74,49 @@ def run_generator(generator: Callable, agent_idx: int, prompts: Sequence[str], k
         raise ValueError(f"comparator generator {name!r} returned {got} for {len(prompts)} prompts x {k} candidates; "
                          f"it must return {want} strings (row b*k + j = candidate j of prompt b)")
     ended = [True] * want if ended is None else [bool(e) for e in ended]
-    if len(ended) != want: raise ValueError(f"comparator generator {name!r} returned {len(ended)} ended flags for {want} candidates")
+    if len(ended) != want:
+        raise ValueError(f"comparator generator {name!r} returned {len(ended)} ended flags for {want} candidates")
     return list(texts), ended
 
 # %% ../nbs/51_comparators.ipynb #d2c51b02
 class ModelGenerator:
-    "Candidates from local models (one per role), sampled with keys (seed, stream, round, item, role) + candidate index."
+    """Candidates from local models (one per role), sampled with keys (seed, stream, round, item, role) + candidate
+    index."""
     def __init__(self, models: Sequence, tokenizers: Sequence, max_new_tokens: int = 32, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: Optional[int] = None, autocast_dtype=None, seed: int = 0, stream: str = "comparator"):
+                 top_p: float = 1.0, top_k: Optional[int] = None, autocast_dtype=None, seed: int = 0,
+                 stream: str = "comparator"):
         self.models, self.tokenizers, self.seed, self.stream = list(models), list(tokenizers), seed, stream
-        self.kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, autocast_dtype=autocast_dtype)
+        self.kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                       autocast_dtype=autocast_dtype)
         self.__name__ = f"ModelGenerator({stream})"
     def __call__(self, agent_idx, prompts, k, items, item_ids, round_key):
         c = generate_completions(self.models[agent_idx], self.tokenizers[agent_idx], prompts, k=k,
-                                 keys=[(self.seed, self.stream, round_key, int(j), agent_idx) for j in item_ids], **self.kw)
+                                 keys=[(self.seed, self.stream, round_key, int(j), agent_idx) for j in item_ids],
+                                 **self.kw)
         return c.texts, [bool(x) for x in c.ended.tolist()]
 
 # %% ../nbs/51_comparators.ipynb #16ba5092
 class APIGenerator:
-    "Candidates from a remote model through a client with `generate(prompt, n, agent_idx, batch_item, max_new_tokens=, ...)`."
+    """Candidates from a remote model through a client with `generate(prompt, n, agent_idx, batch_item, max_new_tokens=,
+    ...)`."""
     def __init__(self, client, max_new_tokens: Optional[int] = 256, temperature: Optional[float] = 1.0,
                  top_p: Optional[float] = 1.0, top_k: Optional[int] = None):
-        self.client, self.kw, self.__name__ = client, dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k), "APIGenerator"
+        self.client, self.kw, self.__name__ = client, dict(max_new_tokens=max_new_tokens, temperature=temperature,
+                                                           top_p=top_p, top_k=top_k), "APIGenerator"
     def __call__(self, agent_idx, prompts, k, items, item_ids, round_key):
         out = []
         for p, it in zip(prompts, items):
             got = list(self.client.generate(p, k, agent_idx=agent_idx, batch_item=it, **self.kw))
-            if len(got) != k: raise ValueError(f"the API comparator returned {len(got)} completions for one prompt; asked for {k}")
+            if len(got) != k:
+                raise ValueError(f"the API comparator returned {len(got)} completions for one prompt; asked for {k}")
             out += got
         return out, [True] * len(out)
 
 # %% ../nbs/51_comparators.ipynb #55072f27
 @dataclass
 class ComparatorSample:
-    "Comparator candidates of a batch: texts[i][b*k + j], ended[i][b*k + j], present[b*k + j], and how many did not parse."
+    """Comparator candidates of a batch: texts[i][b*k + j], ended[i][b*k + j], present[b*k + j], and how many did not
+    parse."""
     texts: list
     ended: list
     present: list
@@ -115,7 +125,8 @@ class ComparatorSample:
 
 def _decentralized(generator, role_prompts, items, ids, k, round_key, wrap) -> ComparatorSample:
     n = len(role_prompts)
-    out = [run_generator(generator, i, [wrap(i, p) for p in role_prompts[i]], k, items, ids, round_key) for i in range(n)]
+    out = [run_generator(generator, i, [wrap(i, p) for p in role_prompts[i]], k, items, ids, round_key)
+           for i in range(n)]
     return ComparatorSample([o[0] for o in out], [o[1] for o in out], [True] * (len(items) * k))
 
 # %% ../nbs/51_comparators.ipynb #23ec26bb
@@ -131,19 +142,21 @@ def _centralized(generator, role_prompts, items, ids, k, round_key, wrap, index,
             s.unparsed_examples = (s.unparsed_examples + [t])[:3]
             continue
         if len(parts) != n or not all(isinstance(x, str) for x in parts):
-            raise ValueError(f"the comparator parse adapter returned {parts!r} for one response; it must return {n} strings (one per role) or None")
+            raise ValueError(f"the comparator parse adapter returned {parts!r} for one response; it must return {n} "
+                             "strings (one per role) or None")
         s.present[r] = True
         for i in range(n): s.texts[i][r] = parts[i]
     return s
 
-def sample_comparator(generator: Callable, role_prompts: Sequence[Sequence[str]], items: Sequence, item_ids: Sequence[int],
-                      k: int, round_key, mode: str = "decentralized", centralized_index: int = 0,
-                      prompt_builder: Optional[Callable] = None, parser: Optional[Callable] = None,
-                      wrap: Optional[Callable] = None) -> ComparatorSample:
+def sample_comparator(generator: Callable, role_prompts: Sequence[Sequence[str]], items: Sequence,
+                      item_ids: Sequence[int], k: int, round_key, mode: str = "decentralized",
+                      centralized_index: int = 0, prompt_builder: Optional[Callable] = None,
+                      parser: Optional[Callable] = None, wrap: Optional[Callable] = None) -> ComparatorSample:
     "The comparator's k candidates per item for every role (centralized: one model writes all roles, then parsed)."
     wrap = wrap or (lambda i, p: p)
     if mode == "decentralized": return _decentralized(generator, role_prompts, items, item_ids, k, round_key, wrap)
-    if mode != "centralized": raise ValueError(f"comparator_generation_mode={mode!r} is invalid: use one of {', '.join(COMPARATOR_GENERATION_MODES)}")
+    if mode != "centralized": raise ValueError(f"comparator_generation_mode={mode!r} is invalid: use one of "
+                                               f"{', '.join(COMPARATOR_GENERATION_MODES)}")
     return _centralized(generator, role_prompts, items, item_ids, k, round_key, wrap, centralized_index,
                         prompt_builder or centralized_prompt, parser or parse_agent_sections)
 
@@ -157,7 +170,8 @@ def centralized_parse_error(num_agents: int, total: int, examples: Sequence[str]
         f"none of the {total} centralized comparator responses could be parsed into {num_agents} role responses{got}. "
         f"The default parse adapter expects one tagged section per agent (0-based), for example:\n"
         f"{centralized_format_example(num_agents)}\nUse a comparator model that follows this format, pass "
-        "comparator_parser= (text, num_agents) -> list of strings or None, or use comparator_generation_mode='decentralized'")
+        "comparator_parser= (text, num_agents) -> list of strings or None, or use "
+        "comparator_generation_mode='decentralized'")
 
 # %% ../nbs/51_comparators.ipynb #10667019
 def history_snapshot_index(iteration: int, k: int | None) -> int:
@@ -178,12 +192,15 @@ class PolicySnapshots:
         return p
     def load(self, j: int) -> list[dict]:
         "The state dicts of S_j, checked against the index."
-        if j not in self.index: raise KeyError(f"policy snapshot S_{j} was never saved by this run (have {sorted(self.index)})")
+        if j not in self.index:
+            raise KeyError(f"policy snapshot S_{j} was never saved by this run (have {sorted(self.index)})")
         p = self.path(j)
-        if not p.exists(): raise FileNotFoundError(f"policy snapshot {p} (S_{j}) is missing; the history comparator needs it")
+        if not p.exists():
+            raise FileNotFoundError(f"policy snapshot {p} (S_{j}) is missing; the history comparator needs it")
         data = p.read_bytes()
         if hashlib.sha256(data).hexdigest() != self.index[j]["sha256"]:
-            raise ValueError(f"policy snapshot {p} (S_{j}) does not match the checksum recorded when it was saved (changed or truncated)")
+            raise ValueError(f"policy snapshot {p} (S_{j}) does not match the checksum recorded when it was saved "
+                             "(changed or truncated)")
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 # %% ../nbs/51_comparators.ipynb #0e19b93f
@@ -201,18 +218,21 @@ PolicySnapshots.state_dict, PolicySnapshots.load_state_dict = _snap_state_dict, 
 # %% ../nbs/51_comparators.ipynb #eba72714
 class ComparatorSide:
     "The comparator of an iterative trainer: one generator per round, by `policy` (see the table at the top)."
-    def __init__(self, policy: str, agents: Sequence, tokenizers: Sequence, *, devices=None, gen_kwargs: Optional[dict] = None,
-                 seed: int = 0, model_name=None, comparator_agents=None, comparator_tokenizer=None, model_config=None,
-                 history_k: int = 1, snapshot_dir=None, client=None, api_config=None, generator: Optional[Callable] = None):
+    def __init__(self, policy: str, agents: Sequence, tokenizers: Sequence, *, devices=None,
+                 gen_kwargs: Optional[dict] = None, seed: int = 0, model_name=None, comparator_agents=None,
+                 comparator_tokenizer=None, model_config=None, history_k: int = 1, snapshot_dir=None, client=None,
+                 api_config=None, generator: Optional[Callable] = None):
         self.policy, self.agents, self.tokenizers, self.n = policy, list(agents), list(tokenizers), len(agents)
-        self.devices = [resolve_device(d) for d in as_list(devices, self.n, "comparator_devices", "device")] if devices is not None \
-                       else [next(m.parameters()).device for m in self.agents]
+        self.devices = [resolve_device(d) for d in as_list(devices, self.n, "comparator_devices", "device")] \
+            if devices is not None else [next(m.parameters()).device for m in self.agents]
         self.gen_kwargs, self.seed, self.history_k, self.custom = dict(gen_kwargs or {}), seed, history_k, generator
         self.models = self.toks = None
         self._loaded, self._copies, self.client = None, None, None
         self.snapshots = PolicySnapshots(snapshot_dir) if policy == "history" and snapshot_dir is not None else None
-        if policy == "model" and generator is None: self._load_models(model_name, comparator_agents, comparator_tokenizer, model_config)
-        if policy == "api" and generator is None: self.client = client if client is not None else self._make_client(api_config)
+        if policy == "model" and generator is None:
+            self._load_models(model_name, comparator_agents, comparator_tokenizer, model_config)
+        if policy == "api" and generator is None:
+            self.client = client if client is not None else self._make_client(api_config)
 
 # %% ../nbs/51_comparators.ipynb #734bd94b
 def _cs_load_models(self: ComparatorSide, model_name, comparator_agents, comparator_tokenizer, model_config):
@@ -220,11 +240,14 @@ def _cs_load_models(self: ComparatorSide, model_name, comparator_agents, compara
     from comlrl_nb.models import load_agents
     specs = [model_name] * self.n if comparator_agents is None else list(comparator_agents)
     tok = comparator_tokenizer
-    if tok is None and any(isinstance(s, torch.nn.Module) for s in specs): tok = self.tokenizers   # objects: the agents' tokenizers
+    # objects: the agents' tokenizers
+    if tok is None and any(isinstance(s, torch.nn.Module) for s in specs): tok = self.tokenizers
     specs = [copy.deepcopy(s) if any(s is a for a in self.agents) else s for s in specs]
-    models, toks = load_agents(agents=specs, num_agents=self.n, tokenizer=tok, model_config=model_config, devices=self.devices)
+    models, toks = load_agents(agents=specs, num_agents=self.n, tokenizer=tok, model_config=model_config,
+                               devices=self.devices)
     self.models, self.toks = [m.eval().requires_grad_(False) for m in models], toks
-    logger.info(f"comparator models loaded ({', '.join(str(s) if isinstance(s, (str, Path)) else type(s).__name__ for s in specs)})")
+    logger.info("comparator models loaded "
+                f"({', '.join(str(s) if isinstance(s, (str, Path)) else type(s).__name__ for s in specs)})")
 
 def _cs_make_client(self: ComparatorSide, api_config):
     from comlrl_nb.api import APIComparatorClient
@@ -247,7 +270,8 @@ def _cs_begin_round(self: ComparatorSide, iteration: int) -> Callable:
     if self.policy == "history": return self._history(iteration)
     if self.policy == "api":
         kw = self.gen_kwargs
-        return APIGenerator(self.client, kw.get("max_new_tokens"), kw.get("temperature"), kw.get("top_p"), kw.get("top_k"))
+        return APIGenerator(self.client, kw.get("max_new_tokens"), kw.get("temperature"), kw.get("top_p"),
+                            kw.get("top_k"))
     raise ValueError(f"comparator_policy={self.policy!r} is invalid: use one of {', '.join(COMPARATOR_POLICIES)}")
 
 def _cs_end_round(self: ComparatorSide):
@@ -262,7 +286,7 @@ ComparatorSide._local, ComparatorSide.begin_round, ComparatorSide.end_round = _c
 # %% ../nbs/51_comparators.ipynb #ba199f00
 def _cs_history(self: ComparatorSide, iteration: int) -> ModelGenerator:
     j = history_snapshot_index(iteration, self.history_k)
-    if self.models is None:                                   # comparator models: copies of the agents, then S_j loaded into them
+    if self.models is None:  # comparator models: copies of the agents, then S_j loaded into them
         self.models = [copy.deepcopy(m).to(d).eval().requires_grad_(False) for m, d in zip(self.agents, self.devices)]
         self.toks = self.tokenizers
     if self._loaded != j:

@@ -56,7 +56,8 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try: d = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device {device!r} is not a valid torch device ({e}); use 'cpu', 'cuda', 'cuda:1', ...") from None
+        raise ValueError(f"device {device!r} is not a valid torch device ({e}); use 'cpu', 'cuda', "
+                         "'cuda:1', ...") from None
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asks for CUDA but torch sees no GPU here; use 'cpu' or leave it unset")
     if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
@@ -291,7 +292,8 @@ def check_number(value, name: str, owner: str = "", *, integer: bool = False, mi
     return value
 
 def check_bool(value, name: str, owner: str = "") -> bool:
-    if not isinstance(value, bool): raise ValueError(f"{_where(owner, name)}={value!r} is invalid: expected True or False")
+    if not isinstance(value, bool):
+        raise ValueError(f"{_where(owner, name)}={value!r} is invalid: expected True or False")
     return value
 
 # %% ../nbs/00_core.ipynb #bd42899e

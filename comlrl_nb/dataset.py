@@ -16,22 +16,24 @@ def _is_dataframe(x) -> bool: return all(hasattr(x, a) for a in ("columns", "ilo
 
 def _columns_to_rows(cols: dict, name: str) -> list[dict]:
     bad = [k for k, v in cols.items() if isinstance(v, (str, bytes)) or not hasattr(v, "__len__")]
-    if bad: raise TypeError(f"{name} is a dict, read as columns, but column {bad[0]!r} is not a list; pass a list of row dicts "
-                            "(e.g. [{'prompt': ...}, ...]) or a dict of equally long lists")
+    if bad: raise TypeError(f"{name} is a dict, read as columns, but column {bad[0]!r} is not a list; pass a list of "
+                            "row dicts (e.g. [{'prompt': ...}, ...]) or a dict of equally long lists")
     sizes = {k: len(v) for k, v in cols.items()}
-    if len(set(sizes.values())) > 1: raise ValueError(f"{name}: its columns have different lengths {sizes}; give every column one value per row")
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"{name}: its columns have different lengths {sizes}; give every column one value per row")
     n = next(iter(sizes.values()), 0)
     return [{k: cols[k][i] for k in cols} for i in range(n)]
 
 # %% ../nbs/07_data.ipynb #8f09a3e7
 def as_rows(ds, name: str = "train_dataset"):
-    "Something the trainers can index row by row: a Dataset / list / tuple as is; a DataFrame or a dict of columns as a list of dicts."
+    """Something the trainers can index row by row: a Dataset / list / tuple as is; a DataFrame or a dict of columns as
+    a list of dicts."""
     if ds is None: return None
     if _is_dataframe(ds): return ds.to_dict("records")
     if isinstance(ds, dict): return _columns_to_rows(ds, name)
     if isinstance(ds, (str, bytes)) or not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-        raise TypeError(f"{name} must be a datasets.Dataset or a list of dicts (a pandas DataFrame or a dict of columns is "
-                        f"converted), got {type(ds).__name__}")
+        raise TypeError(f"{name} must be a datasets.Dataset or a list of dicts (a pandas DataFrame or a dict of "
+                        f"columns is converted), got {type(ds).__name__}")
     return ds
 
 # %% ../nbs/07_data.ipynb #7097705c
@@ -47,9 +49,11 @@ def check_dataset(ds, formatters: Sequence[Callable], name: str = "train_dataset
     if n == 0: raise ValueError(f"{name} is empty; give it at least one item")
     for r, item in enumerate(rows):
         if not isinstance(item, dict):
-            raise TypeError(_bad_row(name, r, n, f"a {type(item).__name__}, but items must be dicts (e.g. {{'prompt': ...}})"))
+            raise TypeError(_bad_row(name, r, n,
+                                     f"a {type(item).__name__}, but items must be dicts (e.g. {{'prompt': ...}})"))
         for i, f in enumerate(formatters):
             try: p = format_prompt(f, item, i)
             except (FormatterError, TypeError) as e: raise type(e)(_bad_row(name, r, n, str(e), item)) from e
-            if not p.strip(): raise ValueError(_bad_row(name, r, n, f"agent {i + 1}'s formatter returned an empty prompt", item))
+            if not p.strip():
+                raise ValueError(_bad_row(name, r, n, f"agent {i + 1}'s formatter returned an empty prompt", item))
     return rows

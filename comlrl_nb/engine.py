@@ -54,7 +54,8 @@ def read_metrics(path) -> list[dict]:
     for i, line in enumerate(path.read_text().splitlines()):
         if not line.strip(): continue
         try: rows.append(json.loads(line))
-        except json.JSONDecodeError: logger.warning(f"{path}: line {i + 1} is not complete JSON (interrupted write?); skipped")
+        except json.JSONDecodeError:
+            logger.warning(f"{path}: line {i + 1} is not complete JSON (interrupted write?); skipped")
     return rows
 
 def _plain_metric(v):
@@ -73,7 +74,7 @@ class MetricsLogger:
         if tensorboard: self.trackers.append(_TensorboardTracker(Path(output_dir) / "tensorboard"))
     def log(self, record: dict, step: int, console: bool | None = None):
         rec = {k: _plain_metric(v) for k, v in record.items()}
-        line = json.dumps(rec, default=str) + "\n"          # anything still unknown is written as its text, never a crash
+        line = json.dumps(rec, default=str) + "\n"  # anything still unknown is written as its text, never a crash
         with open(self.path, "a") as f: f.write(line)
         if console if console is not None else step % self.logging_steps == 0:
             for t in self.trackers: t.log(rec, step)
@@ -91,7 +92,8 @@ class MetricsLogger:
 class _WandbTracker:
     def __init__(self, cfg: dict):
         try: import wandb
-        except ImportError: raise ImportError("wandb_config was given but wandb is not installed: pip install wandb (or pass wandb_config=None)") from None
+        except ImportError: raise ImportError("wandb_config was given but wandb is not installed: pip install wandb "
+                                              "(or pass wandb_config=None)") from None
         from comlrl_nb.porting import wandb_init_kwargs             # the library's wandb_config keys (90_porting)
         self.run = wandb.init(**wandb_init_kwargs(cfg))
         self.identity = {k: v for k in ("id", "project", "entity")      # saved in checkpoints: resume the same run
@@ -148,17 +150,20 @@ def set_rng_state(s: dict):
 import re                                      # (CheckpointManager only; kept here to leave the imports cell alone)
 
 class CheckpointManager:
-    "Atomic, pruned training checkpoints under `root` (one directory per saved batch); only its own directories are touched."
+    """Atomic, pruned training checkpoints under `root` (one directory per saved batch); only its own directories are
+    touched."""
     PATTERN = re.compile(r"checkpoint-(\d+)")
     def __init__(self, root, total_limit: int | None = None, algo: str = "", num_agents: int | None = None,
                  width: int = 7):
         self.root, self.total_limit, self.algo, self.num_agents = Path(root), total_limit, algo, num_agents
         self.width = width                    # digits of the number: 7 (checkpoint-0000012) or 0 (checkpoint-12)
     def complete(self) -> list[Path]:
-        "Complete checkpoints (ours: checkpoint-<number> with trainer_state.json), oldest first; other directories are ignored."
+        """Complete checkpoints (ours: checkpoint-<number> with trainer_state.json), oldest first; other directories are
+        ignored."""
         if not self.root.exists(): return []
         self._recover()
-        ok = [p for p in self.root.iterdir() if self.PATTERN.fullmatch(p.name) and p.is_dir() and (p / "trainer_state.json").exists()]
+        ok = [p for p in self.root.iterdir() if self.PATTERN.fullmatch(p.name) and p.is_dir()
+              and (p / "trainer_state.json").exists()]
         return sorted(ok, key=lambda p: int(self.PATTERN.fullmatch(p.name).group(1)))
     def latest(self) -> Optional[Path]:
         c = self.complete()
@@ -200,7 +205,8 @@ def _discard(p: Path):
     shutil.rmtree(gone, ignore_errors=True)
 
 def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | None = None) -> Path:
-    "Write `state` (torch-serializable) as checkpoint-<batch>; at every instant a complete checkpoint exists; prune old ones."
+    """Write `state` (torch-serializable) as checkpoint-<batch>; at every instant a complete checkpoint exists; prune
+    old ones."""
     num = f"{batch:0{self.width}d}"
     final, tmp = self.root / f"checkpoint-{num}", self.root / f".checkpoint-{num}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -210,7 +216,8 @@ def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | No
     atomic_write_json(tmp / "trainer_state.json", {"batch": batch, "algo": self.algo, "num_agents": self.num_agents,
                                                    "saved_at": time.time(), **(info or {})})
     _fsync_dir(tmp)
-    if final.exists() and _swap(tmp, final): shutil.rmtree(tmp, ignore_errors=True)     # the new one took the old one's place
+    # the new one took the old one's place
+    if final.exists() and _swap(tmp, final): shutil.rmtree(tmp, ignore_errors=True)
     elif final.exists():                                  # no atomic swap: old aside, new in, old gone (see _recover)
         old = self.root / f".checkpoint-{num}.old"
         shutil.rmtree(old, ignore_errors=True)
@@ -230,31 +237,39 @@ def _read_checkpoint(p: Path) -> tuple[dict, dict]:
     "(trainer_state.json, state.pt) of one checkpoint; ValueError naming the damaged file."
     meta_f, state_f = p / "trainer_state.json", p / "state.pt"
     try: meta = json.loads(meta_f.read_text())
-    except (OSError, ValueError) as e: raise ValueError(f"{meta_f} is damaged or unreadable ({type(e).__name__}: {e})") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{meta_f} is damaged or unreadable ({type(e).__name__}: {e})") from None
     try: state = torch.load(state_f, map_location="cpu", weights_only=False)
     except FileNotFoundError: raise ValueError(f"{state_f} is missing") from None
-    except Exception as e: raise ValueError(f"{state_f} is damaged (truncated?) ({type(e).__name__}: {str(e)[:200]})") from None
+    except Exception as e:
+        raise ValueError(f"{state_f} is damaged (truncated?) ({type(e).__name__}: {str(e)[:200]})") from None
     return meta, state
 
 def _check_meta(self: CheckpointManager, p: Path, meta: dict):
     if self.algo and meta.get("algo") and meta["algo"] != self.algo:
-        raise ValueError(f"checkpoint {p} was written by {meta['algo']}, not {self.algo}; resume it with the same trainer")
+        raise ValueError(f"checkpoint {p} was written by {meta['algo']}, not {self.algo}; resume it with the "
+                         "same trainer")
     if self.num_agents and meta.get("num_agents") not in (None, self.num_agents):
         raise ValueError(f"checkpoint {p} holds {meta['num_agents']} agents but this trainer has {self.num_agents}")
 
 def _ckpt_load(self: CheckpointManager, path=True) -> tuple[Path, dict]:
-    "Load a checkpoint: `True` -> the newest complete one that reads (a damaged one is named, and the previous used, with a warning); a path -> that one."
+    """Load a checkpoint: `True` -> the newest complete one that reads (a damaged one is named, and the previous used,
+    with a warning); a path -> that one."""
     if path is not True:
         p = Path(path)
-        if not (p / "trainer_state.json").exists(): raise FileNotFoundError(f"{p} is not a complete checkpoint (no trainer_state.json); pass another one or True for the newest")
+        if not (p / "trainer_state.json").exists():
+            raise FileNotFoundError(f"{p} is not a complete checkpoint (no trainer_state.json); pass another one or "
+                                    "True for the newest")
         try: meta, state = _read_checkpoint(p)
         except ValueError as e:
             others = [q.name for q in self.complete() if q.resolve() != p.resolve()]
-            raise ValueError(f"{e}; resume from another checkpoint ({', '.join(others[-3:]) or 'none left'}) or True for the newest that reads") from None
+            raise ValueError(f"{e}; resume from another checkpoint ({', '.join(others[-3:]) or 'none left'}) or True "
+                             "for the newest that reads") from None
         _check_meta(self, p, meta)
         return p, state
     cands = self.complete()
-    if not cands: raise FileNotFoundError(f"resume_from_checkpoint=True but there is no complete checkpoint under {self.root}")
+    if not cands:
+        raise FileNotFoundError(f"resume_from_checkpoint=True but there is no complete checkpoint under {self.root}")
     for p in reversed(cands):
         try: meta, state = _read_checkpoint(p)
         except ValueError as e:
@@ -262,18 +277,21 @@ def _ckpt_load(self: CheckpointManager, path=True) -> tuple[Path, dict]:
             continue
         _check_meta(self, p, meta)
         return p, state
-    raise ValueError(f"every checkpoint under {self.root} is damaged ({', '.join(q.name for q in cands)}); start a fresh run")
+    raise ValueError(f"every checkpoint under {self.root} is damaged ({', '.join(q.name for q in cands)}); start a "
+                     "fresh run")
 
 CheckpointManager.save, CheckpointManager.load = _ckpt_save, _ckpt_load
 
 
 # %% ../nbs/25_engine.ipynb #ff149b85
 def start_run(trainer, resume_from_checkpoint=None, is_main: bool = True) -> tuple["CheckpointManager", MetricsLogger]:
-    "Seed, open the checkpoints and the metrics file; when resuming, restore the trainer and cut its metrics back to it."
+    """Seed, open the checkpoints and the metrics file; when resuming, restore the trainer and cut its metrics back to
+    it."""
     a = trainer.args
     seed_everything(a.seed)
     ckpt = CheckpointManager(trainer.output_dir / "checkpoints", a.save_total_limit, trainer.algo, trainer.n)
-    metrics = MetricsLogger(trainer.output_dir, a.logging_steps, trainer.wandb_config if is_main else None, a.tensorboard and is_main)
+    metrics = MetricsLogger(trainer.output_dir, a.logging_steps, trainer.wandb_config if is_main else None,
+                            a.tensorboard and is_main)
     if resume_from_checkpoint:
         trainer._restore(ckpt, resume_from_checkpoint)
         if is_main: metrics.truncate_after(trainer.state["global_batch"])
@@ -281,11 +299,13 @@ def start_run(trainer, resume_from_checkpoint=None, is_main: bool = True) -> tup
     return ckpt, metrics
 
 def eval_count(eval_dataset, num_samples: Optional[int], default: int) -> int:
-    "How many eval items an evaluate() call uses: `num_samples` (else the config's `default`), at most the set; 0 without one."
+    """How many eval items an evaluate() call uses: `num_samples` (else the config's `default`), at most the set; 0
+    without one."""
     return 0 if eval_dataset is None else min(num_samples if num_samples is not None else default, len(eval_dataset))
 
 def stop_after(stop_after_batch: Optional[int] = None, env_name: str = "COMLRL_NB_STOP_AFTER_BATCH") -> Optional[int]:
-    "The batch to stop after: the argument, else $COMLRL_NB_STOP_AFTER_BATCH (how the crash tests stop a run), else None."
+    """The batch to stop after: the argument, else $COMLRL_NB_STOP_AFTER_BATCH (how the crash tests stop a run), else
+    None."""
     env = os.environ.get(env_name)
     return stop_after_batch or (int(env) if env else None)
 
@@ -312,8 +332,10 @@ def run_epochs(trainer, per_epoch: int, order: Callable[[int], Any], batch: Call
     return False
 
 # %% ../nbs/25_engine.ipynb #aec696e6
-def batches_ahead(order, b: int, per_epoch: int, batch_size: int, filled: int, buffer_size: int, per_item: int, dataset) -> list:
-    "The batches after b (this epoch) that no update separates from it: [(items, ids)]. `filled` = buffer after batch b."
+def batches_ahead(order, b: int, per_epoch: int, batch_size: int, filled: int, buffer_size: int, per_item: int,
+                  dataset) -> list:
+    """The batches after b (this epoch) that no update separates from it: [(items, ids)]. `filled` = buffer after batch
+    b."""
     out, j = [], b + 1
     while filled < buffer_size and j < per_epoch:                   # not full yet: no update before batch j
         ids = [int(x) for x in order[j * batch_size:(j + 1) * batch_size]]
@@ -808,7 +830,8 @@ def evaluation(self: Run, evaluate: Callable[[], dict], b: int) -> dict:
 from dataclasses import replace
 
 def restart_phase(trainer, output_dir, seed: int, buffers: Iterable = ()):
-    "A new phase of `trainer` on the same team: position 0, `buffers` emptied, keys from `seed`, metrics in `output_dir`."
+    """A new phase of `trainer` on the same team: position 0, `buffers` emptied, keys from `seed`, metrics in
+    `output_dir`."""
     trainer.args = replace(trainer.args, seed=seed, output_dir=str(output_dir), save_steps=-1)
     trainer.output_dir = Path(output_dir)
     if getattr(trainer, "sampler", None) is not None: trainer.sampler.seed = seed

@@ -35,8 +35,8 @@ class RowNoise:
         self.t += 1
         return self.buf[self.t - 1]
     def gumbel(self, width: int, device=None, cols: Optional[int] = None) -> torch.Tensor:
-        """The next step's Gumbel noise of `next`'s uniforms, made per chunk (elementwise: the same numbers); `cols`: only
-        the first columns, made for this step alone."""
+        """The next step's Gumbel noise of `next`'s uniforms, made per chunk (elementwise: the same numbers); `cols`:
+        only the first columns, made for this step alone."""
         u = self.next(width)
         if cols is not None and cols < width: return _gumbel_of(u[:, :cols].to(device))
         if self.g is None: self.g = _gumbel_of(self.buf.to(device))
@@ -137,36 +137,42 @@ def encode_prompts(tokenizer, prompts: Sequence[str], device=None):
     "Left-padded prompt ids and attention mask (no special tokens added: formatters/chat templates own them)."
     if not prompts or not all(isinstance(p, str) for p in prompts):
         bad = next((p for p in prompts if not isinstance(p, str)), None) if prompts else None
-        raise TypeError(f"prompts must be a non-empty list of strings; got {type(bad).__name__ if prompts else 'an empty list'}")
+        raise TypeError("prompts must be a non-empty list of strings; got "
+                        f"{type(bad).__name__ if prompts else 'an empty list'}")
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try: enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
     finally: tokenizer.padding_side = side                     # the caller's tokenizer is left as it was
-    if enc.input_ids.shape[1] == 0: raise ValueError("every prompt is empty after tokenization; formatters must return text")
+    if enc.input_ids.shape[1] == 0:
+        raise ValueError("every prompt is empty after tokenization; formatters must return text")
     return enc.input_ids.to(device), enc.attention_mask.to(device)
 
 # %% ../nbs/02_generation.ipynb #eb4e1286
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
 
 def context_length(model) -> Optional[int]:
-    "The most positions the model can attend to (its config's max_position_embeddings or equivalent); None when unknown."
+    """The most positions the model can attend to (its config's max_position_embeddings or equivalent); None when
+    unknown."""
     cfg = getattr(getattr(model, "signature_target", model), "config", None) or getattr(model, "config", None)
     vals = [getattr(cfg, k, None) for k in _CONTEXT_KEYS]
     return next((int(v) for v in vals if isinstance(v, int) and v > 0), None)
 
 def fit_context(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int):
-    "Left-padded prompts and a token budget that fit the model's context: a prompt longer than its share is cut from the left (its end, the instruction, stays), with a warning; (ids, mask, max_new_tokens)."
+    """Left-padded prompts and a token budget that fit the model's context: a prompt longer than its share is cut from
+    the left (its end, the instruction, stays), with a warning; (ids, mask, max_new_tokens)."""
     limit = context_length(model)
     if limit is None or ids.shape[1] + max_new_tokens <= limit: return ids, mask, max_new_tokens
     keep = max(limit - max_new_tokens, limit // 2)              # at least half the context for the prompt
     new = min(max_new_tokens, limit - keep)
     lens = mask.sum(-1)
     if int(lens.max()) > keep:
-        logger.warning(f"{int((lens > keep).sum())} prompt(s) longer than the {keep} positions left for prompts in the model's "
-                       f"{limit}-position context were cut from the left (the longest lost {int(lens.max()) - keep} tokens); "
-                       "shorten the prompts (formatter or dataset) or use a model with a longer context")
+        logger.warning(f"{int((lens > keep).sum())} prompt(s) longer than the {keep} positions left for prompts in the "
+                       f"model's {limit}-position context were cut from the left (the longest lost "
+                       f"{int(lens.max()) - keep} tokens); shorten the prompts (formatter or dataset) or use a model "
+                       "with a longer context")
         ids, mask = ids[:, -keep:], mask[:, -keep:]
     if new < max_new_tokens:
-        logger.warning(f"generating at most {new} new tokens instead of max_new_tokens={max_new_tokens}: the model's context is {limit} positions")
+        logger.warning(f"generating at most {new} new tokens instead of max_new_tokens={max_new_tokens}: the model's "
+                       f"context is {limit} positions")
     return ids, mask, new
 
 
@@ -486,9 +492,11 @@ def joint_indices(num_agents: int, k: int, mode: str = "aligned") -> list[tuple[
     return list(itertools.product(range(k), repeat=num_agents))
 
 def compose_joint(completions: Sequence[Sequence[Any]], mode: str = "aligned") -> list[list[Any]]:
-    "From per-agent lists of K completions, per-agent lists of the joint responses' parts (the reward function's input)."
+    """From per-agent lists of K completions, per-agent lists of the joint responses' parts (the reward function's
+    input)."""
     n, k = len(completions), len(completions[0])
-    if any(len(c) != k for c in completions): raise ValueError(f"every agent needs the same number of completions; got {[len(c) for c in completions]}")
+    if any(len(c) != k for c in completions):
+        raise ValueError(f"every agent needs the same number of completions; got {[len(c) for c in completions]}")
     idx = joint_indices(n, k, mode)
     return [[completions[i][j[i]] for j in idx] for i in range(n)]
 
@@ -497,7 +505,8 @@ def per_agent_returns(joint_returns: torch.Tensor, num_agents: int, k: int, mode
     "Map returns of the joint responses ([..., J]) to each agent's per-completion returns ([n, ..., K])."
     mode = check_joint_mode(mode)
     if mode == "aligned":
-        if joint_returns.shape[-1] != k: raise ValueError(f"aligned mode expects {k} joint returns, got {joint_returns.shape[-1]}")
+        if joint_returns.shape[-1] != k:
+            raise ValueError(f"aligned mode expects {k} joint returns, got {joint_returns.shape[-1]}")
         return joint_returns.unsqueeze(0).expand(num_agents, *joint_returns.shape).clone()
     grid = joint_returns.reshape(*joint_returns.shape[:-1], *([k] * num_agents))   # last agent fastest
     lead = joint_returns.dim() - 1

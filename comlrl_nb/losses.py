@@ -27,7 +27,8 @@ def check_finite_loss(loss, where: str):
     "Return `loss` if it is finite; else raise `FloatingPointError` naming `where`, the value and likely fixes."
     t = torch.as_tensor(loss).detach()
     if bool(torch.isfinite(t).all()): return loss
-    value = t.item() if t.numel() == 1 else t.tolist() if t.numel() <= 8 else f"tensor of shape {tuple(t.shape)} with non-finite entries"
+    value = t.item() if t.numel() == 1 else t.tolist() if t.numel() <= 8 else \
+        f"tensor of shape {tuple(t.shape)} with non-finite entries"
     raise FloatingPointError(
         f"Non-finite loss ({value}) at {where}. Hints: lower the learning rate; check the rewards for inf/NaN "
         "(and the KL coefficient); use fp32 weights (fp16/bf16 weights overflow or lose small updates); "
@@ -36,7 +37,8 @@ def check_finite_loss(loss, where: str):
 # %% ../nbs/11_losses.ipynb #ee0481cd
 def _check_pair_shapes(a: torch.Tensor, b: torch.Tensor, names: str):
     if a.shape != b.shape:
-        raise ValueError(f"{names}: shapes {tuple(a.shape)} and {tuple(b.shape)} differ; pass one score per pair in each.")
+        raise ValueError(f"{names}: shapes {tuple(a.shape)} and {tuple(b.shape)} differ; pass one score per pair "
+                         "in each.")
     if a.numel() == 0: raise ValueError(f"{names}: got no pairs (empty tensors).")
 
 def bradley_terry_prob(r_w, r_l) -> torch.Tensor:
@@ -131,7 +133,8 @@ def madpo_widget(margins=(4.0, -1.0, -0.5), eta: float = 0.5):
         display_figure(plot_madpo_step([d1, d2, d3], eta))
         nb = madpo_step_numbers([d1, d2, d3], eta)
         alone = ", ".join(f"{a:.4f}" for a in nb["alone"])
-        print(f"team margin {nb['team']:.2f}: every agent's step {nb['weight']:.4f} (alone: {alone}), loss {nb['loss']:.4f}")
+        print(f"team margin {nb['team']:.2f}: every agent's step {nb['weight']:.4f} (alone: {alone}), loss "
+              f"{nb['loss']:.4f}")
         return nb
     sl = {f"d{i + 1}": W.FloatSlider(value=float(m), min=-10.0, max=10.0, step=0.5, description=f"\u0394{i + 1}",
                                      continuous_update=False) for i, m in enumerate(margins)}

@@ -19,7 +19,8 @@ __all__ = ['TINY_CORPUS', 'EMBEDDED_NAMES', 'make_tiny_tokenizer', 'make_tiny_mo
 # %% ../nbs/01_models.ipynb #ea5c9e4a
 TINY_CORPUS = [
     "Write a story about a robot who learns to paint.", "Explain quantum physics to a child.",
-    "Create a recipe for chocolate cake.", "Describe a city in the clouds.", "The quick brown fox jumps over the lazy dog.",
+    "Create a recipe for chocolate cake.", "Describe a city in the clouds.",
+    "The quick brown fox jumps over the lazy dog.",
     "Agents cooperate: one writes a short answer, the other expands it.", "def add(a, b):\n    return a + b\n",
     "Numbers 0 1 2 3 4 5 6 7 8 9 10.", "Once upon a time there was a small village by a great forest.",
 ]
@@ -31,8 +32,10 @@ def make_tiny_tokenizer(vocab_size: int = 320, corpus: Sequence[str] = TINY_CORP
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(list(corpus) * 4, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>", "<pad>"],
-                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.train_from_iterator(list(corpus) * 4,
+                            trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>", "<pad>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                show_progress=False))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<eos>", pad_token="<pad>")
     fast.padding_side = "left"
     return fast
@@ -43,10 +46,12 @@ def make_tiny_model(arch: str = "llama", hidden_size: int = 32, num_layers: int 
     "A random tiny causal LM (`arch` 'llama' or 'gpt2') and its tokenizer, built offline; returns (model, tokenizer)."
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     tok = tokenizer or make_tiny_tokenizer(vocab_size)
-    ids = dict(vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    ids = dict(vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id)
     if arch == "llama":
         cfg = LlamaConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, **ids)
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                          tie_word_embeddings=True, **ids)
         cls = LlamaForCausalLM
     elif arch == "gpt2":
         cfg, cls = GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=4, n_positions=512, **ids), GPT2LMHeadModel
@@ -72,7 +77,8 @@ def embedded_model_file() -> Path:
     return files[0]
 
 def load_embedded(model_config: dict | None = None, device=None):
-    "Load SmolLM2-135M-Instruct from the embedded GGUF file: returns (model, tokenizer), fp32 unless `model_config['dtype']`."
+    """Load SmolLM2-135M-Instruct from the embedded GGUF file: returns (model, tokenizer), fp32 unless
+    `model_config['dtype']`."""
     f = embedded_model_file()
     if importlib.util.find_spec("gguf") is None:
         raise ImportError("loading the embedded GGUF model needs the 'gguf' package; " + _EMBEDDED_HINT)
@@ -93,7 +99,8 @@ def _prepare_tokenizer(tok):
     "Generation pads on the left; a missing pad token falls back to EOS (safe: borders come from masks)."
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
-            raise ValueError(f"tokenizer {type(tok).__name__} has neither a pad nor an EOS token; set tokenizer.pad_token first")
+            raise ValueError(f"tokenizer {type(tok).__name__} has neither a pad nor an EOS token; set "
+                             "tokenizer.pad_token first")
         tok.pad_token = tok.eos_token
         logger.info("tokenizer has no pad token: using its EOS token for padding (borders come from attention masks)")
     tok.padding_side = "left"
@@ -104,12 +111,13 @@ def _is_embedded(spec) -> bool: return isinstance(spec, str) and spec in EMBEDDE
 # %% ../nbs/01_models.ipynb #b9c60e42
 def _offline_error(spec: str, err: Exception) -> OSError:
     return OSError(f"could not load model {spec!r}: it is not a local directory and it could not be fetched "
-                   f"({type(err).__name__}: {str(err).splitlines()[0][:200]}). This machine may be offline: pass a local "
-                   "path (a directory written by save_pretrained), a preloaded model object, or 'embedded' for the "
-                   "bundled SmolLM2-135M-Instruct.")
+                   f"({type(err).__name__}: {str(err).splitlines()[0][:200]}). This machine may be offline: pass "
+                   "a local path (a directory written by save_pretrained), a preloaded model object, or 'embedded' "
+                   "for the bundled SmolLM2-135M-Instruct.")
 
 def load_model(spec, model_config: dict | None = None, device=None, role: str = "agent"):
-    "A causal LM from a hub id, a local directory, 'embedded', or a loaded `torch.nn.Module`; role 'critic' reads critic_model_kwargs."
+    """A causal LM from a hub id, a local directory, 'embedded', or a loaded `torch.nn.Module`; role 'critic' reads
+    critic_model_kwargs."""
     if isinstance(spec, torch.nn.Module): return spec.to(resolve_device(device)) if device is not None else spec
     if _is_embedded(spec): return load_embedded(model_config, device)[0]
     if not isinstance(spec, (str, os.PathLike)):
@@ -134,12 +142,16 @@ def load_tokenizer(spec):
 def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: int | None = None, tokenizer=None,
                 model_config: dict | None = None, devices=None):
     "Resolve the trainer's model arguments into (models, tokenizers), one of each per agent, on their devices."
-    if agents is None and agent_model is None: raise ValueError("Either agent_model or agents is required: pass agent_model (one model for all agents) or agents (one per agent)")
+    if agents is None and agent_model is None:
+        raise ValueError("Either agent_model or agents is required: pass agent_model (one model for all agents) or "
+                         "agents (one per agent)")
     if hasattr(agents, "build"):                            # an adapter spec such as LoRAAgents
         if num_agents is not None and num_agents != agents.num_agents:
-            raise ValueError(f"num_agents={num_agents} but the adapter spec has num_agents={agents.num_agents}; make them agree")
+            raise ValueError(f"num_agents={num_agents} but the adapter spec has num_agents={agents.num_agents}; make "
+                             "them agree")
         devs = set(str(resolve_device(d)) for d in as_list(devices, agents.num_agents, "agent_devices", "device"))
-        if len(devs) > 1: raise ValueError(f"adapter agents share one base model and must be on one device, got {sorted(devs)}")
+        if len(devs) > 1:
+            raise ValueError(f"adapter agents share one base model and must be on one device, got {sorted(devs)}")
         built = agents.build(model_config, devs.pop())
         return built[0], apply_special_tokens(built[1], model_config)
     if agents is not None and agent_model is not None:              # allowed when they agree (as the library)
@@ -150,7 +162,8 @@ def load_agents(agent_model=None, agents: Sequence | None = None, num_agents: in
         agent_model = None
     if agents is not None:
         if isinstance(agents, (str, torch.nn.Module)) or not isinstance(agents, Sequence) or len(agents) == 0:
-            raise ValueError("agents must be a non-empty list (one model id/path/object per agent); for one model shared by all use agent_model")
+            raise ValueError("agents must be a non-empty list (one model id/path/object per agent); for one model "
+                             "shared by all use agent_model")
         if num_agents is not None and num_agents != len(agents):
             raise ValueError(f"num_agents={num_agents} but {len(agents)} agents were given; make them agree")
         specs = list(agents)

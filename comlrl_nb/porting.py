@@ -308,8 +308,9 @@ def read_checkpoint_metadata(checkpoint) -> dict:
         root = p / "checkpoints" if (p / "checkpoints").is_dir() else p
         done = sorted((c for c in root.glob("checkpoint-*") if (c / "trainer_state.json").exists()),
                       key=lambda c: int(c.name.split("-")[1]))
-        if not done: raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no trainer_state.json) and holds none; "
-                                             "pass a checkpoint-<N> directory or a run's output directory")
+        if not done:
+            raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no trainer_state.json) and holds none; "
+                                    "pass a checkpoint-<N> directory or a run's output directory")
         p = done[-1]
     meta = json.loads((p / "trainer_state.json").read_text())
     if not isinstance(meta, dict) or not isinstance(meta.get("batch"), int):
@@ -338,7 +339,8 @@ LIBRARY_MODULES = {
     "trainers.reinforce.maremax": (["comlrl_nb.trainers.reinforce"], {}),
     "trainers.reinforce.marloo": (["comlrl_nb.trainers.reinforce"], {}),
     "trainers.reinforce.centralized_magrpo": (["comlrl_nb.trainers.reinforce"], {}),
-    "trainers.actor_critic.ac_base": (["comlrl_nb.trainers.actor_critic"], {"ActorCriticTrainerBase": "ActorCriticTrainer"}),
+    "trainers.actor_critic.ac_base": (["comlrl_nb.trainers.actor_critic"],
+                                      {"ActorCriticTrainerBase": "ActorCriticTrainer"}),
     "trainers.actor_critic.maac": (["comlrl_nb.trainers.actor_critic"], {}),
     "trainers.actor_critic.iac": (["comlrl_nb.trainers.actor_critic"], {}),
     "trainers.preference.madpo": (["comlrl_nb.trainers.madpo"], {}),
@@ -377,10 +379,12 @@ LIBRARY_EXTRAS = {
     "comlrl_nb.trainers.preference": {n: "comlrl_nb.porting" for n in (
         "CentralizedComparatorAdapter", "TaggedCentralizedComparatorAdapter", "CentralizedComparatorParseError")},
     "comlrl_nb.trainers.actor_critic": {"ActorCriticTrainerBase": "comlrl_nb.trainers.actor_critic:ActorCriticTrainer"},
-    "comlrl_nb.trainers": {**{f"{a}{s}": "comlrl_nb.trainers.reinforce" for a in ("MAGRPO", "MAREINFORCE", "MAReMax", "MARLOO")
+    "comlrl_nb.trainers": {**{f"{a}{s}": "comlrl_nb.trainers.reinforce"
+                              for a in ("MAGRPO", "MAREINFORCE", "MAReMax", "MARLOO") for s in ("Config", "Trainer")},
+                           **{f"{a}{s}": "comlrl_nb.trainers.actor_critic" for a in ("MAAC", "IAC")
                               for s in ("Config", "Trainer")},
-                           **{f"{a}{s}": "comlrl_nb.trainers.actor_critic" for a in ("MAAC", "IAC") for s in ("Config", "Trainer")},
-                           **{f"{a}{s}": "comlrl_nb.trainers.preference" for a in ("MADPO", "MARLHF") for s in ("Config", "Trainer")},
+                           **{f"{a}{s}": "comlrl_nb.trainers.preference" for a in ("MADPO", "MARLHF")
+                              for s in ("Config", "Trainer")},
                            "JointRewardModel": "comlrl_nb.trainers.preference",
                            "ActorCriticTrainerBase": "comlrl_nb.trainers.actor_critic:ActorCriticTrainer"},
 }
@@ -531,7 +535,8 @@ def resolve_model_sources(*, kind: str, model, models, expected_count: int, expe
     if models is None: sources = [model] * expected_count
     else:
         if not _is_tok_list(models): raise ValueError(f"{kind} must be a list of {label} models or ids, got "
-                                                      f"{type(models).__name__}; one shared model goes in {model_label}=")
+                                                      f"{type(models).__name__}; one shared model goes in "
+                                                      f"{model_label}=")
         if len(models) != expected_count: raise ValueError(f"{kind} has {len(models)} entries but needs {label}")
         name, names = infer_model_name(model), [infer_model_name(m) for m in models]
         if model is not None and (name is None or any(n != name for n in names)):
@@ -567,8 +572,9 @@ class TaggedCentralizedComparatorAdapter(CentralizedComparatorAdapter):
         from comlrl_nb.comparators import centralized_format_example
         n = len(agent_prompts)
         roles = "\n\n".join(f"Agent {i} original prompt:\n{p}" for i, p in enumerate(agent_prompts))
-        return (f"Write the separate outputs of a team of {n} agents; each answers its own original prompt.\n\n{roles}\n\n"
-                f"Reply with one section per agent and nothing outside them:\n{centralized_format_example(n)}")
+        return (f"Write the separate outputs of a team of {n} agents; each answers its own original "
+                f"prompt.\n\n{roles}\n\nReply with one section per agent and nothing outside "
+                f"them:\n{centralized_format_example(n)}")
     def parse_completion(self, completion, batch_item, num_agents: int) -> list[str]:
         from comlrl_nb.comparators import centralized_format_example, parse_agent_sections
         out = parse_agent_sections(str(completion), num_agents)

@@ -27,7 +27,8 @@ PAIR_SELECTIONS = ("reward_gap", "all", "random")
 COLLECTION_ROWS = 64      # default rows (items x candidates) per sampling loop while collecting pairs
 
 def untied_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
-    "(winner, loser) candidate indices of every untied pair, enumerated as ordered pairs in index order (as the library)."
+    """(winner, loser) candidate indices of every untied pair, enumerated as ordered pairs in index order (as the
+    library)."""
     s = [float(x) for x in scores]
     return [(j, k) for j in range(len(s)) for k in range(len(s)) if s[j] > s[k]]
 
@@ -45,7 +46,8 @@ def select_pairs(scores: Sequence[float], pair_selection: str = "reward_gap", pa
 # %% ../nbs/40_preference.ipynb #5903de5f
 def check_pair_selection(pair_selection: str, pairs_per_sample: Optional[int], owner: str = "",
                          choices: Sequence[str] = PAIR_SELECTIONS) -> str:
-    "Validate pair_selection (one of `choices`, default PAIR_SELECTIONS) against preference_pairs_per_sample (int >= 1 or None)."
+    """Validate pair_selection (one of `choices`, default PAIR_SELECTIONS) against preference_pairs_per_sample (int >= 1
+    or None)."""
     sel = check_choice(pair_selection, "pair_selection", choices, owner)
     check_number(pairs_per_sample, "preference_pairs_per_sample", owner, integer=True, min=1, allow_none=True)
     if sel == "all" and pairs_per_sample is not None:
@@ -249,11 +251,12 @@ def check_preference_config(c, owner: str):
     choices = getattr(type(c), "pair_selections", PAIR_SELECTIONS)     # iterative configs add 'comparator_reward'
     c.pair_selection = check_pair_selection(c.pair_selection, c.preference_pairs_per_sample, owner, choices)
     if c.num_turns != 1:
-        raise config_error(owner, f"num_turns={c.num_turns} is invalid: the preference trainers compare single-turn joint "
-                                  "responses; use num_turns=1")
+        raise config_error(owner, f"num_turns={c.num_turns} is invalid: the preference trainers compare "
+                                  "single-turn joint responses; use num_turns=1")
     if check_joint_mode(c.joint_mode, owner) != "aligned":
-        raise config_error(owner, f"joint_mode={c.joint_mode!r} is invalid: preference candidates are compared index by "
-                                  "index (candidate k of every agent forms joint response k); use joint_mode='aligned'")
+        raise config_error(owner, f"joint_mode={c.joint_mode!r} is invalid: preference candidates are compared "
+                                  "index by index (candidate k of every agent forms joint response k); use "
+                                  "joint_mode='aligned'")
 
 def build_pair_dataset(team, dataset, args, path, oracle, round_key: Any = "collect",
                        sampler: Optional[Callable] = None) -> tuple[list[dict], dict]:

@@ -18,7 +18,8 @@ __all__ = ['REPLAY_MODES', 'replay_weights', 'plot_weights', 'weights_widget', '
 # %% ../nbs/50_replay.ipynb #28a122b5
 REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
 
-def replay_weights(num_datasets: int, mode: str = "lambda_decay", lam: Optional[float] = None, k: Optional[int] = None) -> np.ndarray:
+def replay_weights(num_datasets: int, mode: str = "lambda_decay", lam: Optional[float] = None,
+                   k: Optional[int] = None) -> np.ndarray:
     "Weights of the non-empty datasets, indexed by age (0 = newest); zeros for datasets the mode leaves out."
     K = num_datasets
     if K == 0: return np.zeros(0)
@@ -56,8 +57,10 @@ def weights_widget(lam: float = 0.5, num_datasets: int = 5):
     return off_main_shell(w)                  # see 10_advantages: a slider moved while cells run stays live
 
 # %% ../nbs/50_replay.ipynb #c8e8603f
-def draw_sample(datasets: Sequence[Sequence[Any]], weights: Sequence[float], size: int, rng: np.random.Generator) -> list:
-    "Draw `size` items: dataset by weight per draw; without replacement inside a dataset while it fits, then cycling reshuffled copies."
+def draw_sample(datasets: Sequence[Sequence[Any]], weights: Sequence[float], size: int,
+                rng: np.random.Generator) -> list:
+    """Draw `size` items: dataset by weight per draw; without replacement inside a dataset while it fits, then cycling
+    reshuffled copies."""
     weights = np.asarray(weights, dtype=float)
     counts = rng.multinomial(size, weights / weights.sum()) if size > 0 else np.zeros(len(datasets), int)
     out = []
@@ -76,18 +79,23 @@ def check_replay_options(mode: str, k=None, lam=None, sample_size=None, owner: s
     mode = check_choice(mode, "preference_replay_mode", REPLAY_MODES, owner)
     if sample_size is not None: check_number(sample_size, "preference_replay_sample_size", owner, integer=True, min=1)
     if mode == "current":
-        if sample_size is not None: raise ValueError(f"{w}preference_replay_sample_size is not used by mode 'current' (it trains on all of this round's pairs); remove it or pick a history mode")
+        if sample_size is not None:
+            raise ValueError(f"{w}preference_replay_sample_size is not used by mode 'current' (it trains on all of "
+                             "this round's pairs); remove it or pick a history mode")
         if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
-        if k not in (None, 1): raise ValueError(f"{w}preference_replay_k={k!r} does not fit mode 'current' (only None or 1); use 'nearest_k' to replay more rounds")
+        if k not in (None, 1): raise ValueError(f"{w}preference_replay_k={k!r} does not fit mode 'current' (only None "
+                                                "or 1); use 'nearest_k' to replay more rounds")
     elif mode == "nearest_k":
         check_number(k, "preference_replay_k", owner, integer=True, min=1)
         if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
     elif mode == "all_history":
-        if k is not None: raise ValueError(f"{w}preference_replay_k is not used by mode 'all_history'; remove it or use 'nearest_k'")
+        if k is not None:
+            raise ValueError(f"{w}preference_replay_k is not used by mode 'all_history'; remove it or use 'nearest_k'")
         if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
     else:
         check_number(lam, "preference_replay_lambda", owner, min=0, max=1)
-        if k is not None: raise ValueError(f"{w}preference_replay_k is not used by mode 'lambda_decay'; remove it or use 'nearest_k'")
+        if k is not None:
+            raise ValueError(f"{w}preference_replay_k is not used by mode 'lambda_decay'; remove it or use 'nearest_k'")
     return mode
 
 # %% ../nbs/50_replay.ipynb #db2204ac
@@ -98,11 +106,13 @@ def load_iteration_file(path, validate: Optional[Callable[[dict, str], None]] = 
     path = Path(path)
     try: data = json.loads(path.read_text())
     except FileNotFoundError: raise FileNotFoundError(f"replay file {path} is missing") from None
-    except json.JSONDecodeError as e: raise ValueError(f"replay file {path} is not valid JSON (truncated?): {e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"replay file {path} is not valid JSON (truncated?): {e}") from None
     for f in ("iteration", "num_pairs", "pairs"):
         if not isinstance(data, dict) or f not in data: raise ValueError(f"replay file {path}: missing field '{f}'")
     if not isinstance(data["pairs"], list) or data["num_pairs"] != len(data["pairs"]):
-        raise ValueError(f"replay file {path}: num_pairs={data['num_pairs']} but it holds {len(data['pairs']) if isinstance(data['pairs'], list) else 'no list of'} pairs")
+        raise ValueError(f"replay file {path}: num_pairs={data['num_pairs']} but it holds "
+                         f"{len(data['pairs']) if isinstance(data['pairs'], list) else 'no list of'} pairs")
     if validate is not None:
         for j, rec in enumerate(data["pairs"]): validate(rec, f"{path}, record {j}")
     return data
@@ -113,14 +123,16 @@ class ReplayBuffer:
     def __init__(self, directory, mode: str = "current", k: Optional[int] = None, lam: Optional[float] = None,
                  sample_size: Optional[int] = None, seed: int = 0, validate: Optional[Callable] = None):
         self.mode = check_replay_options(mode, k, lam, sample_size)
-        self.dir, self.k, self.lam, self.sample_size, self.seed, self.validate = Path(directory), k, lam, sample_size, seed, validate
+        self.dir, self.k, self.lam, self.sample_size, self.seed, self.validate = Path(directory), k, lam, sample_size, \
+            seed, validate
         self.index: list[dict] = []            # every registered round: {"iteration", "file", "num_pairs"}
         self._data: dict[int, list] = {}       # iteration -> pairs (non-empty rounds)
-        self.run_id, self.written = __import__("secrets").token_hex(8), {}   # file name -> sha256 of what this run wrote
+        self.run_id, self.written = __import__("secrets").token_hex(8), {}  # file name -> sha256 of what this run wrote
     def register(self, iteration: int, pairs: Sequence[dict]) -> Path:
         "Write this round's file atomically and add it to the index."
         p = self._write(iteration, {"iteration": iteration, "num_pairs": len(pairs), "pairs": list(pairs)})
-        self.index = [e for e in self.index if e["iteration"] != iteration] + [{"iteration": iteration, "file": p.name, "num_pairs": len(pairs)}]
+        self.index = [e for e in self.index if e["iteration"] != iteration] + [{"iteration": iteration, "file": p.name,
+                                                                                "num_pairs": len(pairs)}]
         if pairs: self._data[iteration] = list(pairs)
         else: self._data.pop(iteration, None)
         return p
@@ -129,7 +141,8 @@ class ReplayBuffer:
         its = sorted((e["iteration"] for e in self.index if e["num_pairs"] > 0), reverse=True)
         return [(i, self._pairs(i)) for i in its]
     def _pairs(self, it: int) -> list:
-        if it not in self._data: self._data[it] = load_iteration_file(iteration_path(self.dir, it), self.validate)["pairs"]
+        if it not in self._data:
+            self._data[it] = load_iteration_file(iteration_path(self.dir, it), self.validate)["pairs"]
         return self._data[it]
 
 # %% ../nbs/50_replay.ipynb #323433a1
@@ -151,7 +164,8 @@ import contextlib, os
 _OWNER_ATTR = "user.comlrl_nb.run"
 
 def _rb_write(self: ReplayBuffer, iteration: int, record: dict) -> Path:
-    "Write one round file atomically and mark it as this run's: an extended attribute (invisible in listings and content), and its hash."
+    """Write one round file atomically and mark it as this run's: an extended attribute (invisible in listings and
+    content), and its hash."""
     import hashlib
     from comlrl_nb.core import atomic_write_bytes
     data = (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
@@ -171,8 +185,8 @@ def _rb_ours(self: ReplayBuffer, path: Path) -> bool:
 
 def _rb_state_dict(self: ReplayBuffer) -> dict:
     "The index and the data (so a checkpoint restores exactly what this run would train on), and which run wrote them."
-    return {"index": [dict(e) for e in self.index], "data": {i: list(p) for i, p in self._data.items()}, "run_id": self.run_id,
-            "written": dict(self.written)}
+    return {"index": [dict(e) for e in self.index], "data": {i: list(p) for i, p in self._data.items()},
+            "run_id": self.run_id, "written": dict(self.written)}
 
 def _rb_load_state_dict(self: ReplayBuffer, state: dict, rewrite_files: bool = True):
     "Restore the index and data and this run's round files; files another run wrote are never changed or deleted."
@@ -186,7 +200,9 @@ def _rb_load_state_dict(self: ReplayBuffer, state: dict, rewrite_files: bool = T
                 from comlrl_nb.core import logger
                 logger.warning(f"{path} was written by another run: left as it is (this run keeps its round in memory)")
                 continue
-            self._write(e["iteration"], {"iteration": e["iteration"], "num_pairs": e["num_pairs"], "pairs": self._data.get(e["iteration"], [])})
+            self._write(e["iteration"],
+                        {"iteration": e["iteration"], "num_pairs": e["num_pairs"],
+                         "pairs": self._data.get(e["iteration"], [])})
         known = {e["file"] for e in self.index}
         for f in self.dir.glob("iteration_*.json"):
             if f.name not in known and self._ours(f): f.unlink()      # this run's rounds after the checkpoint
@@ -197,11 +213,13 @@ def _readable_round(path: Path) -> bool:
         return True
     except (OSError, ValueError): return False
 
-ReplayBuffer.select, ReplayBuffer.state_dict, ReplayBuffer.load_state_dict = _rb_select, _rb_state_dict, _rb_load_state_dict
+ReplayBuffer.select, ReplayBuffer.state_dict, ReplayBuffer.load_state_dict = _rb_select, _rb_state_dict, \
+    _rb_load_state_dict
 ReplayBuffer._write, ReplayBuffer._ours = _rb_write, _rb_ours
 
 # %% ../nbs/50_replay.ipynb #7a8920fe
-def replay_mix(pair_counts: Sequence[int], mode: str = "lambda_decay", lam: Optional[float] = 0.5, k: Optional[int] = None) -> list[dict]:
+def replay_mix(pair_counts: Sequence[int], mode: str = "lambda_decay", lam: Optional[float] = 0.5,
+               k: Optional[int] = None) -> list[dict]:
     "For each round nu: {source round: expected share of its training sample}."
     out = []
     for nu in range(1, len(pair_counts) + 1):
@@ -223,7 +241,8 @@ def animate_replay_mix(pair_counts: Sequence[int], lam: float = 0.5):
     def draw(t):
         ax.clear()
         sh = mix[t]
-        ax.bar(range(1, R + 1), [sh.get(i, 0.0) for i in range(1, R + 1)], color=["#dd8452" if i == t + 1 else "#4c72b0" for i in range(1, R + 1)])
+        ax.bar(range(1, R + 1), [sh.get(i, 0.0) for i in range(1, R + 1)],
+               color=["#dd8452" if i == t + 1 else "#4c72b0" for i in range(1, R + 1)])
         ax.set(xlim=(0.5, R + 0.5), ylim=(0, 1.05), xlabel="source round", ylabel="share of training sample",
                title=f"round {t + 1}: lambda={lam} (pairs per round {list(pair_counts)})")
         ax.set_xticks(range(1, R + 1))

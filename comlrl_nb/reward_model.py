@@ -21,10 +21,13 @@ __all__ = ['joint_text', 'bradley_terry_numbers', 'plot_bradley_terry', 'bradley
 
 # %% ../nbs/41_reward_model.ipynb #fc0faa60
 def joint_text(prompts: Sequence[str], responses: Sequence[str]) -> str:
-    "The text the reward model reads: 'Agent i prompt: ...' and 'Agent i response: ...' per agent, blank-line separated."
+    """The text the reward model reads: 'Agent i prompt: ...' and 'Agent i response: ...' per agent, blank-line
+    separated."""
     if len(prompts) != len(responses) or not prompts:
-        raise ValueError(f"joint_text needs one prompt and one response per agent; got {len(prompts)} prompts and {len(responses)} responses")
-    return "\n\n".join(f"Agent {i + 1} prompt: {p}\n\nAgent {i + 1} response: {r}" for i, (p, r) in enumerate(zip(prompts, responses)))
+        raise ValueError(f"joint_text needs one prompt and one response per agent; got {len(prompts)} prompts and "
+                         f"{len(responses)} responses")
+    return "\n\n".join(f"Agent {i + 1} prompt: {p}\n\nAgent {i + 1} response: {r}"
+                       for i, (p, r) in enumerate(zip(prompts, responses)))
 
 # %% ../nbs/41_reward_model.ipynb #8b49f8cf
 def bradley_terry_numbers(d: float) -> dict:
@@ -99,8 +102,9 @@ def token_ids(self: JointRewardModel, texts: Sequence[str], remember: bool = Fal
     """The token ids of each text (no special tokens); long texts keep their end (`max_length`). Each distinct text
     is tokenized once, all in one tokenizer call; `remember=True` (a fit's texts) keeps their ids until the next fit,
     so scoring them again (the accuracy pass after the fit) does not tokenize them again."""
-    if self.tokenizer is None: raise ValueError("this reward model was built from a preloaded backbone without tokenizer=, so "
-                                                "it scores token ids only (rm(input_ids, attention_mask)); pass tokenizer= to score text")
+    if self.tokenizer is None:
+        raise ValueError("this reward model was built from a preloaded backbone without tokenizer=, so "
+                         "it scores token ids only (rm(input_ids, attention_mask)); pass tokenizer= to score text")
     memo = getattr(self, "_fit_ids", None)
     known = memo[1] if memo is not None and memo[0] is self.tokenizer else {}
     new = list(dict.fromkeys(t for t in texts if t not in known))
@@ -122,7 +126,8 @@ def pad(self: JointRewardModel, ids: Sequence[Sequence[int]], padding_side: Opti
             torch.tensor([row([1] * len(x), 0) for x in ids], dtype=torch.long))
 
 def _rm_encode(self: JointRewardModel, texts: Sequence[str], padding_side: Optional[str] = None):
-    "Token ids and attention mask of `texts`, padded on `padding_side` (default: the tokenizer's); long texts keep their end."
+    """Token ids and attention mask of `texts`, padded on `padding_side` (default: the tokenizer's); long texts keep
+    their end."""
     return self.pad(self.token_ids(texts), padding_side)
 
 def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, autocast_dtype=None,
@@ -155,12 +160,14 @@ def _score_texts(self: JointRewardModel, texts: Sequence[str], batch_size: int =
     if walk: self.train(was)
     return torch.cat(out) if out else torch.zeros(0)
 
-def _score(self: JointRewardModel, prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]], batch_size: int = 16,
-           fast: Optional[bool] = None) -> list[float]:
+def _score(self: JointRewardModel, prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]],
+           batch_size: int = 16, fast: Optional[bool] = None) -> list[float]:
     "One score per joint response; `prompts[i][j]`, `responses[i][j]` are agent i's part of joint response j."
-    if len(prompts) != len(responses): raise ValueError(f"score: {len(prompts)} prompt lists for {len(responses)} agents")
+    if len(prompts) != len(responses):
+        raise ValueError(f"score: {len(prompts)} prompt lists for {len(responses)} agents")
     J = len(responses[0])
-    if any(len(x) != J for x in list(prompts) + list(responses)): raise ValueError("score: every agent's list must have the same length")
+    if any(len(x) != J for x in list(prompts) + list(responses)):
+        raise ValueError("score: every agent's list must have the same length")
     texts = [joint_text([p[j] for p in prompts], [r[j] for r in responses]) for j in range(J)]
     return self.score_texts(texts, batch_size, fast=fast).tolist()
 
@@ -171,14 +178,16 @@ def _as_reward_func(self: JointRewardModel, batch_size: int = 16) -> Callable:
         return self.score(agent_prompts, completions, batch_size)
     return learned_reward
 
-JointRewardModel.score_texts, JointRewardModel.score, JointRewardModel.as_reward_func = _score_texts, _score, _as_reward_func
+JointRewardModel.score_texts, JointRewardModel.score, JointRewardModel.as_reward_func = _score_texts, _score, \
+    _as_reward_func
 
 # %% ../nbs/41_reward_model.ipynb #1dcf15e0
 def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[str], num_train_epochs: int = 1,
               batch_size: int = 1, learning_rate: float = 1e-5, seed: int = 0, autocast_dtype=None,
               callback: Optional[Callable[[dict], Any]] = None, dist=None) -> list[dict]:
     "Bradley-Terry training on (winner text, loser text) pairs; returns per-step {'step','epoch','loss','accuracy'}."
-    if len(winners) != len(losers) or not winners: raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
+    if len(winners) != len(losers) or not winners:
+        raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
     params = [p for p in self.parameters() if p.requires_grad]
     self.optimizer = adamw(params, learning_rate)
     history, step, P = [], 0, len(winners)
@@ -246,4 +255,5 @@ def _freeze(self: JointRewardModel) -> JointRewardModel:
     self.optimizer = None
     return self.eval().requires_grad_(False)
 
-JointRewardModel.fit_texts, JointRewardModel.fit, JointRewardModel.preference_accuracy, JointRewardModel.freeze = _fit_texts, _fit, _preference_accuracy, _freeze
+JointRewardModel.fit_texts, JointRewardModel.fit, JointRewardModel.preference_accuracy, JointRewardModel.freeze = \
+    _fit_texts, _fit, _preference_accuracy, _freeze

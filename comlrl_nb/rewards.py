@@ -26,19 +26,23 @@ def _to_floats(out, fn, expected: int, hint: str = "") -> list[float]:
     name = _fn_name(fn)
     if isinstance(out, torch.Tensor) or type(out).__module__ == "numpy":
         if getattr(out, "ndim", 0) > 1:
-            raise RewardError(f"reward function '{name}' returned an array of shape {tuple(out.shape)}; it must return {expected} floats, one per joint response")
+            raise RewardError(f"reward function '{name}' returned an array of shape {tuple(out.shape)}; it must return "
+                              f"{expected} floats, one per joint response")
         out = out.tolist()
     if isinstance(out, Real) and not isinstance(out, bool) and expected == 1: out = [out]
     if not isinstance(out, (list, tuple)):
-        raise RewardError(f"reward function '{name}' returned {type(out).__name__}; it must return a list of {expected} floats, one per joint response")
+        raise RewardError(f"reward function '{name}' returned {type(out).__name__}; it must return a list of "
+                          f"{expected} floats, one per joint response")
     if len(out) != expected:
         raise RewardError(f"reward function '{name}' returned {len(out)} values for {expected} joint responses{hint}")
     vals = []
     for j, v in enumerate(out):
         if isinstance(v, torch.Tensor) and v.numel() == 1: v = v.item()
         if isinstance(v, bool) or not isinstance(v, Real):
-            raise RewardError(f"reward function '{name}' returned {v!r} ({type(v).__name__}) at position {j}; rewards must be numbers")
-        if not math.isfinite(v): raise RewardError(f"reward function '{name}' returned {v} at position {j}; rewards must be finite (no NaN or inf)")
+            raise RewardError(f"reward function '{name}' returned {v!r} ({type(v).__name__}) at position {j}; rewards "
+                              "must be numbers")
+        if not math.isfinite(v): raise RewardError(f"reward function '{name}' returned {v} at position {j}; rewards "
+                                                   "must be finite (no NaN or inf)")
         vals.append(float(v))
     return vals
 
@@ -48,7 +52,8 @@ class RewardFunction:
     def __init__(self, fn: Callable, num_agents: int, processor: Optional[Callable] = None, batched: bool = True,
                  prompt_layout: str = "first"):
         if not callable(fn): raise TypeError(f"reward_func must be callable, got {type(fn).__name__}")
-        if processor is not None and not callable(processor): raise TypeError(f"reward_processor must be callable, got {type(processor).__name__}")
+        if processor is not None and not callable(processor):
+            raise TypeError(f"reward_processor must be callable, got {type(processor).__name__}")
         self.fn, self.n, self.processor, self.batched = fn, num_agents, processor, batched
         self.form, takes = reward_call_form(fn, num_agents)       # agents | prompts_first | lists | varargs | unknown
         self.pass_items, self.pass_prompts = "batch_items" in takes, "prompts" in takes
@@ -101,7 +106,8 @@ def _rf_call_library(self: RewardFunction, completions, batch_items, prompts) ->
         comps = [[c[j] for j in g] for c in completions]
         lists = [lib] + comps if self.form == "prompts_first" else comps
         one = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""
-        vals += _to_floats(self._invoke(lists, kw), self.fn, len(g), hint=" of one task item" + self._prompts_note() + one)
+        vals += _to_floats(self._invoke(lists, kw), self.fn, len(g),
+                           hint=" of one task item" + self._prompts_note() + one)
     return vals
 
 def _rf_prompts_note(self: RewardFunction) -> str:
@@ -123,7 +129,8 @@ def _rf_invoke(self: RewardFunction, lists, kw):
 def _rf_process(self: RewardFunction, v: float):
     try: return self.processor(v)
     except Exception as e:
-        raise RewardError(f"reward_processor '{_fn_name(self.processor)}' raised {type(e).__name__} on the reward {v!r}: {e}") from e
+        raise RewardError(f"reward_processor '{_fn_name(self.processor)}' raised {type(e).__name__} on the reward "
+                          f"{v!r}: {e}") from e
 
 RewardFunction.__call__, RewardFunction._invoke, RewardFunction._process = _rf_call, _rf_invoke, _rf_process
 RewardFunction._call_ours, RewardFunction._call_library = _rf_call_ours, _rf_call_library
@@ -136,7 +143,8 @@ def _key_message(e: KeyError) -> str:
     return k if isinstance(k, str) and " " in k else f"missing key {k!r}"
 
 class FormatterError(ValueError, TypeError):
-    "A prompt formatter raised (a missing field, a None value, a bug in the formatter). Also a TypeError: callers that catch the old bare TypeError keep working."
+    """A prompt formatter raised (a missing field, a None value, a bug in the formatter). Also a TypeError: callers that
+    catch the old bare TypeError keep working."""
 
 def default_formatter(item) -> str:
     "item['prompt'], with a clear error when the field is missing or not a string."
@@ -144,7 +152,8 @@ def default_formatter(item) -> str:
         keys = sorted(item) if isinstance(item, dict) else type(item).__name__
         raise KeyError(f"the default formatter reads item['prompt'], but the item has {keys}; "
                        "add a 'prompt' field to the dataset or pass formatters=")
-    if not isinstance(item["prompt"], str): raise TypeError(f"item['prompt'] must be a string, got {type(item['prompt']).__name__}")
+    if not isinstance(item["prompt"], str):
+        raise TypeError(f"item['prompt'] must be a string, got {type(item['prompt']).__name__}")
     return item["prompt"]
 
 def resolve_formatters(formatters, num_agents: int) -> list[Callable]:
@@ -163,11 +172,13 @@ def format_prompt(formatter: Callable, item, agent: int, external_prompts: Optio
         raise FormatterError(f"formatter of agent {agent + 1} ({_fn_name(formatter)}) raised {type(e).__name__}: "
                              f"{_key_message(e) if isinstance(e, KeyError) else e}") from e
     if not isinstance(p, str):
-        raise TypeError(f"formatter of agent {agent + 1} ({_fn_name(formatter)}) returned {type(p).__name__}; it must return the prompt string")
+        raise TypeError(f"formatter of agent {agent + 1} ({_fn_name(formatter)}) returned {type(p).__name__}; it must "
+                        "return the prompt string")
     return p
 
 # %% ../nbs/04_rewards.ipynb #6cf48bbd
 def apply_chat_template(tokenizer, prompt: str) -> str:
     "Wrap `prompt` as a single user message with the generation prompt, or return it unchanged without a template."
     if getattr(tokenizer, "chat_template", None) is None: return prompt
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)

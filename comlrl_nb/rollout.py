@@ -38,14 +38,16 @@ class TransitionError(ValueError):
     "An external transition broke its contract or raised."
 
 def accepts_keyword(fn: Callable, name: str) -> bool:
-    "Whether `fn` names a parameter `name` that can be passed by keyword (**kwargs alone does not count: it may forward)."
+    """Whether `fn` names a parameter `name` that can be passed by keyword (**kwargs alone does not count: it may
+    forward)."""
     try: ps = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError): return False
     return any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in ps)
 
 def call_transition(fn: Callable, prompt: str, agent_completions: list, num_agents: int,
                     prompt_history: list, response_history: list, batch_item=None) -> list[str]:
-    "Call an external transition (with `batch_item=`, the task item, when it accepts it); check it returned one prompt per agent."
+    """Call an external transition (with `batch_item=`, the task item, when it accepts it); check it returned one prompt
+    per agent."""
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     extra = {"batch_item": batch_item} if batch_item is not None and accepts_keyword(fn, "batch_item") else {}
     try:
@@ -55,16 +57,19 @@ def call_transition(fn: Callable, prompt: str, agent_completions: list, num_agen
     except TransitionError: raise
     except Exception as e: raise TransitionError(f"external transition '{name}' raised {type(e).__name__}: {e}") from e
     if isinstance(out, str) or not isinstance(out, (list, tuple)):
-        raise TransitionError(f"external transition '{name}' returned {type(out).__name__}; it must return a list of {num_agents} prompt strings")
+        raise TransitionError(f"external transition '{name}' returned {type(out).__name__}; it must return a list of "
+                              f"{num_agents} prompt strings")
     if len(out) != num_agents:
         raise TransitionError(f"external transition '{name}' returned {len(out)} prompts for {num_agents} agents")
     for i, p in enumerate(out):
-        if not isinstance(p, str): raise TransitionError(f"external transition '{name}' returned {type(p).__name__} for agent {i}; prompts must be strings")
+        if not isinstance(p, str): raise TransitionError(f"external transition '{name}' returned {type(p).__name__} "
+                                                         f"for agent {i}; prompts must be strings")
     return list(out)
 
 # %% ../nbs/20_rollout.ipynb #34b724dd
 def grow_tree(roots: list[Node], num_turns: int, k: int, mode: str, generate: Callable, score: Callable,
-              transition: Optional[Callable] = None, next_prompt: Optional[Callable] = None, item_prompts: Sequence[str] = (),
+              transition: Optional[Callable] = None, next_prompt: Optional[Callable] = None,
+              item_prompts: Sequence[str] = (),
               early_termination_threshold: Optional[float] = None) -> list[list[Node]]:
     "Expand `roots` turn by turn; returns the nodes of each depth (the trees hang off `roots` via `children`)."
     if num_turns > 1 and transition is None: raise ValueError(f"num_turns={num_turns} needs an external transition")
@@ -86,9 +91,10 @@ def grow_tree(roots: list[Node], num_turns: int, k: int, mode: str, generate: Ca
             for j in range(J):
                 comps = [parts[i][j] for i in range(n)]
                 rh = [h + [comps[i]] for i, h in enumerate(node.response_history)]    # this branch's responses so far
-                raw = call_transition(transition, item_prompts[node.item] if item_prompts else node.prompts[0], comps, n,
-                                      node.prompt_history, rh, node.batch_item)
-                child = Node(node.item, t + 1, node.path + (j,), [next_prompt(node.item, i, raw[i]) if next_prompt else raw[i] for i in range(n)],
+                raw = call_transition(transition, item_prompts[node.item] if item_prompts else node.prompts[0], comps,
+                                      n, node.prompt_history, rh, node.batch_item)
+                child = Node(node.item, t + 1, node.path + (j,),
+                             [next_prompt(node.item, i, raw[i]) if next_prompt else raw[i] for i in range(n)],
                              [h + [raw[i]] for i, h in enumerate(node.prompt_history)], rh, batch_item=node.batch_item)
                 node.children[j] = child
                 nxt.append(child)
@@ -205,7 +211,8 @@ def plot_tree(levels: list[list[Node]], ax=None, title: str = "rollout tree"):
     "Draw the tree(s): every node labelled with its rewards r and returns G."
     import matplotlib.pyplot as plt
     pos = tree_layout(levels)
-    if ax is None: _, ax = plt.subplots(figsize=(max(6, 0.9 * len([p for p in pos.values() if True])), 1.8 + 1.6 * len(levels)))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(6, 0.9 * len([p for p in pos.values() if True])), 1.8 + 1.6 * len(levels)))
     for lv in levels:
         for nd in lv:
             x, y = pos[(nd.item, nd.path)]

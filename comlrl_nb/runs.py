@@ -25,7 +25,8 @@ def run_files(d) -> list[str]:
     return found
 
 def check_writable(d) -> Path:
-    "Create `d` if needed and prove a file can be written there (before any model work); PermissionError/OSError naming it."
+    """Create `d` if needed and prove a file can be written there (before any model work); PermissionError/OSError
+    naming it."""
     d = Path(d)
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -55,7 +56,8 @@ def _point_latest(base: Path, d: Path):
     os.replace(tmp, base / "latest")
 
 # %% ../nbs/26_runs.ipynb #2990d008
-def prepare_output_dir(output_dir=None, algo: str = "run", resume=None, root="runs", now: Optional[float] = None) -> Path:
+def prepare_output_dir(output_dir=None, algo: str = "run", resume=None, root="runs",
+                       now: Optional[float] = None) -> Path:
     "The directory a run writes to, checked before any model work (see the rules above)."
     if output_dir is None:
         base = Path(root) / algo
@@ -77,14 +79,16 @@ def prepare_output_dir(output_dir=None, algo: str = "run", resume=None, root="ru
     d = check_writable(output_dir)
     used = [] if resume else run_files(d)
     if used:
-        raise FileExistsError(f"output_dir {d} already holds another run ({', '.join(used)}); a fresh run there would mix or "
-                              "delete its files. Resume it with --resume / train(resume_from_checkpoint=True), or choose a "
-                              "fresh directory (leave output_dir unset to get runs/<algo>/<timestamp>/)")
+        raise FileExistsError(f"output_dir {d} already holds another run ({', '.join(used)}); a fresh run there "
+                              "would mix or delete its files. Resume it with --resume / "
+                              "train(resume_from_checkpoint=True), or choose a fresh directory (leave output_dir unset "
+                              "to get runs/<algo>/<timestamp>/)")
     return d
 
 # %% ../nbs/26_runs.ipynb #7bc8f39b
 class RunLock:
-    "An exclusive lock on a run directory (context manager); RuntimeError naming the holder when another live run has it."
+    """An exclusive lock on a run directory (context manager); RuntimeError naming the holder when another live run has
+    it."""
     def __init__(self, directory): self.path, self.fd = Path(directory) / ".comlrl_nb.lock", None
     def __enter__(self):
         self.acquire()
@@ -102,8 +106,9 @@ def _lock_acquire(self: RunLock):
         os.close(fd)
         if e.errno not in (errno.EWOULDBLOCK, errno.EACCES): raise
         h = self.holder()
-        raise RuntimeError(f"{self.path.parent} is in use by another run (pid {h.get('pid', '?')} on {h.get('host', '?')}, "
-                           f"since {h.get('started', '?')}); wait for it to finish or stop it, or choose another output_dir") from None
+        raise RuntimeError(f"{self.path.parent} is in use by another run (pid {h.get('pid', '?')} on "
+                           f"{h.get('host', '?')}, since {h.get('started', '?')}); wait for it to finish or stop it, "
+                           "or choose another output_dir") from None
     old = self.holder()
     if old.get("pid") and old.get("pid") != os.getpid():
         logger.warning(f"{self.path.parent}: took over the lock left by pid {old['pid']} on {old.get('host', '?')} "
@@ -126,7 +131,7 @@ RunLock.acquire, RunLock.release = _lock_acquire, _lock_release
 SAFE_TO_CHANGE = ("logging_steps", "progress_bar", "eval_interval", "eval_num_samples", "eval_batch_size", "output_dir",
                   "save_steps", "save_total_limit", "checkpoint_interval", "checkpoint_total_limit", "checkpoint_dir",
                   "tensorboard", "wandb_config", "log_reward_distribution", "verbose", "stop_after_batch",
-                  "num_train_epochs")     # more epochs continue the same run (as in comlrl): equal to an uninterrupted one
+                  "num_train_epochs")  # more epochs continue the same run (as in comlrl): equal to an uninterrupted one
 _MISSING = "<absent>"
 
 def _norm(x): return json.loads(json.dumps(x, default=str, sort_keys=True))
@@ -144,16 +149,18 @@ def config_changes(saved: dict, current: dict, safe: Sequence[str] = SAFE_TO_CHA
 
 # %% ../nbs/26_runs.ipynb #a0d1e856
 def check_resume_config(saved: dict, current: dict, allow: Sequence[str] = ()) -> list[str]:
-    "ValueError naming the fields that changed since the checkpoint (unless in `allow`); returns the allowed ones (logged)."
+    """ValueError naming the fields that changed since the checkpoint (unless in `allow`); returns the allowed ones
+    (logged)."""
     changed = config_changes(saved, current)
     bad = {k: v for k, v in changed.items() if k not in allow}
     if bad:
         what = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in bad.items())
-        raise ValueError(f"resume would not continue the same run: the config changed since the checkpoint ({what}). Restore "
-                         f"these values, or allow the change explicitly with allow_config_changes={sorted(bad)} "
-                         f"(--allow-config-change {' '.join(sorted(bad))}) if a run that differs from an uninterrupted one is fine. "
-                         f"Always allowed: {', '.join(SAFE_TO_CHANGE)}")
-    if changed: logger.warning(f"resuming with changed config fields (allowed explicitly): {', '.join(sorted(changed))}")
+        raise ValueError(f"resume would not continue the same run: the config changed since the checkpoint ({what}). "
+                         "Restore these values, or allow the change explicitly with "
+                         f"allow_config_changes={sorted(bad)} (--allow-config-change {' '.join(sorted(bad))}) if a run "
+                         f"that differs from an uninterrupted one is fine. Always allowed: {', '.join(SAFE_TO_CHANGE)}")
+    if changed:
+        logger.warning(f"resuming with changed config fields (allowed explicitly): {', '.join(sorted(changed))}")
     return sorted(changed)
 
 # %% ../nbs/26_runs.ipynb #e595ed39
@@ -168,7 +175,8 @@ class StopRequest:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt(defer: bool = False, signals=(signal.SIGTERM,)):
-    "Inside: SIGTERM raises Terminated (a KeyboardInterrupt) in the main thread, or with defer=True only marks the request for `.check()` at the next batch boundary. No-op off the main thread."
+    """Inside: SIGTERM raises Terminated (a KeyboardInterrupt) in the main thread, or with defer=True only marks the
+    request for `.check()` at the next batch boundary. No-op off the main thread."""
     stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield stop

@@ -4,7 +4,8 @@
 
 # %% ../nbs/60_sandbox.ipynb #c0b38a4d
 from __future__ import annotations
-import ctypes, functools, inspect, json, math, os, resource, secrets, shutil, signal, subprocess, sys, tempfile, threading, time
+import ctypes, functools, inspect, json, math, os, resource, secrets, shutil, signal, subprocess, sys, tempfile, \
+    threading, time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -38,7 +39,8 @@ def _die_with_parent(libc):
 
 # %% ../nbs/60_sandbox.ipynb #d9bbdafe
 def _enter_namespaces(libc):
-    "New network, pid, mount, IPC and UTS namespaces (as root directly, else inside a new user namespace); returns what worked."
+    """New network, pid, mount, IPC and UTS namespaces (as root directly, else inside a new user namespace); returns
+    what worked."""
     if libc is None: return []
     kinds = [(_CLONE_NEWNET, "netns"), (_CLONE_NEWPID, "pidns"), (_CLONE_NEWNS, "mntns"), (_CLONE_NEWIPC, "ipcns"),
              (_CLONE_NEWUTS, "utsns")]
@@ -77,15 +79,18 @@ def _python_dirs():
     keep = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
     keep = {os.path.realpath(p) for p in keep if p}
     hide = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
-    for pat in ["/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages", "/usr/lib/python3/dist-packages"] \
+    for pat in ["/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages",
+                "/usr/lib/python3/dist-packages"] \
             + [os.path.join(p, "lib", "python3*", "*-packages") for p in keep]:
         hide.update(glob.glob(pat))
-    return sorted(p for p in keep if os.path.isdir(p)), sorted(os.path.realpath(p) for p in hide if p and os.path.isdir(p))
+    return (sorted(p for p in keep if os.path.isdir(p)),
+            sorted(os.path.realpath(p) for p in hide if p and os.path.isdir(p)))
 
 
 # %% ../nbs/60_sandbox.ipynb #b61ea206
 def _private_root(libc, iso, payload):
-    "In a new mount namespace, a new root: system and Python directories read-only (package directories hidden), a few devices, a private /proc, size-capped tmpfs scratch. Nothing else of the host exists there."
+    """In a new mount namespace, a new root: system and Python directories read-only (package directories hidden), a few
+    devices, a private /proc, size-capped tmpfs scratch. Nothing else of the host exists there."""
     if libc is None or "mntns" not in iso: return []
     if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0: return []        # never propagate to the host
     root, done = os.getcwd(), []                    # the host working directory is the new root's mount point
@@ -99,14 +104,17 @@ def _private_root(libc, iso, payload):
             bound.append(os.path.realpath(d))
     for h in hide:                                  # an empty read-only tmpfs over every site-/dist-packages
         if os.path.isdir(root + h):
-            ok = libc.mount(b"tmpfs", (root + h).encode(), b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, b"size=4k") == 0 and ok
+            ok = libc.mount(b"tmpfs", (root + h).encode(), b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
+                            b"size=4k") == 0 and ok
     for f in _ETC_FILES:
         if os.path.isfile("/etc/" + f): _bind(libc, "/etc/" + f, root + "/etc/" + f)
     for f in _DEVICES: ok = _bind(libc, "/dev/" + f, root + "/dev/" + f, _MS_NOSUID) and ok
-    for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                     ("stderr", "/proc/self/fd/2")):
         os.symlink(to, root + "/dev/" + name)
     os.makedirs(root + "/proc")
-    if "pidns" in iso and libc.mount(b"proc", (root + "/proc").encode(), b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) == 0:
+    if "pidns" in iso and libc.mount(b"proc", (root + "/proc").encode(), b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                                     None) == 0:
         done.append("private-proc")
     opts = ("size=%dm,mode=1777" % payload["scratch_mb"]).encode()
     tmps = ("/tmp", "/var/tmp", "/dev/shm")
@@ -139,7 +147,8 @@ def _tasks_of(uid):
     for d in os.listdir("/proc"):
         if not d.isdigit(): continue
         try:
-            with open("/proc/%s/status" % d) as f: fields = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
+            with open("/proc/%s/status" % d) as f:
+                fields = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
         except OSError: continue
         if int(fields.get("Uid", "-1").split()[0]) == uid: n += int(fields.get("Threads", "1"))
     return n
@@ -183,7 +192,8 @@ _BLOCKED_MODULES = ("_posixsubprocess", "_ctypes", "_xxsubinterpreters", "_xxint
                     "_interpchannels", "_interpqueues")
 
 def _block_with_audit_hook():
-    "Best effort where no namespaces exist: refuse sockets, new programs, ctypes, subinterpreters, raw process spawning and /proc/*/mem from Python code."
+    """Best effort where no namespaces exist: refuse sockets, new programs, ctypes, subinterpreters, raw process
+    spawning and /proc/*/mem from Python code."""
     for m in _BLOCKED_MODULES: sys.modules.pop(m, None)
     def hook(event, args):
         if event.startswith(_BLOCKED_EVENTS): raise PermissionError("sandbox: %s is not allowed" % event)
@@ -227,7 +237,8 @@ def _run_one_test(test, g):
 
 # %% ../nbs/60_sandbox.ipynb #eca34ad7
 def _enc(x, depth=0):
-    "A plain value (None, bool, int, float, complex, str, bytes; lists, tuples, dicts, sets of them; exact types) as JSON data."
+    """A plain value (None, bool, int, float, complex, str, bytes; lists, tuples, dicts, sets of them; exact types) as
+    JSON data."""
     t = type(x)
     if depth > 100: raise ValueError("the value is nested more than 100 levels deep")
     if x is None or t is bool or t is str: return x
@@ -242,7 +253,8 @@ def _enc(x, depth=0):
                     "dicts and sets of them)" % t.__name__)
 
 def _dec(o, depth=0, remote=None):
-    "The value `_enc` encoded, rebuilt from exact built-in types only (never the sender's objects); ValueError if malformed."
+    """The value `_enc` encoded, rebuilt from exact built-in types only (never the sender's objects); ValueError if
+    malformed."""
     t = type(o)
     if depth > 100: raise ValueError("nested more than 100 levels deep")
     if o is None or t is bool or t is str: return o
@@ -298,14 +310,16 @@ def _child_main():
                 args = [_dec(a, 0, remote) for a in msg["args"]]
                 kw = {k: _dec(v, 0, remote) for k, v in msg["kwargs"]}
                 rec["ok"] = _enc(remote(msg["fn"])(*args, **kw))
-            except BaseException as e: rec["raise"] = [type(e).__name__, _describe(e).split(": ", 1)[-1] if ": " in _describe(e) else ""]
+            except BaseException as e:
+                rec["raise"] = [type(e).__name__, _describe(e).split(": ", 1)[-1] if ": " in _describe(e) else ""]
         out.write((json.dumps(rec) + "\n").encode())
         out.flush()
 
 
 # %% ../nbs/60_sandbox.ipynb #0224e2a7
 def _spawn_program(payload, weak):
-    "The candidate's interpreter: a fresh `python -I -S` (nothing of the harness in its memory), its own session, two pipes."
+    """The candidate's interpreter: a fresh `python -I -S` (nothing of the harness in its memory), its own session, two
+    pipes."""
     req_r, req_w = os.pipe()
     ans_r, ans_w = os.pipe()
     pid = os.fork()
@@ -388,7 +402,8 @@ def _run_tests_mode(payload, weak):
             st.clear()
             raise RuntimeError("the program stopped (%s)" % how) from None
         for name in ans.get("callables") if type(ans.get("callables")) is list else []:
-            if type(name) is str and name.isidentifier() and not hasattr(builtins, name): ns.setdefault(name, remote(name))
+            if type(name) is str and name.isidentifier() and not hasattr(builtins, name):
+                ns.setdefault(name, remote(name))
         for pair in ans.get("values") if type(ans.get("values")) is list else []:
             try:
                 if pair[0].isidentifier() and not hasattr(builtins, pair[0]): ns.setdefault(pair[0], _dec(pair[1]))
@@ -398,7 +413,8 @@ def _run_tests_mode(payload, weak):
     def call(name, args, kwargs):
         if not st: start()                               # a fresh interpreter after a test that ended the last one
         enc = lambda v: {"fn": v.__name__} if getattr(v, "__self_remote__", None) is v else _enc(v)
-        req = {"op": "call", "fn": name, "args": [enc(a) for a in args], "kwargs": [[k, enc(v)] for k, v in kwargs.items()]}
+        req = {"op": "call", "fn": name, "args": [enc(a) for a in args],
+               "kwargs": [[k, enc(v)] for k, v in kwargs.items()]}
         try: ans = _ask(st, req)
         except EOFError:
             how = _stop_program(st)
@@ -537,10 +553,11 @@ def _runner_main():
 
 
 # %% ../nbs/60_sandbox.ipynb #d60a1f54
-_RUNNER_CONSTANTS = ("_CLONE_NEWNS", "_CLONE_NEWUSER", "_CLONE_NEWPID", "_CLONE_NEWNET", "_CLONE_NEWIPC", "_CLONE_NEWUTS",
-                     "_PR_SET_PDEATHSIG", "_PR_SET_DUMPABLE", "_PR_SET_NO_NEW_PRIVS", "_MS_RDONLY", "_MS_NOSUID", "_MS_NODEV",
-                     "_MS_NOEXEC", "_MS_REMOUNT", "_MS_BIND", "_MS_REC", "_MS_PRIVATE", "_INTERNAL_ERROR", "_ANSWER_LIMIT",
-                     "_FULL_ISOLATION", "_SYSTEM_DIRS", "_ETC_FILES", "_DEVICES", "_BLOCKED_EVENTS", "_BLOCKED_MODULES")
+_RUNNER_CONSTANTS = ("_CLONE_NEWNS", "_CLONE_NEWUSER", "_CLONE_NEWPID", "_CLONE_NEWNET", "_CLONE_NEWIPC",
+                     "_CLONE_NEWUTS", "_PR_SET_PDEATHSIG", "_PR_SET_DUMPABLE", "_PR_SET_NO_NEW_PRIVS", "_MS_RDONLY",
+                     "_MS_NOSUID", "_MS_NODEV", "_MS_NOEXEC", "_MS_REMOUNT", "_MS_BIND", "_MS_REC", "_MS_PRIVATE",
+                     "_INTERNAL_ERROR", "_ANSWER_LIMIT", "_FULL_ISOLATION", "_SYSTEM_DIRS", "_ETC_FILES", "_DEVICES",
+                     "_BLOCKED_EVENTS", "_BLOCKED_MODULES")
 _SHARED_OBJECTS = (_block_with_audit_hook, _short, _describe, _enc, _dec)
 _RUNNER_OBJECTS = _SHARED_OBJECTS + (
     _libc, _write, _die_with_parent, _enter_namespaces, _bind, _python_dirs, _private_root, _limit_ipc, _tasks_of,
@@ -557,11 +574,13 @@ except BaseException:
 def _script(objects, tail: str) -> str:
     consts = "\n".join(f"{k} = {globals()[k]!r}" for k in _RUNNER_CONSTANTS)
     body = "\n\n".join(inspect.getsource(o) for o in objects)
-    return f"import ctypes, json, os, resource, signal, sys, time\n{consts}\n\nclass _TestTimeout(BaseException): pass\n\n{body}\n{tail}"
+    return f"import ctypes, json, os, resource, signal, sys, time\n{consts}\n\nclass _TestTimeout(BaseException): " \
+           f"pass\n\n{body}\n{tail}"
 
 @functools.lru_cache(maxsize=1)
 def _runner_source() -> str:
-    "The runner as one stdlib-only script: imports, constants, the functions above (classes have no retrievable source in a notebook: `_TestTimeout` is written out), the entry point."
+    """The runner as one stdlib-only script: imports, constants, the functions above (classes have no retrievable source
+    in a notebook: `_TestTimeout` is written out), the entry point."""
     return _script(_RUNNER_OBJECTS, _RUNNER_TAIL)
 
 @functools.lru_cache(maxsize=1)
@@ -620,18 +639,21 @@ def _status_lines(fd: int) -> dict:
 
 # %% ../nbs/60_sandbox.ipynb #d56e1e3d
 def _launch(payload: dict, python: str, timeout: float, uid, gid, max_output: int):
-    "One run of the runner: (status records, runner exit code, stdout, stderr, truncation flags, seconds, result text, stderr tail)."
+    """One run of the runner: (status records, runner exit code, stdout, stderr, truncation flags, seconds, result text,
+    stderr tail)."""
     root = os.geteuid() == 0
     workdir, files = tempfile.mkdtemp(prefix="comlrl_nb_sandbox_"), [tempfile.TemporaryFile() for _ in range(3)]
     r, w = os.pipe()
     try:
         if root and uid is not None: os.chown(workdir, uid, gid)
-        payload = {**payload, "parent_pid": os.getpid(), "status_fd": w, "result_fd": files[2].fileno(), "timeout": timeout,
-                   "uid": uid if root else None, "gid": gid if root else None}
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        payload = {**payload, "parent_pid": os.getpid(), "status_fd": w, "result_fd": files[2].fileno(),
+                   "timeout": timeout, "uid": uid if root else None, "gid": gid if root else None}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir,
+               "TMPDIR": workdir}
         t0 = time.perf_counter()
-        p = subprocess.Popen([python, "-I", "-S", "-c", _runner_source()], stdin=subprocess.PIPE, stdout=files[0], stderr=files[1],
-                             pass_fds=(w, files[2].fileno()), cwd=workdir, env=env, start_new_session=True)
+        p = subprocess.Popen([python, "-I", "-S", "-c", _runner_source()], stdin=subprocess.PIPE, stdout=files[0],
+                             stderr=files[1], pass_fds=(w, files[2].fileno()), cwd=workdir, env=env,
+                             start_new_session=True)
         os.close(w)
         w = None
         backstop = threading.Timer(timeout + 5.0, _killpg, (p.pid,))
@@ -676,10 +698,11 @@ def sandbox_python(python: Optional[str] = None, uid: Optional[int] = SANDBOX_UI
     "The interpreter the sandbox uses: the first candidate that can import the stdlib as the sandbox identity."
     key = (python, uid if os.geteuid() == 0 else None, gid, bool(namespaces))
     if key in _PYTHONS: return _PYTHONS[key]
-    cands = [python] if python else [sys.executable, getattr(sys, "_base_executable", None), "/usr/bin/python3", shutil.which("python3")]
+    cands = [python] if python else [sys.executable, getattr(sys, "_base_executable", None), "/usr/bin/python3",
+                                     shutil.which("python3")]
     cands = [c for i, c in enumerate(cands) if c and os.path.exists(c) and c not in cands[:i]]
-    probe = {"mode": "exec", "code": "import json, math, re, collections, itertools, functools, heapq, string", "tests": [],
-             "test_timeout": 5.0, "limits": _limits(10, 512, 8, 32),
+    probe = {"mode": "exec", "code": "import json, math, re, collections, itertools, functools, heapq, string",
+             "tests": [], "test_timeout": 5.0, "limits": _limits(10, 512, 8, 32),
              "namespaces": bool(namespaces), "strict": False, "nonce": "", "scratch_mb": 16}
     tried = []
     for c in cands:
@@ -699,14 +722,16 @@ def _check_options(timeout, memory_mb, max_output, file_size_mb, max_processes):
     check_number(file_size_mb, "file_size_mb", "sandbox", min=0, min_exclusive=True)
     check_number(max_processes, "max_processes", "sandbox", integer=True, min=1)
 
-_WEAK = ("sandbox: namespaces=False: WEAK isolation for this run: no network, pid, mount or IPC namespaces; an audit hook "
-         "stands in for the network namespace (native code can bypass it); every file the sandbox identity can read "
-         "(problem banks included) stays readable; the disk scratch is not capped. Use it only for trusted code.")
+_WEAK = ("sandbox: namespaces=False: WEAK isolation for this run: no network, pid, mount or IPC namespaces; an "
+         "audit hook stands in for the network namespace (native code can bypass it); every file the sandbox identity "
+         "can read (problem banks included) stays readable; the disk scratch is not capped. Use it only for "
+         "trusted code.")
 
 def _refused(missing) -> SandboxError:
     return SandboxError(f"this machine cannot give the sandbox its full isolation (missing: {', '.join(missing)}); "
                         "model-written code is not run with less. Run as root or allow unprivileged user namespaces "
-                        "(sysctl kernel.unprivileged_userns_clone=1), or pass namespaces=False to accept the weak mode knowingly")
+                        "(sysctl kernel.unprivileged_userns_clone=1), or pass namespaces=False to accept the weak mode "
+                        "knowingly")
 
 
 # %% ../nbs/60_sandbox.ipynb #cfa5f527
@@ -719,25 +744,30 @@ def _run(mode: str, code: str, tests: Sequence[str], test_timeout: float, timeou
     payload = {"mode": mode, "code": code, "tests": list(tests), "test_timeout": test_timeout, "limits": lim,
                "namespaces": bool(namespaces), "strict": bool(namespaces), "nonce": nonce,
                "scratch_mb": int(max(16, 4 * file_size_mb)), "child_source": _child_source() if mode == "tests" else ""}
-    recs, rc, out, err, out_cut, err_cut, dur, res, tail = _launch(payload, sandbox_python(python, uid, gid, namespaces), timeout, uid, gid, max_output)
-    if rc == _INTERNAL_ERROR and "runner" not in recs: raise SandboxError(f"the sandbox runner failed: {tail.strip()[-500:]}")
+    recs, rc, out, err, out_cut, err_cut, dur, res, tail = _launch(payload,
+                                                                   sandbox_python(python, uid, gid, namespaces),
+                                                                   timeout, uid, gid, max_output)
+    if rc == _INTERNAL_ERROR and "runner" not in recs:
+        raise SandboxError(f"the sandbox runner failed: {tail.strip()[-500:]}")
     init, runner = recs.get("init", {}), recs.get("runner", {})
     if init.get("refused"): raise _refused(init["refused"])
     iso = tuple(runner.get("isolation", [])) + (("uid",) if os.geteuid() == 0 and uid is not None else ()) \
         + tuple(init.get("mounts", [])) + (() if "netns" in runner.get("isolation", []) else ("audit-hook",)) \
         + (() if namespaces else ("weak",))
     code_rc = init["exit"] if "exit" in init else (-init["signal"] if "signal" in init else None)
-    result = SandboxResult(out, err, code_rc, bool(runner.get("timed_out")), _killed_reason(recs, tail, lim["cpu"]), dur,
-                           out_cut, err_cut, iso)
+    result = SandboxResult(out, err, code_rc, bool(runner.get("timed_out")), _killed_reason(recs, tail, lim["cpu"]),
+                           dur, out_cut, err_cut, iso)
     return result, [json.loads(l) for l in res.splitlines() if l.startswith("{") and f'"k": "{nonce}"' in l]
 
 
 # %% ../nbs/60_sandbox.ipynb #731818ba
 def run_sandboxed(code: str, timeout: float = 5.0, memory_mb: float = 512, *, max_output: int = 10_000,
                   file_size_mb: float = 8, max_processes: int = 32, namespaces: bool = True,
-                  uid: Optional[int] = SANDBOX_UID, gid: Optional[int] = SANDBOX_GID, python: Optional[str] = None) -> SandboxResult:
+                  uid: Optional[int] = SANDBOX_UID, gid: Optional[int] = SANDBOX_GID,
+                  python: Optional[str] = None) -> SandboxResult:
     "Run `code` as a program in the sandbox and return its output, status and the reason it was stopped (if any)."
-    return _run("exec", code, [], timeout, timeout, memory_mb, max_output, file_size_mb, max_processes, namespaces, uid, gid, python)[0]
+    return _run("exec", code, [], timeout, timeout, memory_mb, max_output, file_size_mb, max_processes, namespaces, uid,
+                gid, python)[0]
 
 # %% ../nbs/60_sandbox.ipynb #132f31a9
 @dataclass
@@ -760,7 +790,8 @@ def run_tests(code: str, tests: Sequence[str], *, test_timeout: float = 1.0, tim
               namespaces: bool = True, uid: Optional[int] = SANDBOX_UID, gid: Optional[int] = SANDBOX_GID,
               python: Optional[str] = None) -> TestReport:
     "Load `code` once in the sandbox and run each test string against it; per-test pass/fail with reasons."
-    if isinstance(tests, str) or not all(isinstance(t, str) for t in tests): raise TypeError("tests must be a list of strings")
+    if isinstance(tests, str) or not all(isinstance(t, str) for t in tests):
+        raise TypeError("tests must be a list of strings")
     check_number(test_timeout, "test_timeout", "sandbox", min=0, min_exclusive=True)
     timeout = timeout if timeout is not None else min(30.0, 1.0 + test_timeout * (len(tests) + 1))
     res, recs = _run("tests", code, tests, test_timeout, timeout, memory_mb, max_output, file_size_mb, max_processes,

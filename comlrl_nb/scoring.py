@@ -19,7 +19,8 @@ def _id_list(x) -> list:
     return x.tolist() if isinstance(x, torch.Tensor) else [int(t) for t in x]
 
 def collate(prompts: Sequence[torch.Tensor], completions: Sequence[torch.Tensor], pad_id: int):
-    "Lists of 1-D id tensors -> (prompt_ids, prompt_mask) left-padded and (completion_ids, completion_mask) right-padded."
+    """Lists of 1-D id tensors -> (prompt_ids, prompt_mask) left-padded and (completion_ids, completion_mask)
+    right-padded."""
     ps, cs, pad = [_id_list(p) for p in prompts], [_id_list(c) for c in completions], int(pad_id)
     N, P, C = len(ps), max(len(p) for p in ps), max((len(c) for c in cs), default=0)
     cs = (cs + [[]] * N)[:N]                                  # one completion per prompt (none past the end)

@@ -32,7 +32,8 @@ def notebook_title(nb) -> tuple[str, str]:
 
 # %% ../nbs/81_site.ipynb #be2a6476
 def cell_flags(source: str) -> set[str]:
-    "The nbdev directive words of a cell: `#| export` -> {'export'}, `#|notest` -> {'notest'}, `#| default_exp core` -> {'default_exp'}."
+    """The nbdev directive words of a cell: `#| export` -> {'export'}, `#|notest` -> {'notest'}, `#| default_exp core`
+    -> {'default_exp'}."""
     flags = set()
     for line in source.splitlines():
         s = line.strip()
@@ -51,7 +52,8 @@ def strip_directives(source: str) -> str:
 
 # %% ../nbs/81_site.ipynb #4176f3a2
 def prepare_for_page(nb, module: str | None = None):
-    "Drop `#| hide` and directive-only cells, strip directive lines, tag exported cells `export` (in place; returns `nb`)."
+    """Drop `#| hide` and directive-only cells, strip directive lines, tag exported cells `export` (in place; returns
+    `nb`)."""
     keep = []
     for c in nb.cells:
         if c.cell_type != "code":
@@ -88,7 +90,8 @@ def _site_client_class():
             if cell.cell_type == "code" and never_run(cell.source): hit = {"eval: false"}
             if hit:
                 import nbformat
-                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=SKIP_NOTE.format(flag=sorted(hit)[0]) + "\n")]
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                                       text=SKIP_NOTE.format(flag=sorted(hit)[0]) + "\n")]
                 return cell
             return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
     return SiteClient
@@ -107,7 +110,8 @@ def execute_notebook(path, skip_flags: Sequence[str] = ("notest", "slow"), timeo
     error = None
     try: client.execute(env=kernel_env())
     except (CellExecutionError, CellTimeoutError) as e:
-        at = next((i for i, c in enumerate(nb.cells) if any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
+        at = next((i for i, c in enumerate(nb.cells)
+                   if any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
         what = f"{e.ename}: {e.evalue}" if getattr(e, "ename", None) else f"{type(e).__name__}: {str(e).strip()[-300:]}"
         error = what + ("" if at is None else f" (cell {at})")
         with contextlib.suppress(Exception): client.set_widgets_metadata()
@@ -154,7 +158,8 @@ def widget_snapshot(model_id: str, models: dict) -> tuple[list[str], list[dict]]
 
 # %% ../nbs/81_site.ipynb #af395c13
 def static_widgets(nb) -> int:
-    "Replace every widget view output in `nb` by its snapshot (controls line + pictures); drop the widget state. Returns the count."
+    """Replace every widget view output in `nb` by its snapshot (controls line + pictures); drop the widget state.
+    Returns the count."""
     import nbformat
     models = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     n = 0
@@ -162,7 +167,8 @@ def static_widgets(nb) -> int:
         if c.cell_type != "code": continue
         new = []
         for o in c.get("outputs", []):
-            view = o.get("data", {}).get(WIDGET_VIEW) if o.get("output_type") in ("display_data", "execute_result") else None
+            view = o.get("data", {}).get(WIDGET_VIEW) \
+                if o.get("output_type") in ("display_data", "execute_result") else None
             if view is None:
                 new.append(o)
                 continue
@@ -170,20 +176,25 @@ def static_widgets(nb) -> int:
             controls, outs = widget_snapshot(view.get("model_id", ""), models)
             if "\u2588" * 10 in controls and not outs:          # a finished progress bar (tqdm): one plain line
                 line = " ".join(controls)
-                new.append(nbformat.v4.new_output("display_data", data={"text/html": f"<div class='comlrl-progress'>{html.escape(line)}</div>", "text/plain": line}))
+                new.append(nbformat.v4.new_output(
+                    "display_data", data={"text/html": f"<div class='comlrl-progress'>{html.escape(line)}</div>",
+                                          "text/plain": line}))
                 continue
             note = ("<div class='comlrl-widget-static'><b>Interactive widget, shown as a snapshot.</b> "
                     "Open the notebook in JupyterLab to move the controls."
-                    + (f"<br><span class='comlrl-widget-values'>{html.escape(' · '.join(controls))}</span>" if controls else "")
+                    + (f"<br><span class='comlrl-widget-values'>{html.escape(' · '.join(controls))}</span>" if controls
+                       else "")
                     + ("" if outs else "<br><i>(no picture was recorded for this widget)</i>") + "</div>")
-            new.append(nbformat.v4.new_output("display_data", data={"text/html": note, "text/plain": " · ".join(controls)}))
+            new.append(nbformat.v4.new_output("display_data",
+                                              data={"text/html": note, "text/plain": " · ".join(controls)}))
             new.extend(nbformat.from_dict(x) for x in outs)
         c.outputs = new
     nb.metadata.pop("widgets", None)
     return n
 
 # %% ../nbs/81_site.ipynb #3993fbab
-REMOTE_TAG = re.compile(r"""<(?:link|script)\b[^>]*\b(?:href|src)\s*=\s*["']?\s*(?:https?:)?//[^>]*>(?:\s*</script>)?""", re.I)
+REMOTE_TAG = re.compile(r"""<(?:link|script)\b[^>]*\b(?:href|src)\s*=\s*["']?\s*(?:https?:)?//"""
+                        r"""[^>]*>(?:\s*</script>)?""", re.I)
 
 def strip_remote(nb) -> int:
     "Remove `<link>`/`<script src>` tags that load from another host out of the HTML outputs of `nb`. Returns how many."
@@ -221,7 +232,8 @@ def _unpack_tgz(tgz: Path, dest: Path) -> Path:
 
 # %% ../nbs/81_site.ipynb #dbaf55df
 def mathjax_source(fetch: bool = True) -> Path:
-    "An unpacked MathJax 3 package (a folder with es5/): $COMLRL_NB_MATHJAX, else the cache, else `npm pack` into the cache."
+    """An unpacked MathJax 3 package (a folder with es5/): $COMLRL_NB_MATHJAX, else the cache, else `npm pack` into the
+    cache."""
     given = os.environ.get("COMLRL_NB_MATHJAX")
     if given:
         p = Path(given).expanduser()
@@ -234,15 +246,17 @@ def mathjax_source(fetch: bool = True) -> Path:
     if not fetch: raise FileNotFoundError(f"MathJax {MATHJAX_VERSION} is not in {dest}")
     npm = shutil.which("npm")
     if npm is None:
-        raise FileNotFoundError(f"MathJax is vendored from the npm package mathjax@{MATHJAX_VERSION}, and `npm` is not installed: "
-                                "install Node.js/npm, or set COMLRL_NB_MATHJAX to an unpacked copy of the package or its .tgz")
+        raise FileNotFoundError(f"MathJax is vendored from the npm package mathjax@{MATHJAX_VERSION}, and `npm` is not "
+                                "installed: install Node.js/npm, or set COMLRL_NB_MATHJAX to an unpacked copy of the "
+                                "package or its .tgz")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as d:
         r = subprocess.run([npm, "pack", f"mathjax@{MATHJAX_VERSION}", "--pack-destination", d, "--silent"],
                            capture_output=True, text=True, timeout=300)
         tgz = next(Path(d).glob("mathjax-*.tgz"), None)
         if r.returncode != 0 or tgz is None:
-            raise RuntimeError(f"`npm pack mathjax@{MATHJAX_VERSION}` failed (exit {r.returncode}): {(r.stderr or r.stdout)[-500:]}")
+            raise RuntimeError(f"`npm pack mathjax@{MATHJAX_VERSION}` failed (exit {r.returncode}): "
+                               f"{(r.stderr or r.stdout)[-500:]}")
         return _unpack_tgz(tgz, dest)
 
 # %% ../nbs/81_site.ipynb #82e01795
@@ -273,7 +287,8 @@ body.jp-Notebook { max-width: 1100px; margin: 0 auto; }
 .comlrl-progress { font-family: var(--jp-code-font-family); font-size: 12px; color: #555; }
 .anim-buttons .fa { font-style: normal; display: inline-block; min-width: 1.1em; }
 .fa-minus::before { content: "\\2212"; } .fa-plus::before { content: "+"; }
-.fa-fast-backward::before { content: "\\25C0\\25C0"; letter-spacing: -0.25em; } .fa-fast-forward::before { content: "\\25B6\\25B6"; letter-spacing: -0.25em; }
+.fa-fast-backward::before { content: "\\25C0\\25C0"; letter-spacing: -0.25em; } \
+.fa-fast-forward::before { content: "\\25B6\\25B6"; letter-spacing: -0.25em; }
 .fa-step-backward::before { content: "\\25C1"; } .fa-step-forward::before { content: "\\25B7"; }
 .fa-play::before { content: "\\25B6"; } .fa-play.fa-flip-horizontal::before { content: "\\25C0"; }
 .fa-pause::before { content: "\\2759\\2759"; font-size: 0.8em; }
@@ -287,7 +302,8 @@ SITE_TEMPLATE = r"""{%- extends 'index.html.j2' -%}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {% block jupyter_widgets %}{% endblock jupyter_widgets %}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-{% block extra_css %}<link rel="icon" href="data:,"><style type="text/css">{{ resources.comlrl_css }}</style>{% endblock extra_css %}
+{% block extra_css %}<link rel="icon" href="data:,"><style type="text/css">{{
+resources.comlrl_css }}</style>{% endblock extra_css %}
 {%- block html_head_js_mathjax -%}
 <script>
 window.MathJax = {
@@ -318,7 +334,8 @@ def page_nav(pages: Sequence[dict], i: int) -> str:
 
 def html_links(text: str) -> str:
     "Point links (`<a href=\"30_reinforce.ipynb#x\">`) to sibling notebooks at their pages (`30_reinforce.html#x`)."
-    return re.sub(r'(<a\s[^>]*?href=")(?![a-z]+:|/)([^"#]+)\.ipynb(#[^"]*)?"', lambda m: f'{m[1]}{m[2]}.html{m[3] or ""}"', text)
+    return re.sub(r'(<a\s[^>]*?href=")(?![a-z]+:|/)([^"#]+)\.ipynb(#[^"]*)?"',
+                  lambda m: f'{m[1]}{m[2]}.html{m[3] or ""}"', text)
 
 # %% ../nbs/81_site.ipynb #cd423f2c
 def render_page(nb, name: str, nav: str = "", banner: str = "", base_path=None, static: str = "_static") -> str:
@@ -365,14 +382,16 @@ def build_site(out="_site", nbs="nbs", only: Optional[Sequence[str]] = None, exe
             log(f"[site] {name}: {secs:.1f}s" + (f"  FAILED: {err}" if err else ""))
         else: nb, secs, err = nbformat.read(nbs / f"{name}.ipynb", as_version=4), None, None
         title, sub = notebook_title(nb)
-        pages.append(dict(name=name, title=title or name, subtitle=sub, seconds=None if secs is None else round(secs, 1), error=err))
+        pages.append(dict(name=name, title=title or name, subtitle=sub,
+                          seconds=None if secs is None else round(secs, 1), error=err))
         books[name] = nb
     for i, p in enumerate(pages):
         nb = books[p["name"]]
         static_widgets(nb)
         strip_remote(nb)
         prepare_for_page(nb)
-        if p["name"] == "index": nb.cells.append(nbformat.v4.new_markdown_cell("## All pages\n\n" + contents_table(pages)))
+        if p["name"] == "index":
+            nb.cells.append(nbformat.v4.new_markdown_cell("## All pages\n\n" + contents_table(pages)))
         banner = (f"<div class='comlrl-banner'><b>This notebook stopped with an error while the pages were built</b>: "
                   f"{html.escape(p['error'])}</div>") if p["error"] else ""
         (out / f"{p['name']}.html").write_text(render_page(nb, p["name"], page_nav(pages, i), banner, nbs))
@@ -386,13 +405,16 @@ def build_site(out="_site", nbs="nbs", only: Optional[Sequence[str]] = None, exe
 def add_site_parser(sub) -> argparse.ArgumentParser:
     "Add the `site` subcommand to an argparse subparsers object."
     s = sub.add_parser("site", help="execute every notebook and render a static, offline HTML site",
-                       description="Execute the notebooks (tiny model, CPU) and render them to static HTML pages with a "
-                                   "contents page; MathJax is vendored from the npm package, nothing loads from a CDN.")
+                       description="Execute the notebooks (tiny model, CPU) and render them to static HTML "
+                                   "pages with a contents page; MathJax is vendored from the npm package, nothing "
+                                   "loads from a CDN.")
     s.add_argument("--out", default="_site", help="output folder (default _site)")
     s.add_argument("--nbs", default="nbs", help="notebook folder (default nbs)")
-    s.add_argument("--only", nargs="*", metavar="NAME", help="only these notebooks (plus the index), e.g. 10_advantages")
+    s.add_argument("--only", nargs="*", metavar="NAME",
+                   help="only these notebooks (plus the index), e.g. 10_advantages")
     s.add_argument("--no-execute", action="store_true", help="render the notebooks as stored, without running them")
-    s.add_argument("--run-all", action="store_true", help="also run cells flagged notest/slow (e.g. the embedded model)")
+    s.add_argument("--run-all", action="store_true",
+                   help="also run cells flagged notest/slow (e.g. the embedded model)")
     s.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     return s
 
@@ -400,7 +422,9 @@ def cmd_site(args) -> int:
     m = build_site(args.out, args.nbs, only=args.only, execute=not args.no_execute,
                    skip_flags=() if args.run_all else ("notest", "slow"), timeout=args.timeout)
     for p in m["pages"]:
-        if p["seconds"] is not None: print(f"  {p['name']:24s} {p['seconds']:6.1f} s" + ("  FAILED" if p["error"] else ""))
+        if p["seconds"] is not None:
+            print(f"  {p['name']:24s} {p['seconds']:6.1f} s" + ("  FAILED" if p["error"] else ""))
     print(f"  {'total':24s} {m['total_seconds']:6.1f} s")
-    if m["failed"]: print(f"comlrl-nb site: {len(m['failed'])} notebook(s) failed: {', '.join(m['failed'])}", file=sys.stderr)
+    if m["failed"]:
+        print(f"comlrl-nb site: {len(m['failed'])} notebook(s) failed: {', '.join(m['failed'])}", file=sys.stderr)
     return 1 if m["failed"] else 0

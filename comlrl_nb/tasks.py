@@ -35,7 +35,8 @@ class Task:
     description: str = ""
     external_transition: Optional[Callable] = None   # multi-turn tasks: builds each next turn's prompts
     num_turns: int = 1                                # the number of turns the task is designed for
-    success_func: Optional[Callable] = None           # (completions per agent..., batch_items) -> bools: solved? (pass@k)
+    success_func: Optional[Callable] = None           # (completions per agent..., batch_items)
+                                                      # -> bools: solved? (pass@k)
     eval_logger: Optional[Callable] = None            # trainer eval hooks (e.g. pass@1 of code tasks); both or neither
     eval_aggregator: Optional[Callable] = None
 
@@ -48,7 +49,8 @@ def length_ratio_task(target: float = 3.0, num_eval: int = 6) -> Task:
     def reward(short_answers, expansions): return length_ratio_reward(short_answers, expansions, target)
     reward.__name__ = reward.__qualname__ = f"length_ratio_reward(target={target})"
     return Task("length_ratio", items[:-num_eval], items[-num_eval:], [_short, _detailed], reward, 2,
-                f"agent 1 writes one short sentence, agent 2 a detailed description; reward peaks when the second is {target}x longer")
+                "agent 1 writes one short sentence, agent 2 a detailed description; reward peaks when the second is "
+                f"{target}x longer")
 
 # %% ../nbs/05_tasks.ipynb #8a51592e
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,6 +1,7 @@
 """Run by tests/test_distributed.py (preference trainers), once alone and once under `accelerate launch`.
 
-argv: output directory, algo (madpo, madpo_central, madpo_iter, reward_model, marlhf, marlhf_central), optional stop-after and resume flags."""
+argv: output directory, algo (madpo, madpo_central, madpo_iter, reward_model, marlhf, marlhf_central), optional
+stop-after and resume flags."""
 import json
 import os
 import sys

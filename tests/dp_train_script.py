@@ -17,7 +17,8 @@ def vowels(a, b):
 
 
 m, tok = make_tiny_model(seed=0)
-data = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city", "Invent a holiday"]]
+data = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city",
+                                "Invent a holiday"]]
 common = dict(num_train_epochs=2, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=lr,
               rollout_batch_size=3, rollout_buffer_size=4, train_batch_size=3, num_turns=turns,
               early_termination_threshold=None, eval_interval=0, output_dir=out, progress_bar=False, save_steps=2,
@@ -26,12 +27,12 @@ transition = (lambda **kw: ["go on", "go on"]) if turns > 1 else None
 if algo in ("maac", "maac_kl"):                     # maac_kl: with the reference-KL penalty in the TD targets
     cm, _ = make_tiny_model(seed=3, tokenizer=tok)
     if algo == "maac_kl": common.update(reference_kl_enabled=True, reference_kl_coef=0.5)
-    tr = MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data, external_transition=transition,
-                     critic_model=cm, args=MAACConfig(num_generations=2 if turns == 1 else 1, critic_learning_rate=lr,
-                                                      **common))
+    tr = MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data,
+                     external_transition=transition, critic_model=cm,
+                     args=MAACConfig(num_generations=2 if turns == 1 else 1, critic_learning_rate=lr, **common))
 else:
-    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data, external_transition=transition,
-                       args=MAGRPOConfig(num_generations=3, **common))
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data,
+                       external_transition=transition, args=MAGRPOConfig(num_generations=3, **common))
 init = [p.detach().clone() for m_ in tr.agents for p in m_.parameters()]
 tr.train()
 moved = max(float((p.detach() - q).abs().max()) for p, q in zip([p for m_ in tr.agents for p in m_.parameters()], init))

@@ -27,8 +27,8 @@ def make(tmp, cls=MAACTrainer, reward=vowels, data=PROMPTS, transition=None, cri
     cm, _ = make_tiny_model(seed=3, tokenizer=tok)
     cfg_cls = MAACConfig if cls is MAACTrainer else IACConfig
     cfg = dict(num_train_epochs=1, max_new_tokens=6, temperature=1.0, top_p=1.0, agent_learning_rate=1e-2,
-               critic_learning_rate=1e-2, rollout_buffer_size=2, eval_interval=0, output_dir=str(tmp), progress_bar=False,
-               save_steps=-1, logging_steps=1000)
+               critic_learning_rate=1e-2, rollout_buffer_size=2, eval_interval=0, output_dir=str(tmp),
+               progress_bar=False, save_steps=-1, logging_steps=1000)
     cfg.update(kw)
     extra = {"critic_model": cm} if critic == "model" else {}
     return cls(agents=[m, m], tokenizer=tok, reward_func=reward, args=cfg_cls(**cfg), train_dataset=data,
@@ -50,10 +50,12 @@ def test_td_targets_with_and_without_bootstrap_and_discount():
     assert torch.allclose(td_targets(r, v, discount=1.0), torch.tensor([1.1, 1.3, 1.0]))
     assert torch.allclose(td_targets(r, v, discount=0.0), torch.tensor(r))                   # no bootstrap at all
     # an early-terminated turn is terminal: no bootstrap from a value that does not exist
-    assert torch.allclose(td_targets(r, next_values=[0.9, 0.8, 0.0], dones=[0, 1, 1], discount=0.9), torch.tensor([1.01, 0.5, 1.0]))
+    assert torch.allclose(td_targets(r, next_values=[0.9, 0.8, 0.0], dones=[0, 1, 1], discount=0.9),
+                          torch.tensor([1.01, 0.5, 1.0]))
     y = td_targets(r[:2], v[:2], discount=0.9)
-    assert torch.allclose(y, torch.tensor([1.01, 0.5])) and torch.allclose(td_advantages(y, v[:2]), torch.tensor([0.41, -0.4]))
-    G = discounted_returns(r, 0.9)                                                        # perfect critic -> zero advantages
+    assert torch.allclose(y, torch.tensor([1.01, 0.5])) and torch.allclose(td_advantages(y, v[:2]),
+                                                                           torch.tensor([0.41, -0.4]))
+    G = discounted_returns(r, 0.9)  # perfect critic -> zero advantages
     assert torch.allclose(td_advantages(td_targets(r, G, discount=0.9), G), torch.zeros(3), atol=1e-6)
     a = normalize_advantages([1.0, 2.0, 6.0])
     assert abs(float(a.mean())) < 1e-6 and abs(float(a.std(unbiased=False)) - 1) < 1e-5
@@ -78,7 +80,8 @@ def test_episode_collection_with_toy_transition(tmp_path):
 
     m, tok = make_tiny_model(seed=0)
     fmt = [lambda it: "A: " + it["prompt"], lambda it: "B: " + it["prompt"]]
-    tr = MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, formatters=fmt, critic_model=m, external_transition=rec,
+    tr = MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, formatters=fmt, critic_model=m,
+                     external_transition=rec,
                      args=MAACConfig(num_turns=3, early_termination_threshold=None, max_new_tokens=5, temperature=1.0,
                                      top_p=1.0, output_dir=str(tmp_path)))
     eps = tr.rollout(PROMPTS[:2], [0, 1], ("train", 0))["episodes"]
@@ -93,7 +96,8 @@ def test_episode_collection_with_toy_transition(tmp_path):
     third = calls[2]                                               # episode 0, after turn 2
     assert third["ph"] == [["A: Write a story", "next 1 for agent 0"], ["B: Write a story", "next 1 for agent 1"]]
     assert third["rh"] == [e0.responses[0][:2], e0.responses[1][:2]]
-    assert e0.prompts[0] == ["A: Write a story", "A: next 1 for agent 0", "A: next 3 for agent 0"]   # through the formatter
+    # through the formatter
+    assert e0.prompts[0] == ["A: Write a story", "A: next 1 for agent 0", "A: next 3 for agent 0"]
     assert second["ph"][0] == ["A: Explain physics"]
     # targets bootstrap from the next turn's value, except on the last turn
     v = e0.values[0]
@@ -122,7 +126,8 @@ def test_early_termination_stops_the_episode(tmp_path):
     assert len(n_calls) == 2                                        # one transition per episode, none after the stop
     for e in eps:
         v = e.values[0]
-        assert torch.allclose(e.targets[0], torch.tensor([0.0 + 0.9 * float(v[1]), 1.0]), atol=1e-6)   # no bootstrap at the stop
+        # no bootstrap at the stop
+        assert torch.allclose(e.targets[0], torch.tensor([0.0 + 0.9 * float(v[1]), 1.0]), atol=1e-6)
     # the default threshold with non-negative rewards ends every episode after turn 1
     tr = make(tmp_path, transition=count, num_turns=3)
     assert [e.num_turns for e in tr.rollout(PROMPTS[:2], [0, 1], ("t", 0))["episodes"]] == [1, 1]
@@ -167,7 +172,8 @@ def test_critic_source_errors(tmp_path):
         assert opt in str(e.value)
     with pytest.raises(ValueError) as e:
         IACTrainer(**base)
-    for opt in ("critics=", "critic_model=", "IACConfig.critic_model_name", "use_separate_critic=False", "value_head_hidden_dim"):
+    for opt in ("critics=", "critic_model=", "IACConfig.critic_model_name", "use_separate_critic=False",
+                "value_head_hidden_dim"):
         assert opt in str(e.value)
     with pytest.raises(ValueError, match="exactly 1 model, got 2"):
         MAACTrainer(**base, critics=[m, m])
@@ -188,7 +194,8 @@ def test_critic_from_a_model_name(tmp_path):
     cm.save_pretrained(tmp_path / "critic")
     tok.save_pretrained(tmp_path / "critic")
     m, _ = make_tiny_model(seed=0, tokenizer=tok)
-    tr = IACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=IACConfig(critic_model_name=str(tmp_path / "critic")))
+    tr = IACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels,
+                    args=IACConfig(critic_model_name=str(tmp_path / "critic")))
     a, b = tr.critics[0].backbone, tr.critics[1].backbone
     assert a is not b and all(torch.equal(x, y) for x, y in zip(a.parameters(), cm.parameters()))
 
@@ -198,7 +205,8 @@ def test_value_clip_applies_only_to_value_heads(tmp_path):
     def one(tr):
         e = tr.rollout(PROMPTS[:1], [0], ("t", 0))["episodes"][0]
         v = float(e.values[0][0])
-        return [ActorSample(e.prompt_ids[0][0], e.completion_ids[0][0], 0.5)], [ValueSample(e.critic_ids[0][0], v + 10.0, v - 5.0)]
+        return [ActorSample(e.prompt_ids[0][0], e.completion_ids[0][0], 0.5)], \
+            [ValueSample(e.critic_ids[0][0], v + 10.0, v - 5.0)]
 
     head = make(tmp_path, cls=IACTrainer, critic=None, use_separate_critic=False, value_clip_range=0.2)
     act, val = one(head)
@@ -230,7 +238,8 @@ def test_iac_trains(tmp_path, separate):
 
 @pytest.mark.parametrize("critic_type", ["v", "q"])
 def test_maac_v_and_q_train(tmp_path, critic_type):
-    tr = make(tmp_path, critic_type=critic_type, num_turns=2, transition=revise, early_termination_threshold=None, discount=0.9)
+    tr = make(tmp_path, critic_type=critic_type, num_turns=2, transition=revise, early_termination_threshold=None,
+              discount=0.9)
     a0, c0 = params(tr.agents), params([tr.critics[0].backbone, tr.critics[0].head])
     e = tr.rollout(PROMPTS[:1], [0], ("t", 0))["episodes"][0]
     text = tr._critic_text(0, e, 1)
@@ -262,7 +271,8 @@ def test_learning_signal_maac(tmp_path):
     cfg = MAACConfig(num_train_epochs=10, num_generations=4, max_new_tokens=12, temperature=1.0, top_p=1.0,
                      agent_learning_rate=1e-2, critic_learning_rate=1e-2, rollout_batch_size=2, eval_interval=0,
                      output_dir=str(tmp_path), progress_bar=False, save_steps=-1, logging_steps=1000)
-    tr = MAACTrainer(agents=[m, m], tokenizer=tok, critic_model=cm, reward_func=vowels, args=cfg, train_dataset=PROMPTS * 2)
+    tr = MAACTrainer(agents=[m, m], tokenizer=tok, critic_model=cm, reward_func=vowels, args=cfg,
+                     train_dataset=PROMPTS * 2)
     tr.train()
     rows = read_metrics(tmp_path / "metrics.jsonl")
     r = [x["turn_1/reward_mean"] for x in rows]
@@ -288,8 +298,10 @@ def test_resume_gives_the_same_result(tmp_path, cls, kw):
     for x, y in zip(params(full.agents) + [p for c in full.critics for p in c.parameters()],
                     params(resumed.agents) + [p for c in resumed.critics for p in c.parameters()]):
         assert torch.equal(x, y)
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "tokens_per_s"} for r in rows]
-    assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "tokens_per_s"}
+                          for r in rows]
+    assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == \
+        strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
 
 
 @pytest.mark.parametrize("cls", [MAACTrainer, IACTrainer])
@@ -307,21 +319,24 @@ def test_sampling_ahead_is_bit_identical_and_resumes(tmp_path, cls, monkeypatch)
     alone._batches_ahead = lambda *a: []
     alone.train()
     part = make(tmp_path / "part", **cfg)
-    assert part.train(stop_after_batch=2)["stopped"] and part._sample_cache     # batch 3's completions wait in the cache
+    assert part.train(stop_after_batch=2)["stopped"] and part._sample_cache  # batch 3's completions wait in the cache
     resumed = make(tmp_path / "part", **cfg)
     resumed.train(resume_from_checkpoint=True)
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "tokens_per_s"} for r in rows]
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "tokens_per_s"}
+                          for r in rows]
     for other, d in ((alone, "alone"), (resumed, "part")):
         for x, y in zip(params(ahead.agents) + [p for c in ahead.critics for p in c.parameters()],
                         params(other.agents) + [p for c in other.critics for p in c.parameters()]):
             assert torch.equal(x, y)
-        assert strip(read_metrics(tmp_path / "ahead" / "metrics.jsonl")) == strip(read_metrics(tmp_path / d / "metrics.jsonl"))
+        assert strip(read_metrics(tmp_path / "ahead" / "metrics.jsonl")) == \
+            strip(read_metrics(tmp_path / d / "metrics.jsonl"))
 
 
 def test_mp_matches_sequential(tmp_path):
     seq = make(tmp_path / "seq", cls=IACTrainer)
     seq.train()
-    mp = make(tmp_path / "mp", cls=IACTrainer, parallel_training="mp", agent_devices=["cpu", "cpu"], critic_devices="cpu")
+    mp = make(tmp_path / "mp", cls=IACTrainer, parallel_training="mp", agent_devices=["cpu", "cpu"],
+              critic_devices="cpu")
     mp.train()
     for x, y in zip(params(seq.agents) + [p for c in seq.critics for p in c.parameters()],
                     params(mp.agents) + [p for c in mp.critics for p in c.parameters()]):
@@ -354,8 +369,8 @@ def test_multi_turn_evaluation_and_logger(tmp_path):
     m, tok = make_tiny_model(seed=0)
     tr = MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, critic_model=m, external_transition=revise,
                      eval_dataset=PROMPTS, eval_logger=logger, eval_aggregator=aggregator,
-                     args=MAACConfig(num_turns=2, early_termination_threshold=None, max_new_tokens=5, eval_num_samples=3,
-                                     eval_batch_size=2, output_dir=str(tmp_path)))
+                     args=MAACConfig(num_turns=2, early_termination_threshold=None, max_new_tokens=5,
+                                     eval_num_samples=3, eval_batch_size=2, output_dir=str(tmp_path)))
     out = tr.evaluate()
     assert {"eval/turn_1/reward_mean", "eval/turn_2/reward_mean"} <= set(out)
     assert out["eval/turns_mean"] == 2 and out["eval/num_turns"] == 2

@@ -30,7 +30,8 @@ def test_adapters_train_only_their_own_weights(tmp_path):
     a0 = [p.detach().clone() for p in tr.agents[0].parameters()]
     tr.train()
     after = frozen()
-    assert base_before.keys() == after.keys() and all(torch.equal(base_before[k], after[k]) for k in after)   # base frozen
+    # base frozen
+    assert base_before.keys() == after.keys() and all(torch.equal(base_before[k], after[k]) for k in after)
     assert any(not torch.equal(x, y) for x, y in zip(a0, tr.agents[0].parameters()))          # adapter trained
     assert tr.optimizers[0].param_groups[0]["params"][0] is next(tr.agents[0].parameters())
     from comlrl_nb import read_metrics

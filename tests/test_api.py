@@ -59,9 +59,10 @@ def test_generic_body_dotted_field_extra_body_and_headers(key_env):
                          max_new_tokens=12, temperature=0.7, top_p=0.9, top_k=40)
         assert out == ["1.0: Name a fruit.", "1.1: Name a fruit.", "1.2: Name a fruit."]
         (req,) = srv.requests
-        assert req["body"] == {"prompt": "Name a fruit.", "agent_idx": 1, "num_return_sequences": 3, "max_new_tokens": 12,
-                               "temperature": 0.7, "top_p": 0.9, "top_k": 40, "batch_item": {"id": 7, "topic": "food"},
-                               "model": "my-model", "seed": 11, "stop": ["\n"]}
+        assert req["body"] == {"prompt": "Name a fruit.", "agent_idx": 1, "num_return_sequences": 3,
+                               "max_new_tokens": 12, "temperature": 0.7, "top_p": 0.9, "top_k": 40,
+                               "batch_item": {"id": 7, "topic": "food"}, "model": "my-model", "seed": 11,
+                               "stop": ["\n"]}
         h = req["headers"]
         assert h["authorization"] == f"Bearer {FAKE_KEY}" and h["x-team"] == "blue"
         assert h["content-type"] == "application/json"
@@ -76,7 +77,8 @@ def test_generic_list_index_paths_and_item_objects(server):
 
 
 def test_generic_key_header_and_prefix_configurable(server, key_env):
-    c = client(server, comparator_api_key_env=key_env, comparator_api_key_header="api-key", comparator_api_key_prefix="")
+    c = client(server, comparator_api_key_env=key_env, comparator_api_key_header="api-key",
+               comparator_api_key_prefix="")
     c.generate("p", 1)
     h = server.requests[-1]["headers"]
     assert h["api-key"] == FAKE_KEY and "authorization" not in h
@@ -111,7 +113,8 @@ def test_openai_max_completion_tokens_and_deepseek(server):
     assert len(ds.generate("Hi", 3)) == 3
     assert [r["body"]["n"] for r in server.requests[n0:]] == [1, 1, 1]
     assert APIComparatorClient(comparator_api_format="openai",
-                               comparator_api_url="https://api.deepseek.com/chat/completions").request_sizes(2) == [1, 1]
+                               comparator_api_url="https://api.deepseek.com/chat/completions").request_sizes(2) \
+        == [1, 1]
 
 
 def test_anthropic_one_request_per_candidate_with_headers(server, key_env):
@@ -134,12 +137,15 @@ def test_responses_aliases(server, fmt):
     assert c.format == "openai_responses"
     assert c.generate("Q", 2, max_new_tokens=5, temperature=0.2, top_p=0.7) == ["1.0: Q", "2.0: Q"]
     assert len(server.requests) == 2
-    assert server.requests[0]["body"] == {"model": "gpt-r", "input": "Q", "max_output_tokens": 5, "temperature": 0.2, "top_p": 0.7}
+    assert server.requests[0]["body"] == {"model": "gpt-r", "input": "Q", "max_output_tokens": 5, "temperature": 0.2,
+                                          "top_p": 0.7}
 
 
 def test_responses_output_text_preferred():
     with MockAPIServer(output_text=True) as srv:
-        srv.script(200, {"output_text": "short", "output": [{"type": "message", "content": [{"type": "output_text", "text": "long"}]}]})
+        srv.script(200,
+                   {"output_text": "short",
+                    "output": [{"type": "message", "content": [{"type": "output_text", "text": "long"}]}]})
         assert client(srv, "/v1/responses", comparator_api_format="codex").generate("Q", 1) == ["short"]
 
 
@@ -152,7 +158,8 @@ def test_defaults_for_anthropic_and_responses(monkeypatch):
     assert r.url == "https://api.openai.com/v1/responses" and r._headers()["Authorization"] == f"Bearer {FAKE_KEY}"
     assert_no_key(repr(a), repr(r), repr(a.config))
     # a custom URL does not inherit the provider's key
-    assert "x-api-key" not in APIComparatorClient(comparator_api_format="anthropic", comparator_api_url="http://127.0.0.1:9/v1/messages")._headers()
+    assert "x-api-key" not in APIComparatorClient(comparator_api_format="anthropic",
+                                                  comparator_api_url="http://127.0.0.1:9/v1/messages")._headers()
     monkeypatch.delenv("ANTHROPIC_API_KEY")
     with pytest.raises(ValueError, match="ANTHROPIC_API_KEY is not set"):
         APIComparatorClient(comparator_api_format="anthropic")
@@ -196,7 +203,8 @@ def test_429_then_success_with_and_without_retry_after(server):
 
 def test_500_until_give_up_counts_attempts(server):
     sleeps = Sleeps()
-    c = client(server, sleep=sleeps, comparator_api_max_retries=3, comparator_api_backoff=0.01, comparator_api_backoff_cap=0.03)
+    c = client(server, sleep=sleeps, comparator_api_max_retries=3, comparator_api_backoff=0.01,
+               comparator_api_backoff_cap=0.03)
     server.script(500, "internal error", times=10)
     with pytest.raises(APIError) as ei:
         c.generate("p", 1)
@@ -236,7 +244,8 @@ def test_connection_refused_is_transient():
     port = s.getsockname()[1]
     s.close()
     sleeps = Sleeps()
-    c = APIComparatorClient(comparator_api_url=f"http://127.0.0.1:{port}/x", comparator_api_max_retries=2, sleep=sleeps, **FAST)
+    c = APIComparatorClient(comparator_api_url=f"http://127.0.0.1:{port}/x", comparator_api_max_retries=2, sleep=sleeps,
+                            **FAST)
     with pytest.raises(APIError, match="gave up after 3 attempts.*Connection"):
         c.generate("p", 1)
     assert len(sleeps) == 2
@@ -244,8 +253,9 @@ def test_connection_refused_is_transient():
 
 # ---------------------------------------------------------------- fatal errors
 
-@pytest.mark.parametrize("status,hint", [(400, "HTTP 400"), (401, "authentication failed"), (403, "authentication failed"),
-                                         (404, "not found: check comparator_api_url"), (422, "HTTP 422")])
+@pytest.mark.parametrize("status,hint",
+                         [(400, "HTTP 400"), (401, "authentication failed"), (403, "authentication failed"),
+                          (404, "not found: check comparator_api_url"), (422, "HTTP 422")])
 def test_client_errors_raise_at_once(server, key_env, status, hint):
     c = client(server, comparator_api_key_env=key_env)
     server.script(status, {"error": {"message": f"bad request with key {FAKE_KEY} " + "x" * 600}})
@@ -287,9 +297,11 @@ def test_non_json_html_page(server):
     ("openai", "/v1/chat/completions", {"id": "x"}, "no 'choices' list (found keys ['id'])"),
     ("openai", "/v1/chat/completions", {"choices": [{"message": {"content": None}, "finish_reason": "length"}]},
      "choices[0] has no message.content (finish_reason='length')"),
-    ("anthropic", "/v1/messages", {"content": [], "stop_reason": "max_tokens"}, "no content block of type 'text' (stop_reason='max_tokens')"),
+    ("anthropic", "/v1/messages", {"content": [], "stop_reason": "max_tokens"},
+     "no content block of type 'text' (stop_reason='max_tokens')"),
     ("anthropic", "/v1/messages", {"type": "error"}, "no 'content' list"),
-    ("responses", "/v1/responses", {"output": [{"type": "reasoning"}], "status": "incomplete"}, "no output[*].content[*] of type 'output_text'"),
+    ("responses", "/v1/responses", {"output": [{"type": "reasoning"}], "status": "incomplete"},
+     "no output[*].content[*] of type 'output_text'"),
     ("responses", "/v1/responses", [1, 2], "neither 'output_text' nor an 'output' list (found a list)"),
 ])
 def test_missing_fields(server, fmt, path, body, missing):

@@ -1,4 +1,5 @@
-"""The catalogue of bad inputs and faults: each gets an error that names the problem and the fix, early, and no work is lost."""
+"""The catalogue of bad inputs and faults: each gets an error that names the problem and the fix, early, and no work is
+lost."""
 import json
 import shutil
 import os
@@ -69,7 +70,8 @@ CONFIG_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kw, msg", CONFIG_CASES, ids=[next(iter(k)) + "-" + str(i) for i, (k, _) in enumerate(CONFIG_CASES)])
+@pytest.mark.parametrize("kw, msg", CONFIG_CASES,
+                         ids=[next(iter(k)) + "-" + str(i) for i, (k, _) in enumerate(CONFIG_CASES)])
 def test_config_rejects(kw, msg):
     with pytest.raises(ValueError) as e:
         MAGRPOConfig(**kw)
@@ -100,7 +102,8 @@ def test_parallel_training_accepts_the_library_spellings_of_none(spelling):
 def _trainer(tiny, **kw):
     m, tok = tiny
     base = dict(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=PROMPTS,
-                args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False, save_steps=-1, output_dir="/tmp/unused"))
+                args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False, save_steps=-1,
+                                  output_dir="/tmp/unused"))
     base.update(kw)
     return MAGRPOTrainer(**base)
 
@@ -153,7 +156,8 @@ def test_tokenizer_without_pad_token_falls_back_to_eos(tiny):
 
 # ------------------------------------------------------------------ reward functions at run time
 REWARD_CASES = [
-    (lambda a, b: [0.5], "returned 1 values for 4 joint responses; if it scores one joint response per call, set reward_batched=False"),
+    (lambda a, b: [0.5],
+     "returned 1 values for 4 joint responses; if it scores one joint response per call, set reward_batched=False"),
     (lambda a, b: None, "returned NoneType"),
     (lambda a, b: [float("nan")] * len(a), "returned nan at position 0; rewards must be finite"),
     (lambda a, b: [float("inf")] * len(a), "returned inf"),
@@ -165,8 +169,9 @@ REWARD_CASES = [
 
 @pytest.mark.parametrize("fn, msg", REWARD_CASES)
 def test_bad_reward_stops_the_run_before_any_update(tiny, tmp_path, fn, msg):
-    tr = _trainer(tiny, reward_func=fn, args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False, rollout_batch_size=1,
-                                                           save_steps=-1, output_dir=str(tmp_path)))
+    tr = _trainer(tiny, reward_func=fn,
+                  args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False, rollout_batch_size=1,
+                                    save_steps=-1, output_dir=str(tmp_path)))
     before = [p.detach().clone() for p in tr.agents[0].parameters()]
     with pytest.raises(ValueError) as e:
         tr.train()
@@ -174,8 +179,9 @@ def test_bad_reward_stops_the_run_before_any_update(tiny, tmp_path, fn, msg):
     assert all(torch.equal(x, y) for x, y in zip(before, tr.agents[0].parameters()))
 
 
-@pytest.mark.parametrize("out, msg", [("next", "returned str; it must return a list of 2"), (["only one"], "returned 1 prompts for 2 agents"),
-                                      ([1, 2], "returned int for agent 0")])
+@pytest.mark.parametrize("out, msg",
+                         [("next", "returned str; it must return a list of 2"),
+                          (["only one"], "returned 1 prompts for 2 agents"), ([1, 2], "returned int for agent 0")])
 def test_bad_transition(tiny, tmp_path, out, msg):
     tr = _trainer(tiny, external_transition=lambda **kw: out,
                   args=MAGRPOConfig(num_turns=2, early_termination_threshold=None, max_new_tokens=4, progress_bar=False,
@@ -187,19 +193,23 @@ def test_bad_transition(tiny, tmp_path, out, msg):
 
 # ------------------------------------------------------------------ checkpoints
 def test_checkpoint_from_another_algorithm_or_agent_count(tiny, tmp_path):
-    tr = _trainer(tiny, args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False, save_steps=2, output_dir=str(tmp_path)))
+    tr = _trainer(tiny, args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=4, progress_bar=False, save_steps=2,
+                                          output_dir=str(tmp_path)))
     tr.train()
     m, tok = tiny
     other = MARLOOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=PROMPTS,
                           args=MAGRPOConfig(output_dir=str(tmp_path), progress_bar=False, max_new_tokens=4))
     with pytest.raises(ValueError, match="written by magrpo, not marloo; resume it with the same trainer"):
         other.train(resume_from_checkpoint=True)
-    three = MAGRPOTrainer(agents=[m, m, m], tokenizer=tok, reward_func=lambda a, b, c: [0.0] * len(a), train_dataset=PROMPTS,
-                          args=MAGRPOConfig(num_agents=3, output_dir=str(tmp_path), progress_bar=False, max_new_tokens=4))
+    three = MAGRPOTrainer(agents=[m, m, m], tokenizer=tok, reward_func=lambda a, b, c: [0.0] * len(a),
+                          train_dataset=PROMPTS,
+                          args=MAGRPOConfig(num_agents=3, output_dir=str(tmp_path), progress_bar=False,
+                                            max_new_tokens=4))
     with pytest.raises(ValueError, match="holds 2 agents but this trainer has 3"):
         three.train(resume_from_checkpoint=True)
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
-        _trainer(tiny, args=MAGRPOConfig(output_dir=str(tmp_path), progress_bar=False)).train(resume_from_checkpoint=tmp_path / "nowhere")
+        _trainer(tiny, args=MAGRPOConfig(output_dir=str(tmp_path), progress_bar=False)).train(
+            resume_from_checkpoint=tmp_path / "nowhere")
     empty = tmp_path / "empty"
     with pytest.raises(FileNotFoundError, match="no complete checkpoint under"):
         _trainer(tiny, args=MAGRPOConfig(output_dir=str(empty), progress_bar=False)).train(resume_from_checkpoint=True)
@@ -215,9 +225,11 @@ SCRIPT = textwrap.dedent('''
         return [0.5 * f(x) + 0.5 * f(y) for x, y in zip(a, b)]
     m, tok = make_tiny_model()
     tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels,
-                       train_dataset=[{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]] * 3,
-                       args=MAGRPOConfig(num_train_epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 1, max_new_tokens=4, progress_bar=False, save_steps=1, save_total_limit=3, rollout_batch_size=1,
-                                         output_dir=sys.argv[1], agent_learning_rate=1e-3))
+                       train_dataset=[{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe",
+                                                              "Describe a city"]] * 3,
+                       args=MAGRPOConfig(num_train_epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 1,
+                                         max_new_tokens=4, progress_bar=False, save_steps=1, save_total_limit=3,
+                                         rollout_batch_size=1, output_dir=sys.argv[1], agent_learning_rate=1e-3))
     tr.train(resume_from_checkpoint=(len(sys.argv) > 2 and sys.argv[2] == "resume") or None)
     print("DONE", tr.state["global_batch"])
 ''')
@@ -243,7 +255,7 @@ def test_sigkill_during_checkpoint_writes_keeps_the_previous_ones(tmp_path):
     proc.wait()
     complete = CheckpointManager(out / "checkpoints").complete()
     assert complete, "no complete checkpoint survived"
-    for p in complete:                                                  # every checkpoint that claims completeness loads
+    for p in complete:  # every checkpoint that claims completeness loads
         torch.load(p / "state.pt", weights_only=False)
     r = subprocess.run([sys.executable, str(script), str(out), "resume"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -256,7 +268,8 @@ def test_ctrl_c_saves_a_checkpoint_and_exits(tmp_path):
     import time
     script, out = _script(tmp_path), tmp_path / "run"
     # 50 epochs: long enough that the interrupt lands inside the training loop
-    proc = subprocess.Popen([sys.executable, str(script), str(out), "fresh", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script), str(out), "fresh", "50"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "metrics.jsonl").exists():
         time.sleep(0.02)
@@ -342,38 +355,44 @@ EXPLOITS = {
                                         "def primes_below(n):\n    aux(n)\n    return L()\n",
     "int subclass in a list": "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
                               "def primes_below(n):\n    aux(n)\n    return [I(0)]\n",
-    "forged result records on every fd": "import os\nfor fd in range(3, 64):\n    for i in range(4):\n        try: os.write(fd, ("
-                                         "'{\"test\": %d, \"error\": null}\\n' % i).encode())\n        except OSError: pass\n"
-                                         "def primes_below(n):\n    aux(n)\n" + _WRONG,
+    "forged result records on every fd": "import os\nfor fd in range(3, 64):\n    for i in range(4):\n        try: "
+                                         "os.write(fd, ('{\"test\": %d, \"error\": null}\\n' % i).encode())\n        "
+                                         "except OSError: pass\ndef primes_below(n):\n    aux(n)\n" + _WRONG,
     "nonce read from the harness frames": "import sys, os\nf, found = sys._getframe(), []\nwhile f is not None:\n"
-                                          "    found += [v for k, v in f.f_locals.items() if k in ('nonce', 'payload')]\n    f = f.f_back\n"
-                                          "for fd in range(3, 64):\n    for i in range(4):\n        try: os.write(fd, (repr(found) + "
-                                          "'{\"test\": %d, \"error\": null}\\n' % i).encode())\n        except OSError: pass\n"
-                                          "def primes_below(n):\n    aux(n)\n" + _WRONG,
-    "harness patched through gc": "import gc\nfor o in gc.get_objects():\n    if callable(o) and getattr(o, '__name__', '') in "
-                                  "('_run_one_test', '_ask', 'emit', '_dec', 'timed'):\n        o.__code__ = (lambda *a, **k: None).__code__\n"
-                                  "def primes_below(n):\n    aux(n)\n" + _WRONG,
-    "test strings searched in memory": "import gc\nseen = [o for o in gc.get_objects() if isinstance(o, str) and 'primes_below(' in o]\n"
-                                       "def primes_below(n):\n    aux(n)\n    for s in seen:\n        if 'primes_below(%d) ==' % n in s:\n"
-                                       "            return eval(s.split('==', 1)[1])\n" + _WRONG,
+                                          "    found += [v for k, v in f.f_locals.items() if k in ('nonce', "
+                                          "'payload')]\n    f = f.f_back\nfor fd in range(3, 64):\n    for i in "
+                                          "range(4):\n        try: os.write(fd, (repr(found) + '{\"test\": %d, "
+                                          "\"error\": null}\\n' % i).encode())\n        except OSError: pass\ndef "
+                                          "primes_below(n):\n    aux(n)\n" + _WRONG,
+    "harness patched through gc": "import gc\nfor o in gc.get_objects():\n    if callable(o) and getattr(o, "
+                                  "'__name__', '') in ('_run_one_test', '_ask', 'emit', '_dec', 'timed'):\n        "
+                                  "o.__code__ = (lambda *a, **k: None).__code__\ndef primes_below(n):\n    aux(n)\n"
+                                  + _WRONG,
+    "test strings searched in memory": "import gc\nseen = [o for o in gc.get_objects() if isinstance(o, str) and "
+                                       "'primes_below(' in o]\ndef primes_below(n):\n    aux(n)\n    for s in "
+                                       "seen:\n        if 'primes_below(%d) ==' % n in s:\n            return "
+                                       "eval(s.split('==', 1)[1])\n" + _WRONG,
     "answers read from the problem bank": f"import json\nbank = json.load(open({_BANK!r}))['problems']\n"
                                           "ns = {}\nexec(bank[0]['reference_aux'] + bank[0]['reference_main'], ns)\n"
                                           "def primes_below(n):\n    aux(n)\n    return ns['primes_below'](n)\n",
     "answers written ahead into the answer pipe": "import os, json\nfor fd in range(3, 64):\n    for i in range(50):\n"
-                                                  "        try: os.write(fd, (json.dumps({'id': '%016x' % i, 'ok': {'l': []}}) + '\\n').encode())\n"
-                                                  "        except OSError: pass\ndef primes_below(n):\n    aux(n)\n" + _WRONG,
-    "harness killed at load": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef primes_below(n):\n    aux(n)\n" + _WRONG,
+                                                  "        try: os.write(fd, (json.dumps({'id': '%016x' % i, 'ok': "
+                                                  "{'l': []}}) + '\\n').encode())\n        except OSError: pass\ndef "
+                                                  "primes_below(n):\n    aux(n)\n" + _WRONG,
+    "harness killed at load": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef primes_below(n):\n    "
+                              "aux(n)\n" + _WRONG,
     "exit(0) inside the function": "import os\ndef primes_below(n):\n    aux(n)\n    os._exit(0)\n",
-    "harness memory through /proc": "import os\nfor p in ('/proc/%d/mem' % os.getppid(), '/proc/%d/fd/3' % os.getppid()):\n"
-                                     "    try: open(p, 'rb').read(1); print('OPENED', p)\n    except OSError: pass\n"
-                                     "def primes_below(n):\n    aux(n)\n" + _WRONG,
+    "harness memory through /proc": "import os\nfor p in ('/proc/%d/mem' % os.getppid(), '/proc/%d/fd/3' % "
+                                    "os.getppid()):\n    try: open(p, 'rb').read(1); print('OPENED', p)\n    except "
+                                    "OSError: pass\ndef primes_below(n):\n    aux(n)\n" + _WRONG,
 }
 
 
 def test_reference_solutions_get_full_points():
     probs = load_problems()
     rewards = code_level_reward(["```python\n" + p["reference_aux"] + "```" for p in probs],
-                                ["```python\n" + p["reference_main"] + "```" for p in probs], [problem_item(p) for p in probs])
+                                ["```python\n" + p["reference_main"] + "```" for p in probs],
+                                [problem_item(p) for p in probs])
     assert rewards == [4.0] * len(probs)
 
 
@@ -381,14 +400,15 @@ def test_reference_solutions_get_full_points():
 def test_code_exploit_earns_no_test_points(name):
     main = "```python\n" + EXPLOITS[name] + "```"
     (r,) = code_level_reward([_AUX], [main], [problem_item(_PROBLEM)])
-    assert r <= 1.5, (name, r)                                  # aux + main defined + runs at most: no test, no collaboration points
+    assert r <= 1.5, (name, r)  # aux + main defined + runs at most: no test, no collaboration points
     rep = run_tests(_PROBLEM["reference_aux"] + EXPLOITS[name], _PROBLEM["tests"])
     assert rep.passed == [False] * len(_PROBLEM["tests"]), (name, rep.errors)
-    assert "OPENED" not in rep.result.stdout                      # the harness's memory and descriptors are out of reach
+    assert "OPENED" not in rep.result.stdout  # the harness's memory and descriptors are out of reach
 
 
 def test_hostile_objects_are_reported_not_compared():
-    code = "class Bad:\n    def __eq__(self, o): raise SystemExit\n    def __repr__(self): raise SystemExit\n    __hash__ = None\n" \
+    code = "class Bad:\n    def __eq__(self, o): raise SystemExit\n    def __repr__(self): raise SystemExit\n    " \
+           "__hash__ = None\n" \
            "def f():\n    return Bad()\ndef g():\n    return {1: Bad()}\n"
     rep = run_tests(code, ["assert f() == 1", "assert g() == {1: 1}", "assert f() is not None"])
     assert rep.passed == [False, False, False]
@@ -402,11 +422,13 @@ def test_builtins_in_tests_cannot_be_replaced():
 
 
 def test_test_harness_semantics_kept():
-    code = "import math\nLIMIT = 10\ndef f(x, scale=1):\n    if x < 0: raise ValueError('negative')\n    return [x * scale, {'a': (1, 2.5)}]\n" \
+    code = "import math\nLIMIT = 10\ndef f(x, scale=1):\n    if x < 0: raise ValueError('negative')\n    return [x * " \
+           "scale, {'a': (1, 2.5)}]\n" \
            "def loop():\n    while True: pass\n"
     tests = ["assert f(2, scale=3) == [6, {'a': (1, 2.5)}]", "assert LIMIT == 10",
              "try:\n    f(-1)\n    assert False\nexcept ValueError as e:\n    assert str(e) == 'negative'",
-             "assert loop() is None", "assert f(1)[0] == 1", "def check(candidate):\n    assert candidate(4)[0] == 4\ncheck(f)"]
+             "assert loop() is None", "assert f(1)[0] == 1",
+             "def check(candidate):\n    assert candidate(4)[0] == 4\ncheck(f)"]
     rep = run_tests(code, tests, test_timeout=0.5)
     assert rep.passed == [True, True, True, False, True, True], rep.errors
     assert rep.errors[3] == "timed out"
@@ -431,8 +453,8 @@ def test_sysv_shared_memory_does_not_outlive_the_run():
 
 
 def test_sysv_shared_memory_counts_against_memory_mb():
-    code = IPC + ("total = 0\nfor k in range(64):\n    i = libc.shmget(1000 + k, 32 << 20, 0o1600)\n    if i < 0: break\n"
-                  "    a = libc.shmat(i, None, 0)\n    if a in (None, ctypes.c_void_p(-1).value): break\n"
+    code = IPC + ("total = 0\nfor k in range(64):\n    i = libc.shmget(1000 + k, 32 << 20, 0o1600)\n    if i < "
+                  "0: break\n    a = libc.shmat(i, None, 0)\n    if a in (None, ctypes.c_void_p(-1).value): break\n"
                   "    ctypes.memset(a, 1, 32 << 20); libc.shmdt(ctypes.c_void_p(a)); total += 32\nprint(total)")
     r = run_sandboxed(code, memory_mb=128, timeout=10)
     assert int(r.stdout.strip() or 0) <= 128, r.stdout            # not 64 x 32 MB = 2 GB
@@ -472,8 +494,9 @@ def test_scratch_quota_holds_whatever_tmpdir_is(monkeypatch):
     other = tempfile.mkdtemp(dir="/var/tmp")                    # TMPDIR outside /tmp
     monkeypatch.setattr(tempfile, "tempdir", other)
     try:
-        r = run_sandboxed("import os\nn = 0\ntry:\n    for i in range(100):\n        open('f%d' % i, 'wb').write(b'x' * (1 << 20)); n += 1\n"
-                          "except OSError as e: print(type(e).__name__, e.errno)\nprint(n)", file_size_mb=4)
+        r = run_sandboxed("import os\nn = 0\ntry:\n    for i in range(100):\n        open('f%d' % i, 'wb').write(b'x' "
+                          "* (1 << 20)); n += 1\nexcept OSError as e: print(type(e).__name__, e.errno)\nprint(n)",
+                          file_size_mb=4)
         assert int(r.stdout.split()[-1]) <= 16 and "OSError 28" in r.stdout, r.stdout      # ENOSPC at the 16 MB cap
         assert os.listdir(other) == []
     finally:
@@ -482,7 +505,8 @@ def test_scratch_quota_holds_whatever_tmpdir_is(monkeypatch):
 
 def test_site_packages_and_problem_bank_are_hidden():
     import site
-    dirs = [d for d in site.getsitepackages() + [str(Path(__import__("comlrl_nb").__file__).parents[1])] if os.path.isdir(d)]
+    dirs = [d for d in site.getsitepackages() + [str(Path(__import__("comlrl_nb").__file__).parents[1])]
+            if os.path.isdir(d)]
     code = (f"import sys, os\nsys.path[:0] = {dirs!r}\nfor m in ['torch', 'numpy', 'comlrl_nb']:\n"
             "    try: __import__(m); print('IMPORTED', m)\n    except ImportError: print('no', m)\n"
             f"print(os.path.exists({_BANK!r}))")
@@ -513,7 +537,8 @@ import socket  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from comlrl_nb.api import APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact, scrub_secrets  # noqa: E402
+from comlrl_nb.api import (APIComparatorClient, APIComparatorConfig, APIError, MockAPIServer, redact,  # noqa: E402
+                           scrub_secrets)
 
 KEY = "sk-live-" + "9f3b2c7d1e8a4b6c0d5e2f7a1b3c9d8e"
 FAST = dict(comparator_api_backoff=0.001, comparator_api_backoff_cap=0.01, comparator_api_max_retries=1)
@@ -521,7 +546,8 @@ FAST = dict(comparator_api_backoff=0.001, comparator_api_backoff_cap=0.01, compa
 
 def _no_fragment(text, secret=KEY, k=8):
     "No run of k characters of the secret (or of its base64) in text."
-    variants = [secret, base64.b64encode(secret.encode()).decode(), base64.b64encode(b"user:" + secret.encode()).decode()[8:-4]]
+    variants = [secret, base64.b64encode(secret.encode()).decode(),
+                base64.b64encode(b"user:" + secret.encode()).decode()[8:-4]]
     return not any(v[i:i + k] in text for v in variants for i in range(len(v) - k + 1))
 
 
@@ -531,7 +557,8 @@ def test_key_with_trailing_newline_is_cleaned_and_never_echoed():
         assert c.generate("hi", 1) and srv.requests[-1]["headers"]["authorization"] == f"Bearer {KEY}"
 
 
-@pytest.mark.parametrize("bad", [KEY[:10] + "\n" + KEY[10:], KEY + "\x00", "sk-ключ-" + KEY[8:], KEY[:20] + "\r\nX-Evil: 1"])
+@pytest.mark.parametrize("bad",
+                         [KEY[:10] + "\n" + KEY[10:], KEY + "\x00", "sk-ключ-" + KEY[8:], KEY[:20] + "\r\nX-Evil: 1"])
 def test_malformed_key_is_refused_without_echo(bad):
     with pytest.raises(ValueError) as e:
         APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_key=bad)
@@ -545,8 +572,9 @@ def test_malformed_env_key_is_refused_without_echo(monkeypatch):
     assert "$COMLRL_NB_TEST_KEY" in str(e.value) and _no_fragment(str(e.value))
 
 
-@pytest.mark.parametrize("echo", [KEY[2:-2], KEY[:14] + "..." + KEY[-14:], base64.b64encode(b"user:" + KEY.encode()).decode(),
-                                  base64.urlsafe_b64encode(KEY.encode()).decode(), KEY.upper().lower()[3:]])
+@pytest.mark.parametrize("echo",
+                         [KEY[2:-2], KEY[:14] + "..." + KEY[-14:], base64.b64encode(b"user:" + KEY.encode()).decode(),
+                          base64.urlsafe_b64encode(KEY.encode()).decode(), KEY.upper().lower()[3:]])
 def test_server_echoing_parts_of_the_key_is_redacted(echo, caplog):
     caplog.set_level(logging.WARNING, logger="comlrl_nb")
     with MockAPIServer() as srv:
@@ -555,7 +583,8 @@ def test_server_echoing_parts_of_the_key_is_redacted(echo, caplog):
         srv.script(401, {"error": f"bad key {echo}"})
         with pytest.raises(APIError) as e:
             c.generate("hi", 1)
-    assert e.value.status == 401 and _no_fragment(str(e.value)) and _no_fragment(caplog.text), (str(e.value), caplog.text)
+    assert e.value.status == 401 and _no_fragment(str(e.value)) and _no_fragment(caplog.text), \
+        (str(e.value), caplog.text)
 
 
 def test_redact_fragments_but_keeps_other_text():
@@ -569,15 +598,18 @@ def test_secret_extra_body_and_headers_hidden_everywhere():
     cfg = APIComparatorConfig(comparator_api_url="http://127.0.0.1:9/x", comparator_api_extra_body=extra,
                               comparator_api_headers={"X-Goog-Api-Key": KEY, "X-Trace": "t1"})
     for text in (repr(cfg), json.dumps(scrub_secrets(cfg))):
-        assert _no_fragment(text) and _no_fragment(text, KEY[::-1]) and '"max_tokens": 64' in json.dumps(scrub_secrets(cfg))
+        assert _no_fragment(text) and _no_fragment(text, KEY[::-1]) \
+            and '"max_tokens": 64' in json.dumps(scrub_secrets(cfg))
     assert scrub_secrets(cfg)["comparator_api_headers"] == {"X-Goog-Api-Key": "***", "X-Trace": "t1"}
-    it = MADPOIterConfig(comparator_policy="api", comparator_api_url="http://127.0.0.1:9/x", comparator_api_extra_body=extra)
+    it = MADPOIterConfig(comparator_policy="api", comparator_api_url="http://127.0.0.1:9/x",
+                         comparator_api_extra_body=extra)
     assert _no_fragment(json.dumps(config_record(it))) and _no_fragment(repr(it))
 
 
 def test_server_echoing_an_extra_body_secret_is_redacted():
     with MockAPIServer() as srv:
-        c = APIComparatorClient(comparator_api_url=srv.url(), comparator_api_extra_body={"auth": {"token": KEY}}, **FAST)
+        c = APIComparatorClient(comparator_api_url=srv.url(), comparator_api_extra_body={"auth": {"token": KEY}},
+                                **FAST)
         srv.script(400, {"error": f"unknown field auth.token={KEY}"})
         with pytest.raises(APIError) as e:
             c.generate("hi", 1)
@@ -605,7 +637,8 @@ def _serve(conn, handler, stop):
         data = b""
         while b"\r\n\r\n" not in data: data += conn.recv(65536) or b"\r\n\r\n"
         head, body = data.split(b"\r\n\r\n", 1)
-        length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")), 0)
+        length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")),
+                      0)
         while len(body) < length: body += conn.recv(65536) or b" " * length
         handler(conn, stop)
         conn.shutdown(socket.SHUT_WR)
@@ -645,7 +678,8 @@ def test_trickling_response_hits_a_total_deadline(handler):
 def test_response_size_is_capped(length):
     big = b'{"completions": ["' + b"x" * (3 << 20) + b'"]}'
     def send(conn, stop):
-        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + (b"Content-Length: %d\r\n" % len(big) if length else b"Connection: close\r\n")
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + (b"Content-Length: %d\r\n" % len(big)
+                                                                           if length else b"Connection: close\r\n")
         conn.sendall(head + b"\r\n" + big)
     srv, stop, url = _raw_server(send)
     try:
@@ -680,7 +714,8 @@ def test_bad_header_name_or_prefix_is_refused():
 from comlrl_nb.core import check_number  # noqa: E402
 from comlrl_nb.dataset import as_rows, check_dataset  # noqa: E402
 from comlrl_nb.engine import MetricsLogger  # noqa: E402
-from comlrl_nb.rewards import FormatterError, RewardError, RewardFunction, default_formatter, format_prompt  # noqa: E402
+from comlrl_nb.rewards import (FormatterError, RewardError, RewardFunction, default_formatter,  # noqa: E402
+                               format_prompt)
 
 GOOD = [{"prompt": f"Write story {i}"} for i in range(50)]
 
@@ -704,8 +739,10 @@ def test_dataframe_and_dict_of_columns_are_rows():
     df = pd.DataFrame({"prompt": ["a", "b", None], "answer": [1, 2, 3]})
     with pytest.raises(ValueError, match=r"train_dataset\[2\] \(row 3 of 3\).*must be a string, got float"):
         check_dataset(df, [default_formatter])
-    assert check_dataset(df.iloc[:2], [default_formatter]) == [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]
-    assert check_dataset({"prompt": ["x", "y"]}, [default_formatter], "eval_dataset") == [{"prompt": "x"}, {"prompt": "y"}]
+    assert check_dataset(df.iloc[:2], [default_formatter]) == [{"prompt": "a", "answer": 1},
+                                                               {"prompt": "b", "answer": 2}]
+    assert check_dataset({"prompt": ["x", "y"]}, [default_formatter],
+                         "eval_dataset") == [{"prompt": "x"}, {"prompt": "y"}]
     with pytest.raises(ValueError, match="columns have different lengths"):
         as_rows({"prompt": ["x", "y"], "id": [1]})
     with pytest.raises(TypeError, match="a pandas DataFrame or a dict of columns is converted"):
@@ -715,10 +752,12 @@ def test_dataframe_and_dict_of_columns_are_rows():
 def test_formatter_exception_is_wrapped_with_agent_and_row():
     fmt = lambda it: it["text"].upper()
     with pytest.raises(FormatterError) as e:
-        check_dataset([{"text": "ok", "prompt": "p"}, {"text": None, "prompt": "p"}], [fmt, default_formatter], "eval_dataset")
+        check_dataset([{"text": "ok", "prompt": "p"}, {"text": None, "prompt": "p"}], [fmt, default_formatter],
+                      "eval_dataset")
     msg = str(e.value)
     assert "eval_dataset[1] (row 2 of 2)" in msg and "<lambda>) raised AttributeError: 'NoneType'" in msg
-    with pytest.raises(FormatterError, match=r"formatter of agent 2 \(.*<lambda>\) raised KeyError: missing key 'text'"):
+    with pytest.raises(FormatterError,
+                       match=r"formatter of agent 2 \(.*<lambda>\) raised KeyError: missing key 'text'"):
         format_prompt(fmt, {}, 1)
 
 
@@ -769,7 +808,7 @@ def test_prompt_longer_than_the_context(tiny, caplog):
     c = generate_completions(m, tok, ["short", long], k=2, max_new_tokens=16, temperature=0.0)
     assert c.prompt_ids.shape[1] + c.completion_ids.shape[1] <= limit                 # never past the positions
     kept = tok.decode(c.prompt_ids[2][c.prompt_mask[2] == 1])                          # row 2: prompt 1, sample 0
-    assert long.endswith(kept.strip()) and len(kept) < len(long)                        # cut from the left: the end stays
+    assert long.endswith(kept.strip()) and len(kept) < len(long)  # cut from the left: the end stays
     assert "prompt(s) longer than the 496 positions" in caplog.text and "were cut from the left" in caplog.text
     caplog.clear()
     c = generate_completions(m, tok, ["short"], k=1, max_new_tokens=limit, temperature=0.0)
@@ -822,7 +861,8 @@ def test_unwritable_output_dir_is_found_before_any_work(tmp_path):
         prepare_output_dir("/proc/comlrl_nb_run", "magrpo")
 
 
-_HOLD = "import sys, time\nfrom comlrl_nb.runs import RunLock\nRunLock(sys.argv[1]).acquire()\nprint('locked', flush=True)\ntime.sleep(120)\n"
+_HOLD = "import sys, time\nfrom comlrl_nb.runs import RunLock\nRunLock(sys.argv[1]).acquire()\nprint('locked', " \
+        "flush=True)\ntime.sleep(120)\n"
 
 
 def test_second_live_process_is_refused_and_a_killed_ones_lock_taken_over(tmp_path, caplog):
@@ -843,12 +883,14 @@ def test_second_live_process_is_refused_and_a_killed_ones_lock_taken_over(tmp_pa
 def test_config_change_that_breaks_exact_resume_is_named():
     saved = {"agent_learning_rate": 1e-5, "num_generations": 4, "seed": 0, "logging_steps": 1, "eval_interval": 4,
              "comparator_api_key": "***", "agent_devices": ["cpu", "cpu"]}
-    same = {**saved, "logging_steps": 5, "eval_interval": 0, "comparator_api_key": "sk-rotated", "agent_devices": ("cpu", "cpu")}
+    same = {**saved, "logging_steps": 5, "eval_interval": 0, "comparator_api_key": "sk-rotated",
+            "agent_devices": ("cpu", "cpu")}
     assert config_changes(saved, same) == {}
     with pytest.raises(ValueError) as e:
         check_resume_config(saved, {**same, "num_generations": 8, "seed": 3})
     msg = str(e.value)
-    assert "num_generations: 4 -> 8" in msg and "seed: 0 -> 3" in msg and "allow_config_changes=['num_generations', 'seed']" in msg
+    assert "num_generations: 4 -> 8" in msg and "seed: 0 -> 3" in msg \
+        and "allow_config_changes=['num_generations', 'seed']" in msg
     assert check_resume_config(saved, {**same, "seed": 3}, allow=["seed"]) == ["seed"]
 
 
@@ -869,8 +911,8 @@ _TERM = textwrap.dedent('''
 
 @pytest.mark.parametrize("mode", ["now", "defer"])
 def test_sigterm_takes_the_ctrl_c_path(tmp_path, mode):
-    p = subprocess.Popen([sys.executable, "-c", _TERM, str(tmp_path / "saved"), mode], stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    p = subprocess.Popen([sys.executable, "-c", _TERM, str(tmp_path / "saved"), mode], stdout=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 143 and (tmp_path / "saved").read_text().startswith("checkpoint at step")
@@ -932,8 +974,8 @@ def test_pruning_ignores_what_it_did_not_write(tmp_path):
     other.save(90, {"other": True})                                            # a later batch number (another run)
     ck = CheckpointManager(tmp_path, total_limit=2)
     for b in range(1, 6): ck.save(b, {"b": b})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-0000004", "checkpoint-0000005", "checkpoint-0000090",
-                                                           "checkpoint-best", "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-0000004", "checkpoint-0000005",
+                                                           "checkpoint-0000090", "checkpoint-best", "notes.txt"]
 
 
 @pytest.mark.parametrize("damage", ["state.pt", "trainer_state.json"])
@@ -945,7 +987,8 @@ def test_truncated_checkpoint_file_is_named_and_the_previous_used(tmp_path, dama
     p, state = ck.load(True)
     assert p.name == "checkpoint-0000002" and state["b"] == 2
     assert str(f) in caplog.text and "falling back to the previous checkpoint" in caplog.text
-    with pytest.raises(ValueError, match=rf"{f}.*resume from another checkpoint \(checkpoint-0000001, checkpoint-0000002\)"):
+    with pytest.raises(ValueError,
+                       match=rf"{f}.*resume from another checkpoint \(checkpoint-0000001, checkpoint-0000002\)"):
         ck.load(tmp_path / "checkpoint-0000003")
 
 
@@ -953,7 +996,7 @@ def test_replay_restore_leaves_another_runs_files_alone(tmp_path):
     a = ReplayBuffer(tmp_path)
     a.register(1, [{"x": 1}])
     state = a.state_dict()
-    a.register(2, [{"x": 2}])                                              # after a's checkpoint: a's own, removed on restore
+    a.register(2, [{"x": 2}])  # after a's checkpoint: a's own, removed on restore
     b = ReplayBuffer(tmp_path)
     b.register(1, [{"b": 1}])
     b.register(3, [{"b": 3}])                                             # another run shares the directory
@@ -967,13 +1010,14 @@ def test_replay_restore_leaves_another_runs_files_alone(tmp_path):
 def test_missing_isolation_refuses_instead_of_degrading(monkeypatch):
     from comlrl_nb import sandbox
     from comlrl_nb.sandbox import SandboxError
-    monkeypatch.setattr(sandbox, "_FULL_ISOLATION", sandbox._FULL_ISOLATION + ("timens",))   # a namespace this runner never makes
+    # a namespace this runner never makes
+    monkeypatch.setattr(sandbox, "_FULL_ISOLATION", sandbox._FULL_ISOLATION + ("timens",))
     sandbox._runner_source.cache_clear()
     try:
         with pytest.raises(SandboxError) as e:
             run_sandboxed("open('/tmp/ran', 'w').write('x')")
         assert "missing: timens" in str(e.value) and "namespaces=False" in str(e.value)
-        assert "weak" in run_sandboxed("pass", namespaces=False).isolation                   # asked for: runs, and says so
+        assert "weak" in run_sandboxed("pass", namespaces=False).isolation  # asked for: runs, and says so
     finally:
         monkeypatch.undo()
         sandbox._runner_source.cache_clear()
@@ -998,6 +1042,6 @@ def test_pruning_killed_midway_leaves_no_half_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     complete = CheckpointManager(tmp_path).complete()
     assert [p.name for p in complete] == ["checkpoint-0000002", "checkpoint-0000003"]
-    for p in complete:                                                    # every checkpoint that claims completeness loads
+    for p in complete:  # every checkpoint that claims completeness loads
         torch.load(p / "state.pt", weights_only=False)
     assert not list(tmp_path.glob(".checkpoint-*"))                       # the interrupted deletion was finished

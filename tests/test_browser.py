@@ -94,8 +94,9 @@ def browser():
     from playwright.sync_api import sync_playwright
     profile = tempfile.mkdtemp(prefix="comlrl-chromium-")
     with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
-                                                   viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+        ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True,
+                                                   args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900},
+                                                   device_scale_factor=1)
         ctx.set_default_timeout(60_000)
         yield ctx
         ctx.close()
@@ -109,7 +110,8 @@ def lab(tmp_path_factory):
     work, settings = root / "nbs", root / "settings"
     work.mkdir()
     for nb in NB_IDS: shutil.copy(NBS / nb, work / nb)
-    for rel, value in [("@jupyterlab/apputils-extension/notification.jupyterlab-settings", {"checkForUpdates": False, "fetchNews": "false"}),
+    for rel, value in [("@jupyterlab/apputils-extension/notification.jupyterlab-settings",
+                        {"checkForUpdates": False, "fetchNews": "false"}),
                        ("@jupyterlab/notebook-extension/tracker.jupyterlab-settings", {"windowingMode": "none"})]:
         (settings / rel).parent.mkdir(parents=True, exist_ok=True)
         (settings / rel).write_text(json.dumps(value))
@@ -121,7 +123,7 @@ def lab(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
                              f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
                              "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                             "--LabApp.expose_app_in_browser=True"],                    # window.jupyterapp, to run commands
+                             "--LabApp.expose_app_in_browser=True"],  # window.jupyterapp, to run commands
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -416,7 +418,8 @@ def _open_offline(browser, url):
     "Open `url`, recording every request that would leave 127.0.0.1; wait for MathJax to finish."
     page = browser.new_page()
     remote, errors = [], []
-    page.on("request", lambda r: remote.append(r.url) if not r.url.startswith(("http://127.0.0.1", "data:", "blob:", "about:")) else None)
+    page.on("request", lambda r: remote.append(r.url)
+            if not r.url.startswith(("http://127.0.0.1", "data:", "blob:", "about:")) else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url, wait_until="load")
     page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)

@@ -182,7 +182,8 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
     assert part.state == full.state and full.state["optimizer_steps"] == [4]    # 8 items, buffer of 3, flushes
     assert all(torch.equal(a, b) for a, b in zip(params(full), params(part)))
     strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k} for r in rows]
-    assert strip(read_metrics(tmp_path / "part" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "full" / "metrics.jsonl"))
+    assert strip(read_metrics(tmp_path / "part" / "metrics.jsonl")) == \
+        strip(read_metrics(tmp_path / "full" / "metrics.jsonl"))
 
 
 def test_imports_flat_and_from_reinforce():
@@ -218,7 +219,8 @@ tr = CentralizedMAGRPOTrainer(agents=[m], tokenizer=tok, reward_func=vow, train_
         top_k=None, agent_learning_rate=1e-5, rollout_batch_size=3, rollout_buffer_size=4, train_batch_size=3,
         eval_interval=0, output_dir=sys.argv[1], progress_bar=False, save_steps=-1, logging_steps=1000))
 tr.train()
-torch.save([p.detach() for p in tr.agents[0].parameters()], os.path.join(sys.argv[1], f"p{os.environ.get('RANK', '0')}.pt"))
+torch.save([p.detach() for p in tr.agents[0].parameters()],
+           os.path.join(sys.argv[1], f"p{os.environ.get('RANK', '0')}.pt"))
 '''
 
 
@@ -235,7 +237,8 @@ def test_two_processes_match_one(tmp_path):
     _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29531", str(script),
           str(tmp_path / "dp")])
-    one, r0, r1 = (torch.load(p) for p in (tmp_path / "one" / "p0.pt", tmp_path / "dp" / "p0.pt", tmp_path / "dp" / "p1.pt"))
+    one, r0, r1 = (torch.load(p)
+                   for p in (tmp_path / "one" / "p0.pt", tmp_path / "dp" / "p0.pt", tmp_path / "dp" / "p1.pt"))
     assert all(torch.equal(a, b) for a, b in zip(r0, r1))
     assert all(torch.allclose(a, b, atol=1e-4, rtol=0) for a, b in zip(one, r0))
     rows = lambda d: read_metrics(tmp_path / d / "metrics.jsonl")

@@ -14,7 +14,8 @@ from comlrl_nb.trainers.madpo import MADPOConfig
 from comlrl_nb.trainers.marlhf import MARLHFConfig, map_backend_config, rl_backend
 from comlrl_nb.trainers.reinforce import MAGRPOConfig
 
-CONFIGS = sorted({c for c, _ in _algorithms().values()} | {APIComparatorConfig, IterativeFields}, key=lambda c: c.__name__)
+CONFIGS = sorted({c for c, _ in _algorithms().values()} | {APIComparatorConfig, IterativeFields},
+                 key=lambda c: c.__name__)
 GROUP_OF = {f.name: g for g in GROUPS.values() for f in dataclasses.fields(g)}
 
 
@@ -44,12 +45,14 @@ def test_the_configs_keep_their_public_shape():
     assert list(dataclasses.asdict(c))[:6] == ["num_agents", "num_turns", "num_train_epochs", "agent_learning_rate",
                                                "logging_steps", "num_generations"]
     assert repr(c).startswith("MAGRPOConfig(num_agents=2, num_turns=1, num_train_epochs=20,")
-    madpo = [n for n in (f.name for f in dataclasses.fields(MADPOConfig)) if n in {f.name for f in dataclasses.fields(MAGRPOConfig)}]
-    assert madpo == [f.name for f in dataclasses.fields(MAGRPOConfig) if f.name not in ("num_generations", "rollout_batch_size")]
-    assert list(dataclasses.asdict(MADPOIterConfig()))[0] == "num_iterations"            # the iterative fields come first
+    madpo = [n for n in (f.name for f in dataclasses.fields(MADPOConfig))
+             if n in {f.name for f in dataclasses.fields(MAGRPOConfig)}]
+    assert madpo == [f.name for f in dataclasses.fields(MAGRPOConfig)
+                     if f.name not in ("num_generations", "rollout_batch_size")]
+    assert list(dataclasses.asdict(MADPOIterConfig()))[0] == "num_iterations"  # the iterative fields come first
     for cfg, parent in ((MADPOConfig(), MAGRPOConfig), (MARLHFConfig(), MAGRPOConfig), (MADPOIterConfig(), MADPOConfig),
                         (MARLHFIterConfig(), MARLHFConfig)):
-        assert isinstance(cfg, parent)                                       # the trainers' isinstance checks still hold
+        assert isinstance(cfg, parent)  # the trainers' isinstance checks still hold
     api = {f.name for f in dataclasses.fields(APIComparatorConfig)}
     assert len(api) == 15 and api <= {f.name for f in dataclasses.fields(MADPOIterConfig)}
     assert all(GROUP_OF[n].group_name == "comparator_api" for n in api)        # declared once, in one group
@@ -134,7 +137,7 @@ def test_options_prints_every_field_with_its_help(algo):
         assert f"[{g}] {GROUPS[g].__doc__.strip()}" in text
 
 
-# ------------------------------------------------------------------ fields and values of comlrl 1.4.3 (issue 14, SPEC 9)
+# ------------------------------------------------------------- fields and values of comlrl 1.4.3 (issue 14, SPEC 9)
 from comlrl_nb.trainers.actor_critic import IACConfig, MAACConfig  # noqa: E402
 
 

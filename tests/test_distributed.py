@@ -28,8 +28,9 @@ def test_two_processes_match_one(tmp_path, algo, turns):
     # let those differences change later samples.
     lr = "1e-5"
     _run([sys.executable, str(script), str(tmp_path / "single"), str(turns), lr, algo])
-    _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-          "--dynamo_backend", "no", "--main_process_port", str(29500 + turns + {"maac": 10, "maac_kl": 20}.get(algo, 0)), str(script),
+    _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+          str(29500 + turns + {"maac": 10, "maac_kl": 20}.get(algo, 0)), str(script),
           str(tmp_path / "dp"), str(turns), lr, algo])
     single = torch.load(tmp_path / "single" / "params_rank0.pt")
     r0, r1 = (torch.load(tmp_path / "dp" / f"params_rank{r}.pt") for r in (0, 1))
@@ -39,7 +40,7 @@ def test_two_processes_match_one(tmp_path, algo, turns):
         assert torch.allclose(a, b, atol=1e-4, rtol=0)             # and match one process (8 steps of <= 1e-5 each)
     rows = [json.loads(l) for l in (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()]
     one = [json.loads(l) for l in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["batch"] for r in rows] == [r["batch"] for r in one] == [1, 2, 3, 4]     # written once, by the main process
+    assert [r["batch"] for r in rows] == [r["batch"] for r in one] == [1, 2, 3, 4]  # written once, by the main process
     for a, b in zip(rows, one):
         assert a["turn_1/reward_mean"] == pytest.approx(b["turn_1/reward_mean"], abs=1e-6)
         for k in ("agent_0/loss", "agent_1/loss", "agent_0/kl", "agent_1/kl"):
@@ -98,7 +99,8 @@ def test_preference_two_processes_match_one(tmp_path, algo):
             counted = isinstance(v, (int, float)) and "time" not in k
             if k.startswith(("dpo/", "agent_", "collection/", "round/")) and counted:
                 assert a[k] == pytest.approx(v, abs=1e-5, nan_ok=True), k       # the same pairs, losses, counts
-    assert sorted(p.name for p in (dp / "checkpoints").iterdir()) == sorted(p.name for p in (one / "checkpoints").iterdir())
+    assert sorted(p.name for p in (dp / "checkpoints").iterdir()) == sorted(p.name
+                                                                            for p in (one / "checkpoints").iterdir())
     if algo.startswith("marlhf"):                     # pairs, reward-model log and state written once, as alone
         assert _json(dp / "pairs.json") == _json(one / "pairs.json")
         rm_rows = lambda d: read_metrics(d / "reward_model" / "metrics.jsonl")

@@ -1,4 +1,5 @@
-"""The shipped environments: code (levels, references, transitions, sandbox_slice, expert hook) and writing; their tasks."""
+"""The shipped environments: code (levels, references, transitions, sandbox_slice, expert hook) and writing; their
+tasks."""
 import copy
 import json
 import math
@@ -17,8 +18,8 @@ ITEM = C.problem_item(BY_ID["primes_below"])          # 4 tests: n = 10, 2, 20, 
 
 AUX = "def aux(k):\n    if k < 2:\n        return False\n    return all(k % d for d in range(2, int(k ** 0.5) + 1))\n"
 MAIN = "def primes_below(n):\n    return [k for k in range(n) if aux(k)]\n"
-SELF_MAIN = ("def primes_below(n):\n    out = []\n    for k in range(2, n):\n        if all(k % d for d in range(2, k)):\n"
-             "            out.append(k)\n    return out\n")
+SELF_MAIN = ("def primes_below(n):\n    out = []\n    for k in range(2, n):\n        if all(k % d for d in "
+             "range(2, k)):\n            out.append(k)\n    return out\n")
 
 
 def reward(aux, main, item=ITEM):
@@ -36,7 +37,8 @@ def test_problem_set_shape():
 
 def test_every_reference_solution_scores_the_maximum():
     evs = C.evaluate_batch([p["reference_aux"] for p in PROBS], [p["reference_main"] for p in PROBS], PROBS)
-    bad = {p["id"]: (ev.levels, ev.report.errors if ev.report else None) for p, ev in zip(PROBS, evs) if ev.reward != C.MAX_REWARD}
+    bad = {p["id"]: (ev.levels, ev.report.errors if ev.report else None) for p, ev in zip(PROBS, evs)
+           if ev.reward != C.MAX_REWARD}
     assert not bad, bad
     assert C.MAX_REWARD == 4.0
     for ev in evs: assert ev.report.all_passed and ev.analysis.main_calls_aux and not ev.analysis.main_defines_aux
@@ -47,9 +49,12 @@ def test_loader_rejects_malformed_data(tmp_path):
         ps = copy.deepcopy(PROBS[:3])
         ps[2].update(change)
         return ps
-    with pytest.raises(ValueError, match=r"problem #2 \(sum_of_digit_sums\)|problem #2 \(count_palindromes\)"): C.load_problems(broken(tests="assert x"))
-    with pytest.raises(ValueError, match="field 'prompt' must be a non-empty string"): C.load_problems(broken(prompt=""))
-    with pytest.raises(ValueError, match="main_signature 'n' is not a parameter list"): C.load_problems(broken(main_signature="n"))
+    with pytest.raises(ValueError, match=r"problem #2 \(sum_of_digit_sums\)|problem #2 \(count_palindromes\)"):
+        C.load_problems(broken(tests="assert x"))
+    with pytest.raises(ValueError, match="field 'prompt' must be a non-empty string"):
+        C.load_problems(broken(prompt=""))
+    with pytest.raises(ValueError, match="main_signature 'n' is not a parameter list"):
+        C.load_problems(broken(main_signature="n"))
     with pytest.raises(ValueError, match="split must be 'train' or 'eval'"): C.load_problems(broken(split="test"))
     with pytest.raises(ValueError, match="same prompt"): C.load_problems(broken(prompt=PROBS[0]["prompt"]))
     with pytest.raises(ValueError, match="must be a JSON object"): C.load_problems([PROBS[0], "oops"])
@@ -66,15 +71,17 @@ def test_loader_rejects_malformed_data(tmp_path):
     ("", "", 0.0),                                                                     # nothing
     ("I think aux should check primes.", "no idea", 0.0),                              # prose only
     (AUX, "", 0.5),                                                                    # level 1 only
-    ("", MAIN, 0.5 + 0.5 + 2.0 * 1 / 4),                                               # aux missing: only the n = 0 test passes
-    (AUX, MAIN + "raise RuntimeError('boom')\n", 0.5 + 0.5),                           # does not run: tests do not count
+    ("", MAIN, 0.5 + 0.5 + 2.0 * 1 / 4),  # aux missing: only the n = 0 test passes
+    (AUX, MAIN + "raise RuntimeError('boom')\n", 0.5 + 0.5),  # does not run: tests do not count
     (AUX, "def primes_below(n):\n    return [aux(0)]\n", 0.5 + 0.5 + 0.5),           # runs, calls aux, 0 tests
-    (AUX, "def primes_below(n):\n    return [k for k in range(n) if aux(k)][:4]\n", 0.5 + 0.5 + 0.5 + 2.0 * 3 / 4 + 0.5),
+    (AUX, "def primes_below(n):\n    return [k for k in range(n) if aux(k)][:4]\n",
+     0.5 + 0.5 + 0.5 + 2.0 * 3 / 4 + 0.5),
     (AUX, SELF_MAIN, 0.5 + 0.5 + 0.5 + 2.0),                                           # ignores the helper
-    (AUX, "def aux(k):\n    return k > 1 and all(k % d for d in range(2, k))\n" + MAIN, 3.5),   # main writes its own aux
-    ("def aux(k)\n    return True\n", SELF_MAIN, 0.5 + 0.5 + 2.0),                      # helper does not parse: main tested alone
+    (AUX, "def aux(k):\n    return k > 1 and all(k % d for d in range(2, k))\n" + MAIN, 3.5),  # main writes its own aux
+    ("def aux(k)\n    return True\n", SELF_MAIN, 0.5 + 0.5 + 2.0),  # helper does not parse: main tested alone
     (AUX, MAIN, 4.0),
-    ("```python\n" + AUX + "```\nThis checks primality.", "Here:\n```python\n" + MAIN + "```", 4.0),   # fenced, with prose
+    # fenced, with prose
+    ("```python\n" + AUX + "```\nThis checks primality.", "Here:\n```python\n" + MAIN + "```", 4.0),
 ])
 def test_levels(aux, main, want):
     assert math.isclose(reward(aux, main), want), C.evaluate_code(aux, main, ITEM).levels
@@ -90,9 +97,11 @@ def test_level_table_and_breakdown():
 
 def test_hostile_answers_are_contained_and_scored():
     hostile = ["def primes_below(n):\n    while True: pass\n", "import os\ndef primes_below(n):\n    os._exit(0)\n",
-               "def primes_below(n):\n    return bytearray(10 * 2**30)\n", "import os\nos.kill(os.getppid(), 9)\n" + MAIN]
+               "def primes_below(n):\n    return bytearray(10 * 2**30)\n",
+               "import os\nos.kill(os.getppid(), 9)\n" + MAIN]
     t0 = time.time()
-    rs = C.code_level_reward([AUX] * (len(hostile) + 1), hostile + [MAIN], [ITEM] * (len(hostile) + 1), test_timeout=0.3)
+    rs = C.code_level_reward([AUX] * (len(hostile) + 1), hostile + [MAIN], [ITEM] * (len(hostile) + 1),
+                             test_timeout=0.3)
     assert time.time() - t0 < 10
     assert rs[-1] == 4.0 and all(0.0 <= r < 4.0 for r in rs[:-1]), rs
 
@@ -104,10 +113,11 @@ def test_reward_contract_and_cache():
     with pytest.raises(ValueError, match="they must match"): C.code_level_reward([AUX], [MAIN, MAIN], [ITEM])
     t0 = time.perf_counter()
     C.code_level_reward([AUX], [MAIN], [ITEM])
-    assert time.perf_counter() - t0 < 0.05                                                                         # cached
+    assert time.perf_counter() - t0 < 0.05  # cached
     # items of other problems are scored against their own tests
     other = C.problem_item(BY_ID["gcd_list"])
-    assert C.code_level_reward([BY_ID["gcd_list"]["reference_aux"], AUX], [BY_ID["gcd_list"]["reference_main"], MAIN], [other, ITEM]) == [4.0, 4.0]
+    assert C.code_level_reward([BY_ID["gcd_list"]["reference_aux"], AUX], [BY_ID["gcd_list"]["reference_main"], MAIN],
+                               [other, ITEM]) == [4.0, 4.0]
 
 
 def test_extract_code():
@@ -119,7 +129,8 @@ def test_extract_code():
 # ----------------------------------------------------------------------------------------------- transitions
 def call(tr, aux=AUX, main=MAIN, item=ITEM):
     return tr(prompt=item["prompt"], agent_completions=[aux, main], num_agents=2,
-              prompt_history_per_agent=[[C.aux_formatter(item)], [C.main_formatter(item)]], response_history_per_agent=[[aux], [main]])
+              prompt_history_per_agent=[[C.aux_formatter(item)], [C.main_formatter(item)]],
+              response_history_per_agent=[[aux], [main]])
 
 
 @pytest.mark.parametrize("mode", C.TRANSITION_MODES)
@@ -138,7 +149,8 @@ def test_transition_modes_give_one_prompt_per_agent(mode):
 
 
 def test_level_feedback_content_and_sandbox_slice():
-    wrong = "def primes_below(n):\n    return [k for k in range(n) if aux(k)][:4]\n"      # fails only the third test (n = 20)
+    # fails only the third test (n = 20)
+    wrong = "def primes_below(n):\n    return [k for k in range(n) if aux(k)][:4]\n"
     tests = ITEM["tests"]
     def shown(s):
         text = call(C.CodeTransition(PROBS, "level_feedback", sandbox_slice=s), AUX, wrong)[0]
@@ -155,7 +167,8 @@ def test_level_feedback_content_and_sandbox_slice():
     text = call(C.CodeTransition(PROBS, "level_feedback"), AUX, MAIN + "raise RuntimeError('boom')")[0]
     assert "program: fails to load: RuntimeError: boom" in text and "tests: not counted until the program loads" in text
     for bad in (1.5, True, "first", [1]):
-        with pytest.raises(ValueError, match="sandbox_slice"): C.CodeTransition(PROBS, "level_feedback", sandbox_slice=bad)
+        with pytest.raises(ValueError, match="sandbox_slice"):
+            C.CodeTransition(PROBS, "level_feedback", sandbox_slice=bad)
     assert C.select_tests(list(range(5)), -3) == [2, 3, 4] and C.select_tests([], 2) == []
 
 
@@ -170,16 +183,19 @@ def test_transition_errors():
 
 def test_expert_hooks():
     from comlrl_nb.models import make_tiny_model
-    with pytest.raises(ValueError, match="API client is not available"): C.resolve_expert({"format": "openai", "model": "x"})
+    with pytest.raises(ValueError, match="API client is not available"):
+        C.resolve_expert({"format": "openai", "model": "x"})
     try:
         C.register_expert_api(lambda spec: (lambda prompt: f"AUX: from {spec['model']}\nMAIN: ok"))
         out = call(C.CodeTransition(PROBS, "expert_edits", expert=C.resolve_expert({"model": "api-model"})))
         assert "from api-model" in out[0]
     finally: C.register_expert_api(None)
     lazy = C.resolve_expert(None)
-    assert isinstance(lazy, C.LocalExpert) and lazy.spec == "embedded" and lazy.model is None       # loads on first call only
+    # loads on first call only
+    assert isinstance(lazy, C.LocalExpert) and lazy.spec == "embedded" and lazy.model is None
     model, tok = make_tiny_model(seed=3)
-    with pytest.raises(ValueError, match="needs its tokenizer"): C.resolve_expert(model)(C.expert_prompt(ITEM, C.evaluate_code(AUX, MAIN, ITEM)))
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        C.resolve_expert(model)(C.expert_prompt(ITEM, C.evaluate_code(AUX, MAIN, ITEM)))
     seen = []
     expert = C.resolve_expert((model, tok), max_new_tokens=6)
     out = call(C.CodeTransition(PROBS, "expert_edits", expert=lambda p: seen.append(p) or expert(p)))
@@ -195,12 +211,14 @@ def test_code_task_builds():
     assert isinstance(t.external_transition, C.CodeTransition) and t.external_transition.mode == "level_feedback"
     assert t.external_transition.sandbox_slice == 1
     it = t.train_dataset[0]
-    assert t.reward_func([BY_ID[it["id"]]["reference_aux"]], [BY_ID[it["id"]]["reference_main"]], batch_items=[it]) == [4.0]
+    assert t.reward_func([BY_ID[it["id"]]["reference_aux"]], [BY_ID[it["id"]]["reference_main"]],
+                         batch_items=[it]) == [4.0]
     for f in t.formatters: assert isinstance(f(it), str) and it["prompt"] in f(it)
     t2 = get_task("code", transition_mode="plain", sandbox_slice=-2, num_turns=3, split=5)
     assert (t2.num_turns, t2.external_transition.mode, len(t2.eval_dataset)) == (3, "plain", 5)
     with pytest.raises(ValueError, match="num_turns"): get_task("code", num_turns=0)
-    with pytest.raises(ValueError, match="API client is not available"): get_task("code", transition_mode="expert_edits", expert_model={"model": "x"})
+    with pytest.raises(ValueError, match="API client is not available"):
+        get_task("code", transition_mode="expert_edits", expert_model={"model": "x"})
 
 
 def test_writing_task_and_reward():
@@ -236,8 +254,10 @@ def test_writing_transition():
 
 def test_registry_is_lazy():
     import subprocess, sys
-    code = "import sys, comlrl_nb.tasks as t; print(sorted(m for m in sys.modules if m.startswith('comlrl_nb.envs') or m == 'comlrl_nb.sandbox'))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    code = "import sys, comlrl_nb.tasks as t; print(sorted(m for m in sys.modules if m.startswith('comlrl_nb.envs') " \
+           "or m == 'comlrl_nb.sandbox'))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == \
+        "[]"
     assert list(TASKS)[:3] == ["length_ratio", "code", "writing"]
     with pytest.raises(ValueError, match="known tasks: length_ratio, code, writing"): get_task("poetry")
 
@@ -254,11 +274,13 @@ def test_multi_turn_magrpo_run_on_tiny_models(name, tmp_path):
         calls.append(kw)
         return task.external_transition(**kw)
     (m1, tok), (m2, _) = make_tiny_model(seed=1), make_tiny_model(seed=2)
-    cfg = MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=8, num_train_epochs=1, early_termination_threshold=None,
-                       eval_interval=0, output_dir=str(tmp_path), save_steps=-1, progress_bar=False)
+    cfg = MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=8, num_train_epochs=1,
+                       early_termination_threshold=None, eval_interval=0, output_dir=str(tmp_path), save_steps=-1,
+                       progress_bar=False)
     MAGRPOTrainer(agents=[m1, m2], tokenizer=tok, reward_func=task.reward_func, formatters=task.formatters, args=cfg,
                   train_dataset=task.train_dataset[:2], external_transition=transition).train()
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert len(rows) == 2 and all("turn_2/reward_mean" in r for r in rows)
     assert len(calls) == 2 * 2                                                # K=2 branches per item, 2 items
-    assert all(c["prompt"] in {it["prompt"] for it in task.train_dataset[:2]} and len(c["agent_completions"]) == 2 for c in calls)
+    assert all(c["prompt"] in {it["prompt"] for it in task.train_dataset[:2]} and len(c["agent_completions"]) == 2
+               for c in calls)

@@ -20,8 +20,8 @@ from comlrl_nb.trainers.iterative import MADPOIterConfig, MADPOIterTrainer, MARL
 from comlrl_nb.trainers.madpo import MADPOConfig
 
 ITEMS = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]]
-BASE = dict(preference_num_candidates=4, preference_pairs_per_sample=4, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None,
-            agent_learning_rate=3e-3, eval_interval=0, logging_steps=1000, progress_bar=False)
+BASE = dict(preference_num_candidates=4, preference_pairs_per_sample=4, max_new_tokens=6, temperature=1.0, top_p=1.0,
+            top_k=None, agent_learning_rate=3e-3, eval_interval=0, logging_steps=1000, progress_bar=False)
 
 
 def vowels(a, b):
@@ -32,15 +32,17 @@ def vowels(a, b):
 def madpo(tmp, items=ITEMS, trainer_kw=None, **kw):
     m, tok = make_tiny_model(seed=0)
     cfg = MADPOIterConfig(**{**BASE, "dpo_beta": 0.5, "output_dir": str(tmp), **kw})
-    return MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=items, **(trainer_kw or {}))
+    return MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=items,
+                            **(trainer_kw or {}))
 
 
 def marlhf(tmp, items=ITEMS, trainer_kw=None, **kw):
     m, tok = make_tiny_model(seed=0)
-    cfg = MARLHFIterConfig(**{**BASE, "num_generations": 4, "rollout_batch_size": 2, "num_train_epochs": 1, "reward_learning_rate": 1e-3,
-                              "reward_train_batch_size": 4, "reward_num_train_epochs": 1, "output_dir": str(tmp), **kw})
-    return MARLHFIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=items, reward_model=m,
-                             **(trainer_kw or {}))
+    cfg = MARLHFIterConfig(**{**BASE, "num_generations": 4, "rollout_batch_size": 2, "num_train_epochs": 1,
+                              "reward_learning_rate": 1e-3, "reward_train_batch_size": 4, "reward_num_train_epochs": 1,
+                              "output_dir": str(tmp), **kw})
+    return MARLHFIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=items,
+                             reward_model=m, **(trainer_kw or {}))
 
 
 def params(models):
@@ -59,24 +61,29 @@ def scripted(agent_idx, prompts, k, items, item_ids, round_key):
 # ------------------------------------------------------------------ configs
 @pytest.mark.parametrize("kw, msg", [
     (dict(num_iterations=0), "MADPOIterConfig.num_iterations=0 is invalid: must be >= 1"),
-    (dict(comparator_policy="self"), "comparator_policy='self' is invalid: use one of current, current_copy, model, history, api"),
+    (dict(comparator_policy="self"),
+     "comparator_policy='self' is invalid: use one of current, current_copy, model, history, api"),
     (dict(comparator_num_candidates=0), "comparator_num_candidates=0 is invalid: must be >= 1"),
-    (dict(comparator_generation_mode="joint"), "comparator_generation_mode='joint' is invalid: use one of decentralized, centralized"),
+    (dict(comparator_generation_mode="joint"),
+     "comparator_generation_mode='joint' is invalid: use one of decentralized, centralized"),
     (dict(comparator_centralized_agent_index=2), "comparator_centralized_agent_index=2 is invalid: must be <= 1"),
     (dict(comparator_history_k=-1), "comparator_history_k=-1 is invalid: must be >= 0"),
     (dict(comparator_max_new_tokens=0), "comparator_max_new_tokens=0 is invalid: must be >= 1"),
     (dict(comparator_devices="tpu"), "comparator_devices='tpu' is invalid"),
-    (dict(comparator_devices="cpu"), "comparator_devices is only used by comparator_policy 'current_copy', 'model' and 'history'"),
+    (dict(comparator_devices="cpu"),
+     "comparator_devices is only used by comparator_policy 'current_copy', 'model' and 'history'"),
     (dict(comparator_policy="model"), "needs exactly one of comparator_model_name"),
     (dict(comparator_policy="model", comparator_model_name="x", comparator_agents=["a", "b"]), ", not both"),
-    (dict(comparator_policy="model", comparator_agents="abc"), "comparator_agents must be a list with one model per agent (2), got str"),
+    (dict(comparator_policy="model", comparator_agents="abc"),
+     "comparator_agents must be a list with one model per agent (2), got str"),
     (dict(comparator_agents=["a", "b"]), "only used with comparator_policy='model'"),
     (dict(comparator_policy="api"), "comparator_api_url=None is invalid"),
     (dict(comparator_policy="api", comparator_api_url="ftp://h/x"), "expected an http:// or https:// URL"),
     (dict(comparator_policy="api", comparator_api_url="http://h/x", comparator_api_format="grpc"),
      "use one of generic, openai, anthropic, openai_responses"),
     (dict(comparator_api_url="http://h/x"), "comparator_api_url is set but comparator_policy='current'"),
-    (dict(preference_scoring_reward="oracle"), "preference_scoring_reward='oracle' is invalid: use one of task, reward_model"),
+    (dict(preference_scoring_reward="oracle"),
+     "preference_scoring_reward='oracle' is invalid: use one of task, reward_model"),
     (dict(preference_scoring_reward="reward_model"), "only MARLHFIterConfig has"),
     (dict(pair_selection="best"), "use one of reward_gap, all, random, comparator_reward"),
     (dict(pair_selection="all"), "preference_pairs_per_sample must be None (got 4)"),
@@ -94,15 +101,17 @@ def test_config_messages(kw, msg):
 
 def test_config_defaults_and_base_configs_keep_their_choices():
     c, r = MADPOIterConfig(), MARLHFIterConfig()
-    assert (c.num_iterations, c.preference_num_candidates, c.preference_pairs_per_sample, c.pair_selection, c.num_train_epochs,
-            c.comparator_num_candidates, c.preference_scoring_reward, c.comparator_generation_mode, c.comparator_policy,
-            c.comparator_history_k, c.preference_replay_mode) == (6, 20, 4, "comparator_reward", 1, None, "task", "decentralized",
-                                                                  "current", 1, "current")
-    assert (r.num_train_epochs, r.reward_num_train_epochs, r.num_iterations, r.pair_selection) == (2, 2, 6, "comparator_reward")
+    assert (c.num_iterations, c.preference_num_candidates, c.preference_pairs_per_sample, c.pair_selection,
+            c.num_train_epochs, c.comparator_num_candidates, c.preference_scoring_reward, c.comparator_generation_mode,
+            c.comparator_policy, c.comparator_history_k, c.preference_replay_mode) == \
+                (6, 20, 4, "comparator_reward", 1, None, "task", "decentralized", "current", 1, "current")
+    assert (r.num_train_epochs, r.reward_num_train_epochs, r.num_iterations,
+            r.pair_selection) == (2, 2, 6, "comparator_reward")
     assert MARLHFIterConfig(preference_scoring_reward="reward_model").preference_scoring_reward == "reward_model"
     with pytest.raises(ValueError, match="use one of reward_gap, all, random"):
         MADPOConfig(pair_selection="comparator_reward")
-    assert MADPOIterConfig(comparator_policy="api", comparator_api_url="http://h/x", comparator_api_format="codex").comparator_api_format \
+    assert MADPOIterConfig(comparator_policy="api", comparator_api_url="http://h/x",
+                           comparator_api_format="codex").comparator_api_format \
         == "openai_responses"
 
 
@@ -111,7 +120,8 @@ def test_trainer_rejects_a_base_config(tmp_path):
     with pytest.raises(TypeError, match="args must be a MADPOIterConfig, got MADPOConfig"):
         MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MADPOConfig(output_dir=str(tmp_path)))
     with pytest.raises(TypeError, match="args must be a MARLHFIterConfig"):
-        MARLHFIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MADPOIterConfig(output_dir=str(tmp_path)))
+        MARLHFIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels,
+                          args=MADPOIterConfig(output_dir=str(tmp_path)))
 
 
 # ------------------------------------------------------------------ comparisons and records
@@ -133,15 +143,17 @@ def test_records_carry_raw_and_processed_rewards(tmp_path):
         assert list(r)[:9] == ["prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
                                "candidate_reward_mean", "raw_rewards", "target_raw_reward", "comparator_raw_reward"]
         assert r["winner_reward"] > r["loser_reward"]
-        assert r["winner_reward"] == pytest.approx(3 * r["raw_rewards"][0] - 1) and r["loser_reward"] == pytest.approx(3 * r["raw_rewards"][1] - 1)
-        w_raw, l_raw = (r["target_raw_reward"], r["comparator_raw_reward"])[:: 1 if r["winner_side"] == "agents" else -1]
+        assert r["winner_reward"] == pytest.approx(3 * r["raw_rewards"][0] - 1) \
+            and r["loser_reward"] == pytest.approx(3 * r["raw_rewards"][1] - 1)
+        w_raw, l_raw = (r["target_raw_reward"],
+                        r["comparator_raw_reward"])[:: 1 if r["winner_side"] == "agents" else -1]
         assert r["raw_rewards"] == [w_raw, l_raw]
         assert vowels(*[[c] for c in r["winner_completions"]])[0] == pytest.approx(w_raw)
         assert r["iteration"] == 1 and 0 <= r["candidate_index"] < 4 and r["comparator_policy"] == "current"
     item0 = [r for r in recs if r["prompts"][0] == "Write a story"]
     both = {r["candidate_index"]: r for r in item0}
     sides = [3 * x - 1 for r in both.values() for x in (r["target_raw_reward"], r["comparator_raw_reward"])]
-    if len(both) == 4:                                                     # no tie on this item: the mean over both sides
+    if len(both) == 4:  # no tie on this item: the mean over both sides
         assert item0[0]["candidate_reward_mean"] == pytest.approx(sum(sides) / len(sides))
     assert {r["winner_side"] for r in recs} == {"agents", "comparator"}
     assert st["comparator_wins"] == sum(r["winner_side"] == "comparator" for r in recs)
@@ -165,7 +177,8 @@ def test_current_copy_equals_current_and_frees_the_copies(tmp_path):
     strip = lambda rs: [{k: v for k, v in r.items() if k != "comparator_policy"} for r in rs]
     assert strip(ra) == strip(rb) and b.comparator._copies is None
     gen = b.comparator.begin_round(2)
-    assert all(g is not x and torch.equal(next(g.parameters()), next(x.parameters())) for g, x in zip(gen.models, b.agents))
+    assert all(g is not x and torch.equal(next(g.parameters()), next(x.parameters()))
+               for g, x in zip(gen.models, b.agents))
     b.comparator.end_round()
     assert b.comparator._copies is None
 
@@ -177,7 +190,7 @@ def test_index_aligned_comparisons_with_different_counts(tmp_path, K, Kc):
     recs, st = tr._collect_round(1)
     assert st["comparisons"] == len(ITEMS) * min(K, Kc)
     assert {r["candidate_index"] for r in recs} <= set(range(min(K, Kc)))
-    for r in recs:                                                        # the comparator's side is candidate k of the script
+    for r in recs:  # the comparator's side is candidate k of the script
         comp = r["winner_completions"] if r["winner_side"] == "comparator" else r["loser_completions"]
         assert comp[0] == "a" * (r["candidate_index"] + 1) + " " + r["prompts"][0][:3]
 
@@ -187,10 +200,12 @@ def test_centralized_parsing_drops_and_counts(tmp_path):
 
     def central(agent_idx, prompts, k, items, item_ids, round_key):
         seen.append((agent_idx, prompts[0]))
-        return [f"<agent_0>aaa {j}</agent_0>" + ("" if j == 1 else f"<agent_1>ee {j}</agent_1>") for _ in prompts for j in range(k)]
+        return [f"<agent_0>aaa {j}</agent_0>" + ("" if j == 1 else f"<agent_1>ee {j}</agent_1>") for _ in prompts
+                for j in range(k)]
 
-    tr = madpo(tmp_path, comparator_generation_mode="centralized", comparator_centralized_agent_index=1, num_iterations=1,
-               pair_selection="all", preference_pairs_per_sample=None, trainer_kw={"comparator_generator": central})
+    tr = madpo(tmp_path, comparator_generation_mode="centralized", comparator_centralized_agent_index=1,
+               num_iterations=1, pair_selection="all", preference_pairs_per_sample=None,
+               trainer_kw={"comparator_generator": central})
     out = tr.train()
     row = out["rounds"][-1]
     assert row["round/unparsed_candidates"] == len(ITEMS) and row["round/comparisons"] == 3 * len(ITEMS)
@@ -202,8 +217,10 @@ def test_centralized_parsing_drops_and_counts(tmp_path):
 
 
 def test_centralized_custom_builder_and_parser(tmp_path):
-    tr = madpo(tmp_path, comparator_generation_mode="centralized", pair_selection="all", preference_pairs_per_sample=None,
-               trainer_kw={"comparator_generator": lambda i, ps, k, *a: [f"{p}||x{j}||y{j}" for p in ps for j in range(k)],
+    tr = madpo(tmp_path, comparator_generation_mode="centralized", pair_selection="all",
+               preference_pairs_per_sample=None,
+               trainer_kw={"comparator_generator": lambda i, ps, k, *a: [f"{p}||x{j}||y{j}" for p in ps
+                                                                         for j in range(k)],
                            "comparator_prompt_builder": lambda roles, item: "#".join(roles),
                            "comparator_parser": lambda text, n: text.split("||")[1:]})
     recs, st = tr._collect_round(1)
@@ -216,7 +233,8 @@ def test_centralized_custom_builder_and_parser(tmp_path):
 def test_centralized_nothing_parses_is_a_clear_error(tmp_path):
     m, tok = make_tiny_model(seed=0)                                       # a random tiny model never writes tags
     tr = MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=ITEMS[:2],
-                          args=MADPOIterConfig(**{**BASE, "output_dir": str(tmp_path), "comparator_generation_mode": "centralized",
+                          args=MADPOIterConfig(**{**BASE, "output_dir": str(tmp_path),
+                                                  "comparator_generation_mode": "centralized",
                                                   "comparator_max_new_tokens": 8}))
     with pytest.raises(CentralizedParseError) as e:
         tr.train()
@@ -230,8 +248,8 @@ def test_model_comparator_from_objects_and_from_a_local_path(tmp_path):
     other, tok = make_tiny_model(seed=5)
     other.save_pretrained(tmp_path / "cmp")
     tok.save_pretrained(tmp_path / "cmp")
-    by_path = madpo(tmp_path / "a", comparator_policy="model", comparator_model_name=str(tmp_path / "cmp"), pair_selection="all",
-                    preference_pairs_per_sample=None)
+    by_path = madpo(tmp_path / "a", comparator_policy="model", comparator_model_name=str(tmp_path / "cmp"),
+                    pair_selection="all", preference_pairs_per_sample=None)
     o2, _ = make_tiny_model(seed=5, tokenizer=tok)
     by_obj = madpo(tmp_path / "b", comparator_policy="model", comparator_agents=[other, o2], pair_selection="all",
                    preference_pairs_per_sample=None)
@@ -241,8 +259,9 @@ def test_model_comparator_from_objects_and_from_a_local_path(tmp_path):
     assert ra == rb and ra                                                 # the same weights, whether loaded or given
     m, tok2 = make_tiny_model(seed=0)
     tr = MADPOIterTrainer(agents=[m, m], tokenizer=tok2, reward_func=vowels, train_dataset=ITEMS,
-                          args=MADPOIterConfig(**{**BASE, "output_dir": str(tmp_path / "d"), "comparator_policy": "model",
-                                                  "comparator_model_name": m, "num_iterations": 1}))
+                          args=MADPOIterConfig(**{**BASE, "output_dir": str(tmp_path / "d"),
+                                                  "comparator_policy": "model", "comparator_model_name": m,
+                                                  "num_iterations": 1}))
     assert tr.comparator.models[0] is not m                                # the agent object itself is copied
     before = params(tr.comparator.models)
     tr.train()
@@ -252,8 +271,8 @@ def test_model_comparator_from_objects_and_from_a_local_path(tmp_path):
 
 @pytest.mark.parametrize("k, expect", [(1, [0, 0, 1]), (0, [0, 1, 2]), (4, [0, 0, 0])])
 def test_history_comparator_uses_snapshot_nu_minus_1_minus_k(tmp_path, k, expect, monkeypatch):
-    tr = madpo(tmp_path, comparator_policy="history", comparator_history_k=k, num_iterations=3, preference_num_candidates=2,
-               preference_pairs_per_sample=2)
+    tr = madpo(tmp_path, comparator_policy="history", comparator_history_k=k, num_iterations=3,
+               preference_num_candidates=2, preference_pairs_per_sample=2)
     used, checked = [], []
     orig = tr.comparator.begin_round
 
@@ -266,15 +285,16 @@ def test_history_comparator_uses_snapshot_nu_minus_1_minus_k(tmp_path, k, expect
     monkeypatch.setattr(tr.comparator, "begin_round", spy)
     tr.train()
     assert used == expect and all(checked)
-    assert sorted(p.name for p in (tmp_path / "policy_checkpoints").iterdir()) == [f"policy_000{j}.pt" for j in range(4)]
+    assert sorted(p.name for p in (tmp_path / "policy_checkpoints").iterdir()) == \
+        [f"policy_000{j}.pt" for j in range(4)]
     s0 = torch.load(tmp_path / "policy_checkpoints" / "policy_0000.pt", weights_only=True)
     fresh, _ = make_tiny_model(seed=0)
     assert all(torch.equal(v, fresh.state_dict()[n]) for n, v in s0[0].items())       # S_0 is the initial policy
 
 
 def test_policy_checkpoint_dir_option(tmp_path):
-    tr = madpo(tmp_path / "out", comparator_policy="history", num_iterations=1, policy_checkpoint_dir=str(tmp_path / "snaps"),
-               preference_num_candidates=2)
+    tr = madpo(tmp_path / "out", comparator_policy="history", num_iterations=1,
+               policy_checkpoint_dir=str(tmp_path / "snaps"), preference_num_candidates=2)
     tr.train()
     assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["policy_0000.pt", "policy_0001.pt"]
     assert not (tmp_path / "out" / "policy_checkpoints").exists()
@@ -292,7 +312,7 @@ def test_madpo_iter_rounds(tmp_path):
     for r in rounds[1:]:
         nu, m = r["iteration"], r["round/train_pairs"]
         train = [x for x in rows if x.get("phase") == "train" and x["iteration"] == nu]
-        assert len(train) == 2 * -(-m // 2)                                # num_train_epochs x ceil(pairs / train_batch_size)
+        assert len(train) == 2 * -(-m // 2)  # num_train_epochs x ceil(pairs / train_batch_size)
         assert {x["epoch"] for x in train} == {0, 1} and "dpo/loss" in train[0] and "eval/turn_1/reward_mean" in r
         data = json.loads((tmp_path / "preference_replay" / f"iteration_{nu:04d}.json").read_text())
         assert data["iteration"] == nu and data["num_pairs"] == r["round/pairs"] == len(data["pairs"])
@@ -301,7 +321,8 @@ def test_madpo_iter_rounds(tmp_path):
     assert set(rounds[2]["round/train_pairs_from"]) <= {"1", "2"}
     wait_for_plots()                                   # the run plot is drawn in the background (issue T)
     assert (tmp_path / "rounds.png").exists()
-    assert [p.name for p in CheckpointManager(tmp_path / "checkpoints").complete()] == ["checkpoint-0000001", "checkpoint-0000002"]
+    assert [p.name for p in CheckpointManager(tmp_path / "checkpoints").complete()] == \
+        ["checkpoint-0000001", "checkpoint-0000002"]
     assert not all(torch.equal(a, b) for a, b in zip(before, params(tr.agents)))
 
 
@@ -310,7 +331,8 @@ def test_a_round_without_pairs_leaves_the_agents(tmp_path):
     before = params(tr.agents)
     out = tr.train()
     assert out["rounds"][-1]["round/pairs"] == 0 and out["rounds"][-1]["round/ties"] == 16
-    assert json.loads((tmp_path / "preference_replay" / "iteration_0001.json").read_text()) == {"iteration": 1, "num_pairs": 0, "pairs": []}
+    assert json.loads((tmp_path / "preference_replay" / "iteration_0001.json").read_text()) == \
+        {"iteration": 1, "num_pairs": 0, "pairs": []}
     assert all(torch.equal(a, b) for a, b in zip(before, params(tr.agents)))
 
 
@@ -325,23 +347,27 @@ def test_marlhf_iter_fresh_reward_model_scoring_and_resume(tmp_path, monkeypatch
     monkeypatch.setattr(full.reward_model, "fit", spy)
     out = full.train()
     assert starts == [True, True]                                          # each round's reward model starts fresh...
-    assert not all(torch.equal(v, init[k]) for k, v in full.reward_model.state_dict().items())   # ...though fitting moves it
+    # ...though fitting moves it
+    assert not all(torch.equal(v, init[k]) for k, v in full.reward_model.state_dict().items())
     rows = out["rounds"]
     assert [r["iteration"] for r in rows] == [1, 2] and all(r["policy/batches"] == 2 for r in rows)
     assert all("reward_model/train_accuracy" in r for r in rows)
     for nu in (1, 2):
         assert len(read_metrics(tmp_path / "full" / "policy" / f"iteration_{nu:04d}" / "metrics.jsonl")) == 2
         assert (tmp_path / "full" / "reward_model" / f"iteration_{nu:04d}" / "metrics.jsonl").exists()
-    assert full.policy_trainer.state["optimizer_steps"] == [4, 4]         # 2 per round; the backend's optimizers persist:
+    assert full.policy_trainer.state["optimizer_steps"] == [4, 4]  # 2 per round; the backend's optimizers persist:
     assert int(next(iter(full.policy_trainer.optimizers[0].state.values()))["step"]) == 4
-    # round 1 is scored by the task reward, round 2 by the reward model fitted in round 1 (kept in the round-1 checkpoint)
+    # round 1 is scored by the task reward, round 2 by the reward
+    # model fitted in round 1 (kept in the round-1 checkpoint)
     r1 = json.loads((tmp_path / "full" / "preference_replay" / "iteration_0001.json").read_text())["pairs"]
     r2 = json.loads((tmp_path / "full" / "preference_replay" / "iteration_0002.json").read_text())["pairs"]
     assert all(p["winner_reward"] == pytest.approx(vowels(*[[c] for c in p["winner_completions"]])[0]) for p in r1)
-    _, ck = CheckpointManager(tmp_path / "full" / "checkpoints").load(tmp_path / "full" / "checkpoints" / "checkpoint-0000001")
+    _, ck = CheckpointManager(tmp_path / "full" / "checkpoints").load(tmp_path / "full" / "checkpoints"
+                                                                      / "checkpoint-0000001")
     rm = full.reward_model
     rm.load_state_dict(ck["reward_model"])
-    w = rm.score([[p["prompts"][i] for p in r2] for i in range(2)], [[p["winner_completions"][i] for p in r2] for i in range(2)])
+    w = rm.score([[p["prompts"][i] for p in r2] for i in range(2)],
+                 [[p["winner_completions"][i] for p in r2] for i in range(2)])
     assert w == pytest.approx([p["winner_reward"] for p in r2], abs=1e-5)
     # stop after round 1, resume in a new trainer: the same files and weights as the uninterrupted run
     part = marlhf(tmp_path / "part", num_iterations=2, preference_scoring_reward="reward_model")
@@ -357,8 +383,8 @@ def test_replay_dir_of_an_earlier_run_is_not_imported(tmp_path, caplog):
     first = madpo(tmp_path / "a", num_iterations=2, preference_replay_dir=str(shared), preference_num_candidates=2)
     first.train()
     old2 = (shared / "iteration_0002.json").read_bytes()
-    second = madpo(tmp_path / "b", num_iterations=1, preference_replay_dir=str(shared), preference_replay_mode="all_history",
-                   preference_replay_sample_size=50, seed=3)
+    second = madpo(tmp_path / "b", num_iterations=1, preference_replay_dir=str(shared),
+                   preference_replay_mode="all_history", preference_replay_sample_size=50, seed=3)
     with caplog.at_level(logging.WARNING, logger="comlrl_nb"):
         out = second.train()
     assert "already holds 2 replay files from an earlier run: they are not imported" in caplog.text
@@ -374,22 +400,27 @@ class FakeClient:
     def __init__(self):
         self.calls = []
 
-    def generate(self, prompt, n, agent_idx=0, batch_item=None, max_new_tokens=None, temperature=None, top_p=None, top_k=None):
-        self.calls.append({"prompt": prompt, "n": n, "agent_idx": agent_idx, "item": batch_item, "max_new_tokens": max_new_tokens})
+    def generate(self, prompt, n, agent_idx=0, batch_item=None, max_new_tokens=None, temperature=None, top_p=None,
+                 top_k=None):
+        self.calls.append({"prompt": prompt, "n": n, "agent_idx": agent_idx, "item": batch_item,
+                           "max_new_tokens": max_new_tokens})
         return [f"api {agent_idx} {j} aeiou" for j in range(n)]
 
 
 def test_api_comparator_through_an_injected_client(tmp_path):
     fake = FakeClient()
-    tr = madpo(tmp_path, comparator_policy="api", comparator_api_url="http://127.0.0.1:9/never", comparator_num_candidates=3,
-               num_iterations=1, pair_selection="all", preference_pairs_per_sample=None, trainer_kw={"comparator_client": fake})
+    tr = madpo(tmp_path, comparator_policy="api", comparator_api_url="http://127.0.0.1:9/never",
+               comparator_num_candidates=3, num_iterations=1, pair_selection="all", preference_pairs_per_sample=None,
+               trainer_kw={"comparator_client": fake})
     tr.train()
     assert len(fake.calls) == 2 * len(ITEMS)                               # one request per agent and item
     assert {c["n"] for c in fake.calls} == {3} and {c["agent_idx"] for c in fake.calls} == {0, 1}
-    assert fake.calls[0]["item"] == ITEMS[0] and fake.calls[0]["prompt"] == "Write a story" and fake.calls[0]["max_new_tokens"] == 6
+    assert fake.calls[0]["item"] == ITEMS[0] and fake.calls[0]["prompt"] == "Write a story" \
+        and fake.calls[0]["max_new_tokens"] == 6
     pairs = json.loads((tmp_path / "preference_replay" / "iteration_0001.json").read_text())["pairs"]
     assert pairs and all((p["winner_completions"] if p["winner_side"] == "comparator" else p["loser_completions"])
-                         == [f"api 0 {p['candidate_index']} aeiou", f"api 1 {p['candidate_index']} aeiou"] for p in pairs)
+                         == [f"api 0 {p['candidate_index']} aeiou", f"api 1 {p['candidate_index']} aeiou"]
+                         for p in pairs)
 
 
 SECRET = "sk-FAKE-comlrl-0123456789abcdef"
@@ -413,14 +444,16 @@ def test_api_key_never_leaks(tmp_path, caplog, monkeypatch):
             for p, data in _all_bytes(out_dir):                              # ...and written nowhere
                 assert SECRET.encode() not in data, p
             pairs = json.loads((out_dir / "preference_replay" / "iteration_0001.json").read_text())["pairs"]
-            assert any(": Write a story" in " ".join(p["winner_completions"] + p["loser_completions"]) for p in pairs)  # the server's text
+            # the server's text
+            assert any(": Write a story" in " ".join(p["winner_completions"] + p["loser_completions"]) for p in pairs)
             ck = torch.load(CheckpointManager(out_dir / "checkpoints").latest() / "state.pt", weights_only=False)
             assert ck["config"]["comparator_api_key"] in (None, "***")
         # failures: an authentication error and a server that keeps failing; neither message shows the key
         for status, times in ((401, 1), (503, 5)):
             srv.script(status, {"error": f"bad key {SECRET}"}, times=times)
             tr = madpo(tmp_path / f"fail{status}", comparator_policy="api", comparator_api_url=srv.url("/generic"),
-                       comparator_api_key=SECRET, comparator_api_max_retries=1, comparator_api_backoff=0.0, num_iterations=1)
+                       comparator_api_key=SECRET, comparator_api_max_retries=1, comparator_api_backoff=0.0,
+                       num_iterations=1)
             with pytest.raises(OSError) as e:
                 tr.train()
             assert SECRET not in str(e.value) and SECRET not in repr(e.value) and f"HTTP {status}" in str(e.value)
@@ -451,9 +484,10 @@ SCRIPT = textwrap.dedent('''
         MADPOIterTrainer._update = slow
     m, tok = make_tiny_model(seed=0)
     tr = MADPOIterTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=items,
-                          args=MADPOIterConfig(num_iterations=3, comparator_policy="history", preference_replay_mode="lambda_decay",
-                                               preference_replay_lambda=0.5, preference_num_candidates=4, max_new_tokens=6,
-                                               temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=3e-3, dpo_beta=0.5,
+                          args=MADPOIterConfig(num_iterations=3, comparator_policy="history",
+                                               preference_replay_mode="lambda_decay", preference_replay_lambda=0.5,
+                                               preference_num_candidates=4, max_new_tokens=6, temperature=1.0,
+                                               top_p=1.0, top_k=None, agent_learning_rate=3e-3, dpo_beta=0.5,
                                                num_train_epochs=2, progress_bar=False, output_dir=out))
     tr.train(resume_from_checkpoint=True if mode == "resume" else None)
     torch.save([a.state_dict() for a in tr.agents], Path(out) / "final.pt")
@@ -477,7 +511,8 @@ def test_sigkill_in_round_3_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert CheckpointManager(killed / "checkpoints").latest().name == "checkpoint-0000002"
     assert (killed / "preference_replay" / "iteration_0003.json").exists()          # round 3 had stored its pairs
     assert not (killed / "policy_checkpoints" / "policy_0003.pt").exists()
-    r = subprocess.run([sys.executable, str(script), str(killed), "resume"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, str(script), str(killed), "resume"], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     out_ref, err_ref = p_ref.communicate(timeout=300)
     assert p_ref.returncode == 0, err_ref[-2000:]
@@ -485,14 +520,16 @@ def test_sigkill_in_round_3_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert replay_files(ref) == replay_files(killed) and len(replay_files(ref)) == 3     # byte-identical JSON
     a, b = torch.load(ref / "final.pt"), torch.load(killed / "final.pt")
     assert all(torch.equal(a[i][k], b[i][k]) for i in range(2) for k in a[i])
-    rows = lambda d: [(x.get("phase"), x.get("iteration"), x.get("batch"), x.get("dpo/loss")) for x in read_metrics(d / "metrics.jsonl")]
+    rows = lambda d: [(x.get("phase"), x.get("iteration"), x.get("batch"), x.get("dpo/loss"))
+                      for x in read_metrics(d / "metrics.jsonl")]
     assert rows(ref) == rows(killed)                                       # nothing lost, nothing twice
 
 
 def test_marlhf_iter_actor_critic_backend_resumes_with_its_critic(tmp_path):
     def make(d):
         critic, _ = make_tiny_model(seed=5)
-        return marlhf(d, num_iterations=2, rl_algorithm="maac", value_loss_coef=0.3, trainer_kw={"backend_kwargs": {"critic_model": critic}})
+        return marlhf(d, num_iterations=2, rl_algorithm="maac", value_loss_coef=0.3,
+                      trainer_kw={"backend_kwargs": {"critic_model": critic}})
     full = make(tmp_path / "full")
     out = full.train()
     assert full.policy_trainer.algo == "maac" and all(r["policy/batches"] == 2 for r in out["rounds"])
@@ -509,8 +546,10 @@ def test_stop_after_round_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("COMLRL_NB_STOP_AFTER_ROUND", "1")
     out = madpo(tmp_path, num_iterations=3, preference_num_candidates=2, save_steps=-1).train()
     assert out["stopped"] and out["iteration"] == 1 and [r["iteration"] for r in out["rounds"]] == [1]
-    assert [p.name for p in CheckpointManager(tmp_path / "checkpoints").complete()] == ["checkpoint-0000001"]   # even with save_steps=-1
+    # even with save_steps=-1
+    assert [p.name for p in CheckpointManager(tmp_path / "checkpoints").complete()] == ["checkpoint-0000001"]
     monkeypatch.delenv("COMLRL_NB_STOP_AFTER_ROUND")
-    back = madpo(tmp_path, num_iterations=3, preference_num_candidates=2, save_steps=-1).train(resume_from_checkpoint=True)
+    back = madpo(tmp_path, num_iterations=3, preference_num_candidates=2,
+                 save_steps=-1).train(resume_from_checkpoint=True)
     assert not back["stopped"] and back["iteration"] == 3 and [r["iteration"] for r in back["rounds"]] == [1, 2, 3]
     assert sorted(replay_files(tmp_path)) == [f"iteration_000{i}.json" for i in (1, 2, 3)]

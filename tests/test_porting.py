@@ -1,4 +1,5 @@
-"""Two ports shaped like real projects written for the existing library: only the import changes (`comlrl.` -> `comlrl_nb.`).
+"""Two ports shaped like real projects written for the existing library: only the import changes (`comlrl.` ->
+`comlrl_nb.`).
 
 Each reads a YAML file whose sections become configs via `Config(**section)`, passes the library's `model_config`
 and `wandb_config` dictionaries (a stand-in `wandb` module with the real `wandb.init` signature records the run),
@@ -147,7 +148,8 @@ def magrpo_run(tmp_path_factory, model_dir):
         if saved is None: sys.modules.pop("wandb", None)
         else: sys.modules["wandb"] = saved
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    return dict(seen, cfg=cfg, trainer=trainer, wandb=wandb, evals=[r for r in rows if any(k.startswith("eval/") for k in r)])
+    return dict(seen, cfg=cfg, trainer=trainer, wandb=wandb,
+                evals=[r for r in rows if any(k.startswith("eval/") for k in r)])
 
 
 def test_two_turn_magrpo_project(magrpo_run):
@@ -235,9 +237,10 @@ def test_actor_critic_reward_looks_its_item_up_by_prompt(tmp_path, wandb, model_
 
 @pytest.mark.parametrize("algo", ["magrpo", "maac", "iac"])
 def test_keyword_prompts_reward_finds_its_item_in_every_trainer(tmp_path, model_dir, algo):
-    """A reward taking `prompts=` (and `batch_items=`) by keyword, as the library's own helpers do, gets what the library
-    passes: MAGRPO [agent 1's prompt] per joint response, MAAC/IAC [every agent's prompt] per item, with
-    `batch_items=[item]`, also when a batch holds several items; so looking the item up by prompt scores the right item."""
+    """A reward taking `prompts=` (and `batch_items=`) by keyword, as the library's own helpers do, gets what the
+    library passes: MAGRPO [agent 1's prompt] per joint response, MAAC/IAC [every agent's prompt] per item, with
+    `batch_items=[item]`, also when a batch holds several items; so looking the item up by prompt scores the right
+    item."""
     from comlrl_nb.trainers.actor_critic import IACConfig, IACTrainer
     torch.set_num_threads(1)
     calls = []
@@ -270,7 +273,8 @@ def test_keyword_prompts_reward_finds_its_item_in_every_trainer(tmp_path, model_
 
 @pytest.mark.parametrize("algo", ["magrpo", "maac"])
 def test_batch_items_first_entry_is_the_scored_item_with_several_items_per_batch(tmp_path, model_dir, algo):
-    "A library reward reading `batch_items[0]` (no prompts) is called per item, so it never scores another item's answers."
+    """A library reward reading `batch_items[0]` (no prompts) is called per item, so it never scores another item's
+    answers."""
     torch.set_num_threads(1)
     calls = []
 
@@ -313,7 +317,8 @@ def test_library_form_reward_without_prompts_is_an_error_not_a_silent_value():
 
 # ------------------------------------------------------------------ what the library's own suite asked for
 def test_centralized_magrpo_takes_the_library_adapter_and_evaluate_argument(tmp_path):
-    "`centralized_adapter=`, `num_agents` = the one actor, `evaluate(num_eval_samples=)`, as a ported script calls them."
+    """`centralized_adapter=`, `num_agents` = the one actor, `evaluate(num_eval_samples=)`, as a ported script calls
+    them."""
     from comlrl_nb.trainers.reinforce import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
     from comlrl_nb.trainers.preference import TaggedCentralizedComparatorAdapter
     torch.set_num_threads(1)
@@ -410,14 +415,16 @@ def test_iterative_trainers_call_metrics_callback(tmp_path):
 
 
 def test_the_library_resume_workflow(tmp_path, wandb, monkeypatch):
-    "The library's documented resume example: checkpoint_dir per epoch, the W&B identity from the checkpoint, more epochs."
+    """The library's documented resume example: checkpoint_dir per epoch, the W&B identity from the checkpoint, more
+    epochs."""
     import math
     from pathlib import Path
     from comlrl_nb.utils import read_checkpoint_metadata
     torch.set_num_threads(1)
     monkeypatch.chdir(tmp_path)
     m, tok = make_tiny_model(seed=0)
-    train_dataset = [{"prompt": p} for p in ["Describe a city:", "Invent a holiday:", "Tell a story:", "Design a park:"]]
+    train_dataset = [{"prompt": p}
+                     for p in ["Describe a city:", "Invent a holiday:", "Tell a story:", "Design a park:"]]
 
     def length_ratio_reward(completions1, completions2):
         return [math.exp(-abs(len(b) / max(len(a), 1) - 2)) for a, b in zip(completions1, completions2)]
@@ -448,7 +455,8 @@ def test_the_library_resume_workflow(tmp_path, wandb, monkeypatch):
 
 @pytest.mark.parametrize("algo", ["magrpo", "maac"])
 def test_save_checkpoint_and_load_checkpoint_as_the_library_names_them(tmp_path, model_dir, algo):
-    "`trainer.save_checkpoint(dir)` after training, `load_checkpoint(dir)` into a fresh trainer: the same weights and position."
+    """`trainer.save_checkpoint(dir)` after training, `load_checkpoint(dir)` into a fresh trainer: the same weights and
+    position."""
     torch.set_num_threads(1)
 
     def build():
@@ -523,12 +531,13 @@ def test_marlhf_takes_the_library_critic_arguments(tmp_path):
     assert type(maac.policy_trainer).__name__ == "MAACTrainer" and maac.policy_trainer.critics[0].backbone is critic
     iac = MARLHFTrainer(critic_model=critic, args=MARLHFConfig(rl_algorithm="iac", output_dir=str(tmp_path / "b")),
                         **common)
-    crit = iac.policy_trainer.critics                                   # one separate critic per agent, from critic_model
+    crit = iac.policy_trainer.critics  # one separate critic per agent, from critic_model
     assert len(crit) == 2 and crit[0].backbone is critic and not any(c.shared for c in crit)
 
 
 def test_madpo_env_step_is_the_library_counter(tmp_path):
-    "MADPO's `trainer.env_step`: environment_steps_per_pair per pair trained on (the library's step axis); MAGRPO: none."
+    """MADPO's `trainer.env_step`: environment_steps_per_pair per pair trained on (the library's step axis); MAGRPO:
+    none."""
     from comlrl_nb.trainers.madpo import MADPOConfig, MADPOTrainer
     torch.set_num_threads(1)
     m, tk = make_tiny_model(seed=0)

@@ -40,8 +40,9 @@ def madpo(tmp, data=ITEMS, **kw):
 
 def marlhf(tmp, data=ITEMS, **kw):
     m, tok = make_tiny_model(seed=0)
-    cfg = {**BASE, "num_generations": 4, "rollout_batch_size": 2, "reward_learning_rate": 1e-3, "reward_num_train_epochs": 2,
-           "reward_train_batch_size": 2, "agent_learning_rate": 1e-2, "output_dir": str(tmp), **kw}
+    cfg = {**BASE, "num_generations": 4, "rollout_batch_size": 2, "reward_learning_rate": 1e-3,
+           "reward_num_train_epochs": 2, "reward_train_batch_size": 2, "agent_learning_rate": 1e-2,
+           "output_dir": str(tmp), **kw}
     extra = {k: cfg.pop(k) for k in ("oracle", "eval_logger", "eval_aggregator", "eval_dataset") if k in cfg}
     return MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MARLHFConfig(**cfg), train_dataset=data,
                          reward_model=m, **extra)
@@ -68,7 +69,8 @@ def test_pair_selection_modes_caps_and_ties():
     assert len(r) == 4 and set(r) <= set(allp) and r == select_pairs(s, "random", 4, key=(0, "x", 1))
     assert sorted(select_pairs(s, "random", None, key=(5,))) == sorted(allp)
     assert select_pairs([0.3] * 5, "reward_gap", 16) == []
-    with pytest.raises(ValueError, match="pair_selection='all' keeps every untied pair.*preference_pairs_per_sample must be None"):
+    with pytest.raises(ValueError,
+                       match="pair_selection='all' keeps every untied pair.*preference_pairs_per_sample must be None"):
         select_pairs(s, "all", 2)
     with pytest.raises(ValueError) as e:
         MADPOConfig(pair_selection="all")
@@ -116,7 +118,8 @@ def test_bradley_terry_training_recovers_a_hidden_ranking():
         rng, W, L = random.Random(seed), [], []
         while len(W) < n:
             a, b = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(2)]
-            sa, sb = a.split().count("robot") - a.split().count("dog"), b.split().count("robot") - b.split().count("dog")
+            sa, sb = a.split().count("robot") - a.split().count("dog"), \
+                b.split().count("robot") - b.split().count("dog")
             if sa != sb:
                 w, l = (a, b) if sa > sb else (b, a)
                 W.append(joint_text(["Write"], [w]))
@@ -134,7 +137,8 @@ def test_bradley_terry_training_recovers_a_hidden_ranking():
 def test_madpo_gradient_is_the_closed_form_through_own_margin_only(tmp_path):
     tr = madpo(tmp_path, dpo_beta=0.3)
     tr.agents[1].load_state_dict(make_tiny_model(seed=1)[0].state_dict())
-    tr.pairs = [make_pair_record(["Write a story", "Explain"], [" a robot paints", " it is small"], [" dog", " 1 2"], 1.0, 0.0, 0.5),
+    tr.pairs = [make_pair_record(["Write a story", "Explain"], [" a robot paints", " it is small"], [" dog", " 1 2"],
+                                 1.0, 0.0, 0.5),
                 make_pair_record(["Describe", "Create"], [" clouds", " a cake"], [" the fox", " lazy"], 0.7, 0.2, 0.4,
                                  winner_eos=[False, True], loser_eos=[True, False])]
     tr._tokens = [tokenize_pairs(tr.pairs, i, tr.tokenizers[i]) for i in range(2)]
@@ -167,14 +171,17 @@ def test_madpo_run_raises_the_margin_and_stores_pairs(tmp_path):
     assert out["num_pairs"] == 8 == len(tr.pairs)
     stored = load_pairs(tmp_path / "pairs.json", 2)
     assert stored == tr.pairs                                                            # trained on the stored text
-    assert all(r["raw_rewards"] == [] and r["target_raw_reward"] is None and r["comparator_raw_reward"] is None for r in stored)
-    assert [t[1].tolist() for t in tr._tokens[0]] == [t[1].tolist() for t in tokenize_pairs(stored, 0, tr.tokenizers[0])]
+    assert all(r["raw_rewards"] == [] and r["target_raw_reward"] is None and r["comparator_raw_reward"] is None
+               for r in stored)
+    assert [t[1].tolist() for t in tr._tokens[0]] == [t[1].tolist()
+                                                      for t in tokenize_pairs(stored, 0, tr.tokenizers[0])]
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert rows[0]["phase"] == "collection" and rows[0]["collection/pairs"] == 8
     dpo = [r for r in rows if "dpo/loss" in r]
-    assert len(dpo) == 12 and all(k in dpo[0] for k in ("dpo/accuracy", "dpo/margin_mean", "dpo/reward_gap", "agent_0/margin",
-                                                         "agent_1/margin", "turn_1/reward_mean", "turn_1/expected_return"))
-    first = [tr.pairs[int(j)] for j in tr._pair_order(0)[:2]]                            # collection-time candidate rewards
+    assert len(dpo) == 12 \
+        and all(k in dpo[0] for k in ("dpo/accuracy", "dpo/margin_mean", "dpo/reward_gap", "agent_0/margin",
+                                      "agent_1/margin", "turn_1/reward_mean", "turn_1/expected_return"))
+    first = [tr.pairs[int(j)] for j in tr._pair_order(0)[:2]]  # collection-time candidate rewards
     assert dpo[0]["turn_1/reward_mean"] == pytest.approx(np.mean([r["candidate_reward_mean"] for r in first]))
     assert dpo[0]["dpo/reward_gap"] == pytest.approx(np.mean([r["winner_reward"] - r["loser_reward"] for r in first]))
     fresh = madpo(tmp_path / "fresh")
@@ -226,7 +233,8 @@ def test_madpo_resume_gives_the_same_result(tmp_path):
         sa, sb = a.state_dict()["state"], b.state_dict()["state"]
         assert all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "pairs_per_s"} for r in rows]
-    assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
+    assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == \
+        strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
 
 
 def central(tmp, parser=lambda t, n: [t[: len(t) // 2], t[len(t) // 2:]], **kw):
@@ -256,14 +264,15 @@ def test_centralized_madpo_with_a_tag_writing_actor(tmp_path):
     seen = []
 
     def scripted(trainer, chunk, ids, K, round_key):
-        texts = [f"<agent_0>\n{'a' * (k + 1)}\n</agent_0>\n<agent_1>\n{'b' * (2 * k + 1)}\n</agent_1>" if k % 2 == 0 else "no tags"
-                 for _ in chunk for k in range(K)]
+        texts = [f"<agent_0>\n{'a' * (k + 1)}\n</agent_0>\n<agent_1>\n{'b' * (2 * k + 1)}\n</agent_1>" if k % 2 == 0
+                 else "no tags" for _ in chunk for k in range(K)]
         roles, prompts = zip(*[trainer._central_prompt(it) for it in chunk])
         seen.extend(prompts)
         parts = [trainer._split(t) for t in texts]
-        ex = lambda b, w, l: {"centralized": {"prompt": prompts[b], "winner": texts[b * K + w], "loser": texts[b * K + l],
-                                              "winner_eos": True, "loser_eos": True}}
-        return {"prompts": [[r[i] for r in roles] for i in range(2)], "texts": [[p[i] if p else "" for p in parts] for i in range(2)],
+        ex = lambda b, w, l: {"centralized": {"prompt": prompts[b], "winner": texts[b * K + w],
+                                              "loser": texts[b * K + l], "winner_eos": True, "loser_eos": True}}
+        return {"prompts": [[r[i] for r in roles] for i in range(2)],
+                "texts": [[p[i] if p else "" for p in parts] for i in range(2)],
                 "ended": [[True] * len(texts)] * 2, "extra": ex, "unparsed": sum(p is None for p in parts)}
 
     tr.preference_sampler = scripted
@@ -288,7 +297,8 @@ def test_madpo_errors_and_reference_free(tmp_path, caplog):
     with pytest.raises(TypeError, match="args must be a MADPOConfig"):
         MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MARLHFConfig())
     with pytest.raises(ValueError, match="exactly one actor for all 2 roles"):
-        MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=MADPOConfig(collaboration_mode="centralized"))
+        MADPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels,
+                     args=MADPOConfig(collaboration_mode="centralized"))
     with caplog.at_level(logging.WARNING, logger="comlrl_nb"):
         tr = madpo(tmp_path, reference_kl_enabled=True)
     assert tr.ref_agents is None and "reference-free" in caplog.text
@@ -319,7 +329,7 @@ def test_marlhf_end_to_end_magrpo_backend_eval_with_task_reward(tmp_path):
     assert len(ev) == 2 and len(seen) == 2
     for r, comps in zip(ev, seen):
         assert r["eval/turn_1/reward_mean"] == pytest.approx(float(np.mean(vowels(*comps))), abs=1e-12)
-    ro = tr.policy_trainer.rollout(ITEMS[:1], [0], ("check", 0))                          # training reward: the learned one
+    ro = tr.policy_trainer.rollout(ITEMS[:1], [0], ("check", 0))  # training reward: the learned one
     want = tr.reward_model.score([[ITEMS[0]["prompt"]] * 4] * 2, [c.texts for c in ro["comps"]])
     torch.testing.assert_close(ro["rewards"][0], torch.tensor(want), atol=1e-5, rtol=0)
 
@@ -327,7 +337,7 @@ def test_marlhf_end_to_end_magrpo_backend_eval_with_task_reward(tmp_path):
 def test_marlhf_backends_reference_kl_and_actor_critic(tmp_path):
     tr = marlhf(tmp_path / "a", rl_algorithm="marloo", reference_kl_enabled=True)
     assert type(tr.policy_trainer) is MARLOOTrainer and tr.policy_trainer.args.advantage_mode == "rloo"
-    assert tr.ref_agents is None and tr.policy_trainer.ref_agents is not None                # KL in the policy phase only
+    assert tr.ref_agents is None and tr.policy_trainer.ref_agents is not None  # KL in the policy phase only
     assert tr.args.reference_kl_enabled
     if importlib.util.find_spec("comlrl_nb.trainers.actor_critic") is None:
         for name in ("maac", "iac"):
@@ -335,17 +345,19 @@ def test_marlhf_backends_reference_kl_and_actor_critic(tmp_path):
                 marlhf(tmp_path / name, rl_algorithm=name)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("comlrl_nb.trainers.actor_critic") is None, reason="actor-critic trainers not present")
+@pytest.mark.skipif(importlib.util.find_spec("comlrl_nb.trainers.actor_critic") is None,
+                    reason="actor-critic trainers not present")
 @pytest.mark.parametrize("algo", ["maac", "iac"])
 def test_marlhf_actor_critic_backends(tmp_path, algo):
     critic, _ = make_tiny_model(seed=5)
-    with pytest.raises(ValueError, match="critic"):                                    # no critic source: the backend says so
+    with pytest.raises(ValueError, match="critic"):  # no critic source: the backend says so
         marlhf(tmp_path / "none", rl_algorithm=algo)
     m, tok = make_tiny_model(seed=0)
     kw = {"critic_model": critic} if algo == "maac" else {"critics": [critic, critic]}
-    tr = MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=ITEMS, reward_model=m, backend_kwargs=kw,
-                       args=MARLHFConfig(**{**BASE, "rollout_batch_size": 2, "rl_algorithm": algo, "value_loss_coef": 0.3,
-                                            "output_dir": str(tmp_path / algo)}))
+    tr = MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=ITEMS, reward_model=m,
+                       backend_kwargs=kw,
+                       args=MARLHFConfig(**{**BASE, "rollout_batch_size": 2, "rl_algorithm": algo,
+                                            "value_loss_coef": 0.3, "output_dir": str(tmp_path / algo)}))
     assert tr.policy_trainer.algo == algo and tr.policy_trainer.args.value_loss_coef == 0.3
     before = params(tr.agents)
     out = tr.train()
@@ -356,5 +368,6 @@ def test_marlhf_actor_critic_backends(tmp_path, algo):
 def test_marlhf_resume_gives_the_same_result(tmp_path, stopped_and_resumed):
     full, resumed, out = stopped_and_resumed(lambda d: marlhf(d, save_steps=2), tmp_path)
     assert out["global_batch"] == 4
-    for x, y in zip(params(full.agents) + params([full.reward_model]), params(resumed.agents) + params([resumed.reward_model])):
+    for x, y in zip(params(full.agents) + params([full.reward_model]),
+                    params(resumed.agents) + params([resumed.reward_model])):
         assert torch.equal(x, y)

@@ -87,8 +87,9 @@ def test_eval_logger_and_aggregator(tmp_path):
     m, tok = make_tiny_model()
     tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=PROMPTS, eval_dataset=PROMPTS,
                        eval_logger=logger, eval_aggregator=aggregator,
-                       args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=6, eval_interval=2, eval_num_samples=3, rollout_batch_size=1,
-                                         eval_batch_size=2, output_dir=str(tmp_path), progress_bar=False, save_steps=-1))
+                       args=MAGRPOConfig(num_train_epochs=1, max_new_tokens=6, eval_interval=2, eval_num_samples=3,
+                                         rollout_batch_size=1, eval_batch_size=2, output_dir=str(tmp_path),
+                                         progress_bar=False, save_steps=-1))
     tr.train()
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert ["eval/turn_1/reward_mean" in r for r in rows] == [True, False, True, False]   # batches 0 and 2 of the epoch
@@ -119,13 +120,15 @@ def test_resume_gives_the_same_result(tmp_path):
     assert resumed.state["global_batch"] == full.state["global_batch"] == 8
     for x, y in zip(params(full), params(resumed)):
         assert torch.equal(x, y)
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and not k.endswith("per_s")} for r in rows]
-    assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and not k.endswith("per_s")}
+                          for r in rows]
+    assert strip(read_metrics(tmp_path / "full" / "metrics.jsonl")) == \
+        strip(read_metrics(tmp_path / "part" / "metrics.jsonl"))
 
 
 def test_sampling_ahead_within_a_buffer_changes_nothing_but_the_number_of_sampling_loops(tmp_path, monkeypatch):
-    """Batches that no update separates are sampled in one loop (same policy, same per-row keys): the run is bit-identical
-    to sampling every batch on its own, with fewer generate calls."""
+    """Batches that no update separates are sampled in one loop (same policy, same per-row keys): the run is
+    bit-identical to sampling every batch on its own, with fewer generate calls."""
     import comlrl_nb.team as R                  # the team samples for every trainer
     calls = []
     real = R.generate_team
@@ -138,8 +141,10 @@ def test_sampling_ahead_within_a_buffer_changes_nothing_but_the_number_of_sampli
     alone._batches_ahead = lambda *a: []                                   # every batch samples on its own
     alone.train()
     assert all(torch.equal(x, y) for x, y in zip(params(ahead), params(alone)))
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and not k.endswith("per_s")} for r in rows]
-    assert strip(read_metrics(tmp_path / "ahead" / "metrics.jsonl")) == strip(read_metrics(tmp_path / "alone" / "metrics.jsonl"))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and not k.endswith("per_s")}
+                          for r in rows]
+    assert strip(read_metrics(tmp_path / "ahead" / "metrics.jsonl")) == \
+        strip(read_metrics(tmp_path / "alone" / "metrics.jsonl"))
     # per epoch of 4 one-item batches with a 3-sample buffer: batches 1-3 in one loop, batch 4 alone (both agents)
     assert n_ahead == [[3, 3], [1, 1]] * 2 and calls == [[1, 1]] * 8
 
@@ -243,7 +248,8 @@ def test_multi_turn_tree_counts_and_histories(tmp_path):
     m, tok = make_tiny_model()
     tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, formatters=fmt, external_transition=transition,
                        args=MAGRPOConfig(num_turns=3, num_generations=2, joint_mode="cross", max_new_tokens=4,
-                                         early_termination_threshold=None, output_dir=str(tmp_path), progress_bar=False))
+                                         early_termination_threshold=None, output_dir=str(tmp_path),
+                                         progress_bar=False))
     ro = tr.rollout(PROMPTS[:1], [0], ("t", 0))
     assert [len(l) for l in ro["levels"]] == [1, 4, 16]                       # J = K^n = 4 branches per node
     assert len(seen) == 4 + 16 and len(ro["samples"][0]) == 21
@@ -277,17 +283,21 @@ def test_transition_errors_name_the_transition(tmp_path):
         return "one prompt"
 
     m, tok = make_tiny_model()
-    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, external_transition=bad_transition, train_dataset=PROMPTS,
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, external_transition=bad_transition,
+                       train_dataset=PROMPTS,
                        args=MAGRPOConfig(num_turns=2, max_new_tokens=4, early_termination_threshold=None,
                                          output_dir=str(tmp_path), progress_bar=False))
-    with pytest.raises(ValueError, match="external transition 'test_transition_errors_name_the_transition.<locals>.bad_transition' returned str"):
+    with pytest.raises(ValueError,
+                       match="external transition 'test_transition_errors_name_the_transition.<locals>.bad_transition' "
+                             "returned str"):
         tr.train()
 
 
 def test_early_termination_default_stops_every_root(tmp_path):
     calls = []
     m, tok = make_tiny_model()
-    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, external_transition=lambda **kw: calls.append(1) or ["a", "b"],
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels,
+                       external_transition=lambda **kw: calls.append(1) or ["a", "b"],
                        args=MAGRPOConfig(num_turns=2, max_new_tokens=4, output_dir=str(tmp_path), progress_bar=False))
     ro = tr.rollout(PROMPTS[:2], [0, 1], ("t", 0))                            # threshold -0.2, rewards >= 0
     assert len(ro["levels"]) == 1 and not calls and all(nd.terminated for nd in ro["levels"][0])

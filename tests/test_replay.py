@@ -1,4 +1,5 @@
-"""The preference replay buffer: option validation, register/select semantics, sampling, file errors, state round trip."""
+"""The preference replay buffer: option validation, register/select semantics, sampling, file errors, state round
+trip."""
 import json
 from collections import Counter
 
@@ -13,7 +14,8 @@ from comlrl_nb.trainers.iterative import MADPOIterConfig, MARLHFIterConfig
 
 def pairs(it, m):
     "m distinct, valid two-agent records of round `it`."
-    return [make_pair_record([f"p{it}", "q"], [f"w{it}.{j}", "x"], [f"l{it}.{j}", "y"], 0.9, 0.1, 0.5, iteration=it, j=j)
+    return [make_pair_record([f"p{it}", "q"], [f"w{it}.{j}", "x"], [f"l{it}.{j}", "y"], 0.9, 0.1, 0.5, iteration=it,
+                             j=j)
             for j in range(m)]
 
 
@@ -27,7 +29,8 @@ def source_counts(sample):
 
 # ------------------------------------------------------------------ validation messages
 @pytest.mark.parametrize("kw, msg", [
-    (dict(mode="recent"), "preference_replay_mode='recent' is invalid: use one of current, nearest_k, all_history, lambda_decay"),
+    (dict(mode="recent"),
+     "preference_replay_mode='recent' is invalid: use one of current, nearest_k, all_history, lambda_decay"),
     (dict(mode="current", sample_size=8), "preference_replay_sample_size is not used by mode 'current'"),
     (dict(mode="current", lam=0.5), "preference_replay_lambda is only for mode 'lambda_decay'; remove it"),
     (dict(mode="current", k=2), "preference_replay_k=2 does not fit mode 'current' (only None or 1)"),
@@ -42,7 +45,8 @@ def source_counts(sample):
     (dict(mode="lambda_decay", lam=-0.1), "preference_replay_lambda=-0.1 is invalid: must be >= 0"),
     (dict(mode="lambda_decay", lam=0.5, k=3), "preference_replay_k is not used by mode 'lambda_decay'"),
     (dict(mode="all_history", sample_size=0), "preference_replay_sample_size=0 is invalid: must be >= 1"),
-    (dict(mode="lambda_decay", lam=0.5, sample_size=2.5), "preference_replay_sample_size=2.5 is invalid: expected an integer"),
+    (dict(mode="lambda_decay", lam=0.5, sample_size=2.5),
+     "preference_replay_sample_size=2.5 is invalid: expected an integer"),
 ])
 def test_every_validation_message(kw, msg):
     with pytest.raises(ValueError) as e:
@@ -60,10 +64,13 @@ def test_valid_options_and_owner_prefix():
     assert check_replay_options("lambda_decay", lam=0.0) == "lambda_decay"
     with pytest.raises(ValueError, match=r"MADPOIterConfig\.preference_replay_k=None is invalid"):
         MADPOIterConfig(preference_replay_mode="nearest_k")
-    with pytest.raises(ValueError, match="MARLHFIterConfig.preference_replay_sample_size is not used by mode 'current'"):
+    with pytest.raises(ValueError,
+                       match="MARLHFIterConfig.preference_replay_sample_size is not used by mode 'current'"):
         MARLHFIterConfig(preference_replay_sample_size=4)
-    c = MADPOIterConfig(preference_replay_mode="lambda_decay", preference_replay_lambda=0.7, preference_replay_sample_size=9)
-    assert (c.preference_replay_mode, c.preference_replay_lambda, c.preference_replay_sample_size) == ("lambda_decay", 0.7, 9)
+    c = MADPOIterConfig(preference_replay_mode="lambda_decay", preference_replay_lambda=0.7,
+                        preference_replay_sample_size=9)
+    assert (c.preference_replay_mode, c.preference_replay_lambda, c.preference_replay_sample_size) == \
+        ("lambda_decay", 0.7, 9)
 
 
 # ------------------------------------------------------------------ weights
@@ -94,7 +101,7 @@ def test_files_and_empty_rounds(tmp_path):
         assert data == {"iteration": it, "num_pairs": m, "pairs": pairs(it, m)}
     assert [i for i, _ in rb.datasets()] == [3, 1]                       # the empty round is no dataset
     assert not list(tmp_path.glob(".*.tmp"))                              # atomic writes leave no temp files
-    assert rb.select(2) != [] and source_counts(rb.select(2)).keys() <= {1, 3}   # an empty round still trains on history
+    assert rb.select(2) != [] and source_counts(rb.select(2)).keys() <= {1, 3}  # an empty round still trains on history
     with pytest.raises(ValueError, match="round 4 has not been registered; call register\\(\\) before select\\(\\)"):
         rb.select(4)
 
@@ -115,7 +122,7 @@ def test_default_sample_size_rule(tmp_path):
     rb.register(2, pairs(2, 3))
     assert len(rb.select(2)) == 3                                         # this round's pair count
     rb.register(3, [])
-    assert len(rb.select(3)) == 3                                         # empty round: the newest non-empty dataset's size
+    assert len(rb.select(3)) == 3  # empty round: the newest non-empty dataset's size
     rb.register(4, [])
     assert len(rb.select(4)) == 3
     fixed = ReplayBuffer(tmp_path / "f", "all_history", sample_size=11)
@@ -162,7 +169,8 @@ def test_without_replacement_while_it_fits_then_cycling(tmp_path):
     assert sorted(counts) == list(range(5)) and sorted(counts.values()) == [2, 2, 3, 3, 3]   # 13 = 2 full copies + 3
     rng = np.random.default_rng(0)
     out = draw_sample([list(range(4))], [1.0], 10, rng)
-    assert out.count(0) in (2, 3) and len(out) == 10 and max(out.count(x) for x in range(4)) - min(out.count(x) for x in range(4)) <= 1
+    assert out.count(0) in (2, 3) and len(out) == 10 \
+        and max(out.count(x) for x in range(4)) - min(out.count(x) for x in range(4)) <= 1
 
 
 def test_combined_sample_is_shuffled(tmp_path):
@@ -185,7 +193,8 @@ def test_determinism_per_seed_and_round(tmp_path):
     rb_a, a = run(0, "a")
     _, b = run(0, "b")
     _, c = run(1, "c")
-    assert a == b                                                         # same seed: same selections (directory irrelevant)
+    assert a == b                                                         # same seed: same selections
+                                                                          # (directory irrelevant)
     assert a != c                                                         # another seed: other selections
     assert [(r["iteration"], r["j"]) for r in rb_a.select(3)] == a[2]     # select does not consume randomness
     other = ReplayBuffer(tmp_path / "d", "lambda_decay", lam=0.6, sample_size=12, seed=0)
@@ -269,7 +278,7 @@ def test_state_dict_round_trip_rewrites_the_files(tmp_path):
     iteration_path(tmp_path, 3).write_text("garbage")                      # a damaged one
     back = ReplayBuffer(tmp_path, "lambda_decay", lam=0.5, seed=7, validate=validate)
     back.load_state_dict(state)
-    assert {p.name: p.read_bytes() for p in tmp_path.glob("iteration_*.json")} == original   # rewritten, round 4 removed
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("iteration_*.json")} == original  # rewritten, round 4 removed
     assert back.select(3) == sel and back.index == rb.index[:3]
     assert [i for i, _ in back.datasets()] == [3, 1]
 

@@ -61,7 +61,8 @@ def test_infinite_loop():
 def test_sleeping_forever_and_per_test_timeout():
     r = run_sandboxed("import time\ntime.sleep(10**6)", timeout=0.5)
     assert r.timed_out and r.duration < 1.5
-    rep = run_tests("import time\ndef f():\n    time.sleep(100)", ["assert f() is None", "assert 1 + 1 == 2"], test_timeout=0.3)
+    rep = run_tests("import time\ndef f():\n    time.sleep(100)", ["assert f() is None", "assert 1 + 1 == 2"],
+                    test_timeout=0.3)
     assert rep.passed == [False, True] and rep.errors[0] == "timed out"
 
 
@@ -110,15 +111,16 @@ def test_writing_outside_the_working_directory():
     assert not protected.stat().st_mode & stat.S_IWOTH
     targets = [protected / "pwned.txt", ROOT / "PWNED.txt", Path("/etc/pwned.txt")]
     code = "import os, shutil\n" + "".join(
-        f"try:\n    open({str(t)!r}, 'w').write('x')\n    print('WROTE', {str(t)!r})\nexcept OSError as e: print('refused', type(e).__name__)\n"
-        for t in targets) + (
+        f"try:\n    open({str(t)!r}, 'w').write('x')\n    print('WROTE', {str(t)!r})\nexcept OSError as e: "
+        "print('refused', type(e).__name__)\n" for t in targets) + (
         f"try:\n    os.remove({str(victim)!r}); print('DELETED')\nexcept OSError: print('refused')\n"
         f"try:\n    open({str(victim)!r}, 'w').write('changed'); print('CHANGED')\nexcept OSError: print('refused')\n"
         f"try:\n    shutil.rmtree({str(ROOT / 'tests')!r}); print('RMTREE')\nexcept OSError: print('refused')\n"
         "open('mine.txt', 'w').write('fine'); print('cwd write ok', os.getcwd())")
     try:
         r = run_sandboxed(code)
-        assert "WROTE" not in r.stdout and "DELETED" not in r.stdout and "CHANGED" not in r.stdout and "RMTREE" not in r.stdout, r.stdout
+        assert "WROTE" not in r.stdout and "DELETED" not in r.stdout and "CHANGED" not in r.stdout \
+            and "RMTREE" not in r.stdout, r.stdout
         assert r.stdout.count("refused") == 6 and "cwd write ok" in r.stdout
         assert victim.read_text() == "original" and not any(t.exists() for t in targets)
         assert (ROOT / "tests" / "test_sandbox.py").exists()
@@ -172,8 +174,9 @@ def test_environment_secrets(monkeypatch):
     monkeypatch.setenv("COMLRL_NB_TEST_API_KEY", secret)
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     code = ("import os, glob\nprint(dict(os.environ))\n"
-            f"for path in ['/proc/{os.getpid()}/environ', '/proc/{os.getppid()}/environ', '/proc/1/environ'] + glob.glob('/proc/*/environ'):\n"
-            "    try: print(path, open(path, 'rb').read())\n    except OSError as e: print(path, 'refused', type(e).__name__)\n")
+            f"for path in ['/proc/{os.getpid()}/environ', '/proc/{os.getppid()}/environ', '/proc/1/environ'] + "
+            "glob.glob('/proc/*/environ'):\n    try: print(path, open(path, 'rb').read())\n    except OSError as e: "
+            "print(path, 'refused', type(e).__name__)\n")
     r = run_sandboxed(code)
     assert r.returncode == 0 and "HOME" in r.stdout
     assert secret not in r.stdout and secret not in r.stderr
@@ -192,7 +195,8 @@ def test_cannot_kill_the_trainer():
         me = os.getpid()
         code = ("import os, signal\n"
                 f"for pid in [{victim.pid}, {me}, os.getppid(), -os.getpgid(0), -1]:\n"
-                "    try: os.kill(pid, signal.SIGKILL); print('sent', pid)\n    except OSError as e: print('refused', pid, type(e).__name__)\n")
+                "    try: os.kill(pid, signal.SIGKILL); print('sent', pid)\n    except OSError as e: print('refused', "
+                "pid, type(e).__name__)\n")
         r = run_sandboxed(code)
         time.sleep(0.1)
         assert victim.poll() is None, "the sandbox killed an outside process"
@@ -213,10 +217,11 @@ def test_exits_and_signals():
 
 
 def test_reward_batch_survives_hostile_neighbours():
-    hostile = ["while True: pass", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", "x = bytearray(2**40)",
-               "import os\nos._exit(0)", "import os, signal\nos.killpg(0, signal.SIGKILL)"]
+    hostile = ["while True: pass", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
+               "x = bytearray(2**40)", "import os\nos._exit(0)", "import os, signal\nos.killpg(0, signal.SIGKILL)"]
     good = "def f(x):\n    return x + 1"
-    jobs = [(good, ["assert f(1) == 2"])] + [(h + "\n" + good, ["assert f(1) == 2"]) for h in hostile] + [(good, ["assert f(2) == 3"])]
+    jobs = [(good, ["assert f(1) == 2"])] + [(h + "\n" + good, ["assert f(1) == 2"]) for h in hostile] \
+        + [(good, ["assert f(2) == 3"])]
     t0 = time.time()
     reps = run_tests_batch(jobs, timeout=1.5)
     assert [r.passed[0] for r in reps] == [True, False, False, False, False, False, True]

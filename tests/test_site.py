@@ -14,7 +14,8 @@ from comlrl_nb.site import MATHJAX_VERSION, build_site, page_names
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
 # anything a page would load from another host (a CDN); the pages may only load files that sit next to them
-REMOTE = re.compile(r"""<(?:script|link|img|iframe|source|embed|object|video|audio|track)\b[^>]*\b(?:src|href|data)\s*=\s*["']?\s*(?:https?:)?//"""
+REMOTE = re.compile(r"""<(?:script|link|img|iframe|source|embed|object|video|audio|track)\b[^>]*"""
+                    r"""\b(?:src|href|data)\s*=\s*["']?\s*(?:https?:)?//"""
                     r"""|url\(\s*["']?\s*(?:https?:)?//|@import\s+["']?(?:https?:)?//""", re.I)
 CDN_WORDS = ("cdn.", "cdnjs", "jsdelivr", "unpkg", "bootstrapcdn", "googleapis", "MathJax.Hub")
 

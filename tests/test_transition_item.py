@@ -1,4 +1,5 @@
-"""Transitions receive the task item (`batch_item=`) when they accept it, in both trainer families; older ones are called as before."""
+"""Transitions receive the task item (`batch_item=`) when they accept it, in both trainer families; older ones are
+called as before."""
 import torch
 
 from comlrl_nb.models import make_tiny_model
@@ -28,7 +29,8 @@ def recorder(calls, with_item=True):
 def test_magrpo_tree_passes_the_row(tmp_path):
     m, tok = make_tiny_model()
     calls = []
-    cfg = MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=4, early_termination_threshold=None, output_dir=str(tmp_path))
+    cfg = MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=4, early_termination_threshold=None,
+                       output_dir=str(tmp_path))
     tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=reward, args=cfg, train_dataset=ROWS,
                        external_transition=recorder(calls))
     ro = tr.rollout(ROWS, [0, 1], "t", k=2)

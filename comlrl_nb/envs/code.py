@@ -22,7 +22,8 @@ __all__ = ['LEVELS', 'MAX_REWARD', 'TRANSITION_MODES', 'validate_problem', 'load
            'split_expert_answer', 'CodeTransition', 'code_task']
 
 # %% ../../nbs/61_env_code.ipynb #e58f40cc
-_STR_FIELDS = ("id", "prompt", "entry_point", "main_signature", "aux_signature", "aux_description", "reference_aux", "reference_main")
+_STR_FIELDS = ("id", "prompt", "entry_point", "main_signature", "aux_signature", "aux_description", "reference_aux",
+               "reference_main")
 
 def _default_problems_path() -> Path:
     "comlrl_nb/data/code_problems.json inside the installed package."
@@ -37,7 +38,8 @@ def validate_problem(p, where: str = "problem") -> dict:
     if not isinstance(p, dict): raise _problem_error(where, f"must be a JSON object, got {type(p).__name__}")
     where = f"{where} ({p['id']})" if isinstance(p.get("id"), str) else where
     for k in _STR_FIELDS:
-        if not isinstance(p.get(k), str) or not p[k].strip(): raise _problem_error(where, f"field {k!r} must be a non-empty string, got {p.get(k)!r}")
+        if not isinstance(p.get(k), str) or not p[k].strip():
+            raise _problem_error(where, f"field {k!r} must be a non-empty string, got {p.get(k)!r}")
     if not p["entry_point"].isidentifier() or p["entry_point"] == "aux":
         raise _problem_error(where, f"entry_point {p['entry_point']!r} must be a Python name other than 'aux'")
     for k in ("main_signature", "aux_signature"):
@@ -48,7 +50,8 @@ def validate_problem(p, where: str = "problem") -> dict:
         raise _problem_error(where, f"field 'tests' must be a list of at least 3 strings, got {tests!r}")
     for i, t in enumerate(tests):
         try: ast.parse(t)
-        except SyntaxError as e: raise _problem_error(where, f"tests[{i}] is not valid Python ({e.msg}): {t!r}") from None
+        except SyntaxError as e:
+            raise _problem_error(where, f"tests[{i}] is not valid Python ({e.msg}): {t!r}") from None
     split = p.get("split", "train")
     if split not in ("train", "eval"): raise _problem_error(where, f"split must be 'train' or 'eval', got {split!r}")
     return {**p, "split": split}
@@ -60,16 +63,19 @@ def load_problems(source=None) -> list[dict]:
         path = Path(source) if source is not None else _default_problems_path()
         if not path.exists(): raise FileNotFoundError(f"code problems file {path} does not exist")
         try: data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e: raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
         name = str(path)
     else: data, name = source, "problems"
     probs = data.get("problems") if isinstance(data, dict) else data
-    if not isinstance(probs, list) or not probs: raise ValueError(f"{name}: expected a non-empty list of problems (or {{'problems': [...]}})")
+    if not isinstance(probs, list) or not probs:
+        raise ValueError(f"{name}: expected a non-empty list of problems (or {{'problems': [...]}})")
     out = [validate_problem(p, f"{name}: problem #{i}") for i, p in enumerate(probs)]
     for key in ("id", "prompt"):
         seen = set()
         for p in out:
-            if p[key] in seen: raise ValueError(f"{name}: two problems have the same {key} {p[key][:60]!r}; {key}s must be unique")
+            if p[key] in seen:
+                raise ValueError(f"{name}: two problems have the same {key} {p[key][:60]!r}; {key}s must be unique")
             seen.add(p[key])
     return out
 
@@ -90,16 +96,17 @@ def aux_formatter(item) -> str:
     "Agent 1's prompt: write only the helper `aux` for this problem."
     e, sig = _need(item, "entry_point"), _need(item, "aux_signature")
     return (f"You are the helper agent of a two-agent Python team.\n\nProblem:\n{_need(item, 'prompt')}\n\n"
-            f"Your task: write ONLY the helper function `aux{sig}`, which {_need(item, 'aux_description')}. Your teammate "
-            f"writes `{e}{_need(item, 'main_signature')}` and will call aux; do not write {e}. Reply with one Python code block.")
+            f"Your task: write ONLY the helper function `aux{sig}`, which {_need(item, 'aux_description')}. Your "
+            f"teammate writes `{e}{_need(item, 'main_signature')}` and will call aux; do not write {e}. Reply with one "
+            "Python code block.")
 
 def main_formatter(item) -> str:
     "Agent 2's prompt: write only the main function, calling the teammate's `aux`."
     e = _need(item, "entry_point")
     return (f"You are the main agent of a two-agent Python team.\n\nProblem:\n{_need(item, 'prompt')}\n\n"
             f"Your task: write ONLY the function `{e}{_need(item, 'main_signature')}`. Your teammate writes the helper "
-            f"`aux{_need(item, 'aux_signature')}`, which {_need(item, 'aux_description')}; call aux in {e} and do not define "
-            "aux yourself. Reply with one Python code block.")
+            f"`aux{_need(item, 'aux_signature')}`, which {_need(item, 'aux_description')}; call aux in {e} and do "
+            "not define aux yourself. Reply with one Python code block.")
 
 # %% ../../nbs/61_env_code.ipynb #d72d77cf
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
@@ -112,7 +119,8 @@ def _parses(code: str) -> bool:
     except (SyntaxError, ValueError, RecursionError, MemoryError): return False
 
 def extract_code(text: str) -> str:
-    "The Python code of a completion: fenced block, or the text from its first definition; trailing lines dropped until it parses."
+    """The Python code of a completion: fenced block, or the text from its first definition; trailing lines dropped
+    until it parses."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
     py = [b for lang, b in blocks if lang in ("", "python", "py", "python3")] or [b for _, b in blocks]
     if py: code = next((b for b in py if "def " in b), py[0])
@@ -143,7 +151,8 @@ def _parse(code: str):
     except (ValueError, RecursionError, MemoryError) as e: return None, type(e).__name__
 
 def _top_def(tree, name: str):
-    return next((n for n in (tree.body if tree else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None)
+    return next((n for n in (tree.body if tree else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.name == name), None)
 
 def _n_params(sig: str) -> int:
     a = ast.parse(f"def f{sig}: pass").body[0].args
@@ -155,12 +164,16 @@ def analyze(aux_code: str, main_code: str, item: dict) -> CodeAnalysis:
     e = item["entry_point"]
     (ta, ea), (tm, em) = _parse(aux_code), _parse(main_code)
     fa, fm = _top_def(ta, "aux"), _top_def(tm, e)
-    calls = fm is not None and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "aux" for n in ast.walk(fm))
-    own_aux = tm is not None and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "aux" for n in ast.walk(tm))
-    d = [f"helper: syntax error: {ea}" if ea else (f"helper: `aux` is defined" if fa else f"helper: no top-level `def aux{item['aux_signature']}` found")]
+    calls = fm is not None and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "aux"
+                                   for n in ast.walk(fm))
+    own_aux = tm is not None and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "aux"
+                                     for n in ast.walk(tm))
+    d = [f"helper: syntax error: {ea}" if ea
+         else (f"helper: `aux` is defined" if fa else f"helper: no top-level `def aux{item['aux_signature']}` found")]
     if fa is not None and len(fa.args.posonlyargs) + len(fa.args.args) != _n_params(item["aux_signature"]):
         d.append(f"helper: `aux` should take the parameters {item['aux_signature']}")
-    d.append(f"main: syntax error: {em}" if em else (f"main: `{e}` is defined" if fm else f"main: no top-level `def {e}{item['main_signature']}` found"))
+    d.append(f"main: syntax error: {em}" if em
+             else (f"main: `{e}` is defined" if fm else f"main: no top-level `def {e}{item['main_signature']}` found"))
     if fm is not None:
         d.append(f"main: `{e}` calls aux" if calls else f"main: `{e}` does not call aux (it should use the helper)")
     if own_aux: d.append("main: defines its own `aux`, which replaces the helper's (leave aux to the helper agent)")
@@ -197,16 +210,18 @@ def _levels(a: CodeAnalysis, rep: Optional[TestReport], n_tests: int) -> dict:
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 4096
 
-def evaluate_batch(aux_texts: Sequence[str], main_texts: Sequence[str], items: Sequence[dict], *, test_timeout: float = 1.0,
-                   max_workers: Optional[int] = None, **sandbox) -> list[CodeEvaluation]:
+def evaluate_batch(aux_texts: Sequence[str], main_texts: Sequence[str], items: Sequence[dict], *,
+                   test_timeout: float = 1.0, max_workers: Optional[int] = None, **sandbox) -> list[CodeEvaluation]:
     "Evaluate joint answers (raw completions) against their items' tests: per-level points, analysis, test reports."
     parts = []
     for at, mt, it in zip(aux_texts, main_texts, items):
         ac, mc = extract_code(at), extract_code(mt)
         a = analyze(ac, mc, it)
-        parts.append((ac, mc, a, (joint_program(ac, mc, a), tuple(it["tests"]), test_timeout) if a.main_defined else None))
+        parts.append((ac, mc, a, (joint_program(ac, mc, a), tuple(it["tests"]), test_timeout) if a.main_defined
+                      else None))
     todo = list(dict.fromkeys(k for *_, k in parts if k is not None and k not in _CACHE))
-    for k, rep in zip(todo, run_tests_batch([(c, list(t)) for c, t, _ in todo], max_workers=max_workers, test_timeout=test_timeout, **sandbox)):
+    for k, rep in zip(todo, run_tests_batch([(c, list(t)) for c, t, _ in todo], max_workers=max_workers,
+                                            test_timeout=test_timeout, **sandbox)):
         _CACHE[k] = rep
         if len(_CACHE) > _CACHE_SIZE: _CACHE.popitem(last=False)
     out = []
@@ -227,8 +242,8 @@ def code_level_reward(aux_completions: Sequence[str], main_completions: Sequence
     if not (len(aux_completions) == len(main_completions) == len(batch_items)):
         raise ValueError(f"got {len(aux_completions)} helper completions, {len(main_completions)} main completions "
                          f"and {len(batch_items)} items; they must match")
-    return [ev.reward for ev in evaluate_batch(aux_completions, main_completions, batch_items, test_timeout=test_timeout,
-                                               max_workers=max_workers, **sandbox)]
+    return [ev.reward for ev in evaluate_batch(aux_completions, main_completions, batch_items,
+                                               test_timeout=test_timeout, max_workers=max_workers, **sandbox)]
 
 # %% ../../nbs/61_env_code.ipynb #e5ddaea2
 TRANSITION_MODES = ("plain", "level_feedback", "expert_edits")
@@ -237,7 +252,8 @@ def check_sandbox_slice(s, owner: str = "code_task"):
     "n > 0 first n tests, n < 0 last |n|, 0 / None / 'all' all of them; anything else is an error."
     if s is None or (isinstance(s, str) and s.lower() == "all"): return None
     if isinstance(s, bool) or not isinstance(s, int):
-        raise ValueError(f"{owner}.sandbox_slice={s!r} is invalid: use an integer (n > 0 first n tests, n < 0 last |n|), 0, None or 'all'")
+        raise ValueError(f"{owner}.sandbox_slice={s!r} is invalid: use an integer (n > 0 first n tests, n < 0 last "
+                         "|n|), 0, None or 'all'")
     return s or None
 
 def select_tests(tests: Sequence, sandbox_slice) -> list[int]:
@@ -271,13 +287,15 @@ def feedback_text(item: dict, ev: CodeEvaluation, sandbox_slice=1) -> str:
     else:
         lines.append("- program: runs without error")
         idx = select_tests(tests, sandbox_slice)
-        lines.append(f"- tests: {rep.n_passed} of {len(tests)} pass; {_shown(len(idx), len(tests), sandbox_slice)} shown:")
+        lines.append(f"- tests: {rep.n_passed} of {len(tests)} pass; "
+                     f"{_shown(len(idx), len(tests), sandbox_slice)} shown:")
         lines += [f"  PASS {tests[i]}" if rep.passed[i] else f"  FAIL {tests[i]}  ->  {rep.errors[i]}" for i in idx]
     return "\n".join(lines)
 
 def _ask(item: dict, agent: int) -> str:
-    return (f"Write an improved helper `aux{item['aux_signature']}` (only the helper) in one Python code block." if agent == 0 else
-            f"Write an improved `{item['entry_point']}{item['main_signature']}` (only this function, calling aux) in one Python code block.")
+    return (f"Write an improved helper `aux{item['aux_signature']}` (only the helper) in one Python code block."
+            if agent == 0 else f"Write an improved `{item['entry_point']}{item['main_signature']}` (only this "
+                               "function, calling aux) in one Python code block.")
 
 # %% ../../nbs/61_env_code.ipynb #21ad1476
 _EXPERT_API_FACTORY: Optional[Callable[[dict], Callable[[str], str]]] = None
@@ -290,13 +308,15 @@ def register_expert_api(factory: Optional[Callable[[dict], Callable[[str], str]]
 class LocalExpert:
     "A local causal LM as the expert: loaded on first call, greedy decoding, the chat template when there is one."
     def __init__(self, model, tokenizer=None, max_new_tokens: int = 256, device=None):
-        self.spec, self.tok_spec, self.max_new_tokens, self.device, self.model, self.tok = model, tokenizer, max_new_tokens, device, None, None
+        self.spec, self.tok_spec, self.max_new_tokens, self.device, self.model, self.tok = model, tokenizer, \
+            max_new_tokens, device, None, None
     def load(self):
         if self.model is None:
             from comlrl_nb.models import load_model, load_tokenizer
             if not isinstance(self.spec, (str, os.PathLike)) and self.tok_spec is None:
                 raise ValueError("an expert model object needs its tokenizer: pass expert_tokenizer=")
-            self.model, self.tok = load_model(self.spec, device=self.device), load_tokenizer(self.tok_spec if self.tok_spec is not None else self.spec)
+            self.model, self.tok = load_model(self.spec, device=self.device), \
+                load_tokenizer(self.tok_spec if self.tok_spec is not None else self.spec)
         return self
 
 # %% ../../nbs/61_env_code.ipynb #8460ea10
@@ -313,27 +333,31 @@ LocalExpert.__call__ = _local_expert_call
 
 # %% ../../nbs/61_env_code.ipynb #b1631514
 def resolve_expert(expert_model=None, tokenizer=None, max_new_tokens: int = 256, device=None) -> Callable[[str], str]:
-    "A callable (prompt) -> str from a callable, a local model id/path/object, a (model, tokenizer) pair or an API spec (dict)."
+    """A callable (prompt) -> str from a callable, a local model id/path/object, a (model, tokenizer) pair or an API
+    spec (dict)."""
     if isinstance(expert_model, dict):
         if _EXPERT_API_FACTORY is None:
-            raise ValueError("expert_model is an API spec (a dict), but the API client is not available in this version of "
-                             "comlrl_nb yet; pass a local model id or path, a model object with expert_tokenizer=, "
-                             "or a callable (prompt: str) -> str")
+            raise ValueError("expert_model is an API spec (a dict), but the API client is not available in this "
+                             "version of comlrl_nb yet; pass a local model id or path, a model object with "
+                             "expert_tokenizer=, or a callable (prompt: str) -> str")
         return _EXPERT_API_FACTORY(expert_model)
     if expert_model is None: expert_model = "embedded"
     if isinstance(expert_model, (tuple, list)) and len(expert_model) == 2: expert_model, tokenizer = expert_model
     is_module = hasattr(expert_model, "parameters") and hasattr(expert_model, "forward")
     if callable(expert_model) and not is_module: return expert_model
-    if isinstance(expert_model, (str, os.PathLike)) or is_module: return LocalExpert(expert_model, tokenizer, max_new_tokens, device)
-    raise TypeError(f"expert_model must be a callable, a model id/path, a model object or a dict API spec, got {type(expert_model).__name__}")
+    if isinstance(expert_model, (str, os.PathLike)) or is_module:
+        return LocalExpert(expert_model, tokenizer, max_new_tokens, device)
+    raise TypeError("expert_model must be a callable, a model id/path, a model object or a dict API spec, got "
+                    f"{type(expert_model).__name__}")
 
 # %% ../../nbs/61_env_code.ipynb #34bc71a0
 def expert_prompt(item: dict, ev: CodeEvaluation, sandbox_slice=1) -> str:
     "What the expert reads: the problem, both parts of the attempt, the feedback; it answers in AUX:/MAIN: sections."
     return (f"You are an expert Python programmer reviewing the work of two programmers. One wrote the helper "
             f"`aux{item['aux_signature']}`, which {item['aux_description']}; the other wrote `{item['entry_point']}"
-            f"{item['main_signature']}`, which must call aux.\n\nProblem:\n{item['prompt']}\n\n{attempt_text(item, ev)}\n\n"
-            f"{feedback_text(item, ev, sandbox_slice)}\n\nPropose concrete, minimal edits. Answer with exactly two sections:\n"
+            f"{item['main_signature']}`, which must call aux.\n\nProblem:\n{item['prompt']}\n\n"
+            f"{attempt_text(item, ev)}\n\n{feedback_text(item, ev, sandbox_slice)}\n\n"
+            "Propose concrete, minimal edits. Answer with exactly two sections:\n"
             "AUX: <edits to the helper, or 'no change'>\nMAIN: <edits to the main function, or 'no change'>")
 
 _SECTION = re.compile(r"^\s*\**(AUX|MAIN)\**\s*:\s*", re.M | re.I)
@@ -341,14 +365,16 @@ _SECTION = re.compile(r"^\s*\**(AUX|MAIN)\**\s*:\s*", re.M | re.I)
 def split_expert_answer(text: str) -> tuple[str, str]:
     "The AUX and MAIN sections of the expert's answer (the whole answer for a missing section)."
     cuts = [(m.group(1).upper(), m.start(), m.end()) for m in _SECTION.finditer(text)]
-    sec = {name: text[end:(cuts[i + 1][1] if i + 1 < len(cuts) else len(text))].strip() for i, (name, _, end) in enumerate(cuts)}
+    sec = {name: text[end:(cuts[i + 1][1] if i + 1 < len(cuts) else len(text))].strip()
+           for i, (name, _, end) in enumerate(cuts)}
     whole = text.strip()
     return sec.get("AUX") or whole, sec.get("MAIN") or whole
 
 # %% ../../nbs/61_env_code.ipynb #46651746
 class CodeTransition:
     "external_transition for the code task: plain, level_feedback or expert_edits next prompts."
-    def __init__(self, problems: Sequence[dict], mode: str = "level_feedback", sandbox_slice=1, expert=None, test_timeout: float = 1.0):
+    def __init__(self, problems: Sequence[dict], mode: str = "level_feedback", sandbox_slice=1, expert=None,
+                 test_timeout: float = 1.0):
         self.mode = check_choice(mode, "transition_mode", TRANSITION_MODES, "code_task")
         self.sandbox_slice, self.test_timeout = check_sandbox_slice(sandbox_slice), test_timeout
         self.by_prompt = {p["prompt"]: problem_item(p) for p in problems}
@@ -356,14 +382,16 @@ class CodeTransition:
         self.__name__ = self.__qualname__ = f"code_transition_{self.mode}"
     def problem(self, prompt: str, batch_item=None) -> dict:
         if isinstance(batch_item, dict) and "tests" in batch_item: return batch_item
-        if prompt not in self.by_prompt: raise ValueError(f"no code problem has the prompt {prompt[:80]!r}; the code transition needs the item's original prompt")
+        if prompt not in self.by_prompt: raise ValueError(f"no code problem has the prompt {prompt[:80]!r}; the code "
+                                                          "transition needs the item's original prompt")
         return self.by_prompt[prompt]
 
 # %% ../../nbs/61_env_code.ipynb #37e2e280
 def _transition_call(self: CodeTransition, prompt: str, agent_completions: Sequence[str], num_agents: int = 2,
                      prompt_history_per_agent=None, response_history_per_agent=None, **kwargs) -> list[str]:
     if num_agents != 2 or len(agent_completions) != 2:
-        raise ValueError(f"the code task has 2 agents (helper, main); got num_agents={num_agents} and {len(agent_completions)} completions")
+        raise ValueError(f"the code task has 2 agents (helper, main); got num_agents={num_agents} and "
+                         f"{len(agent_completions)} completions")
     item = self.problem(prompt, kwargs.get("batch_item"))
     ev = evaluate_batch([agent_completions[0]], [agent_completions[1]], [item], test_timeout=self.test_timeout)[0]
     head = f"{item['prompt']}\n\n{attempt_text(item, ev)}"
@@ -371,8 +399,10 @@ def _transition_call(self: CodeTransition, prompt: str, agent_completions: Seque
     elif self.mode == "level_feedback": extra = [feedback_text(item, ev, self.sandbox_slice)] * 2
     else:
         answer = self.expert(expert_prompt(item, ev, self.sandbox_slice))
-        if not isinstance(answer, str): raise TypeError(f"the expert returned {type(answer).__name__}; it must return a string")
-        extra = [f"An expert reviewed the attempt and suggests for your part:\n{s[:2000]}" for s in split_expert_answer(answer)]
+        if not isinstance(answer, str):
+            raise TypeError(f"the expert returned {type(answer).__name__}; it must return a string")
+        extra = [f"An expert reviewed the attempt and suggests for your part:\n{s[:2000]}"
+                 for s in split_expert_answer(answer)]
     return [f"{head}\n\n{x + chr(10) + chr(10) if x else ''}{_ask(item, i)}" for i, x in enumerate(extra)]
 CodeTransition.__call__ = _transition_call
 
@@ -391,11 +421,15 @@ def code_task(transition_mode: str = "level_feedback", sandbox_slice=1, expert_m
     check_number(test_timeout, "test_timeout", "code_task", min=0, min_exclusive=True)
     probs = load_problems(problems)
     train, held = _split(probs, split)
-    expert = resolve_expert(expert_model, expert_tokenizer, expert_max_new_tokens) if transition_mode == "expert_edits" else None
+    expert = resolve_expert(expert_model, expert_tokenizer, expert_max_new_tokens) \
+        if transition_mode == "expert_edits" else None
     transition = CodeTransition(probs, transition_mode, sandbox_slice, expert, test_timeout)
     def reward(aux_completions, main_completions, batch_items=None):
-        return code_level_reward(aux_completions, main_completions, batch_items, test_timeout=test_timeout, max_workers=max_workers)
+        return code_level_reward(aux_completions, main_completions, batch_items, test_timeout=test_timeout,
+                                 max_workers=max_workers)
     reward.__name__ = reward.__qualname__ = "code_level_reward"
-    return Task("code", [problem_item(p) for p in train], [problem_item(p) for p in held], [aux_formatter, main_formatter], reward, 2,
+    return Task("code", [problem_item(p) for p in train], [problem_item(p) for p in held],
+                [aux_formatter, main_formatter], reward, 2,
                 f"agent 1 writes the helper aux, agent 2 the main function; level reward up to {MAX_REWARD}; "
-                f"{transition.mode} transition over {num_turns} turns", external_transition=transition, num_turns=num_turns)
+                f"{transition.mode} transition over {num_turns} turns", external_transition=transition,
+                num_turns=num_turns)

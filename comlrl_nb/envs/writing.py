@@ -33,7 +33,8 @@ def validate_text(t, where: str = "text") -> dict:
     if not isinstance(t, dict): raise ValueError(f"{where}: must be a JSON object, got {type(t).__name__}")
     where = f"{where} ({t['id']})" if isinstance(t.get("id"), str) else where
     for k in ("id", "text"):
-        if not isinstance(t.get(k), str) or not t[k].strip(): raise ValueError(f"{where}: field {k!r} must be a non-empty string, got {t.get(k)!r}")
+        if not isinstance(t.get(k), str) or not t[k].strip():
+            raise ValueError(f"{where}: field {k!r} must be a non-empty string, got {t.get(k)!r}")
     kws = t.get("keywords")
     if not isinstance(kws, list) or not kws or not all(isinstance(k, str) and k.strip() for k in kws):
         raise ValueError(f"{where}: field 'keywords' must be a non-empty list of non-empty strings, got {kws!r}")
@@ -49,24 +50,29 @@ def load_texts(source=None) -> list[dict]:
         path = Path(source) if source is not None else _default_texts_path()
         if not path.exists(): raise FileNotFoundError(f"writing texts file {path} does not exist")
         try: data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e: raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
         name = str(path)
     else: data, name = source, "texts"
     texts = data.get("texts") if isinstance(data, dict) else data
-    if not isinstance(texts, list) or not texts: raise ValueError(f"{name}: expected a non-empty list of texts (or {{'texts': [...]}})")
+    if not isinstance(texts, list) or not texts:
+        raise ValueError(f"{name}: expected a non-empty list of texts (or {{'texts': [...]}})")
     out = [validate_text(t, f"{name}: text #{i}") for i, t in enumerate(texts)]
     for key in ("id", "text"):
-        if len({t[key] for t in out}) != len(out): raise ValueError(f"{name}: two texts have the same {key}; {key}s must be unique")
+        if len({t[key] for t in out}) != len(out):
+            raise ValueError(f"{name}: two texts have the same {key}; {key}s must be unique")
     return out
 
 # %% ../../nbs/62_env_writing.ipynb #35626df1
 def text_item(t: dict) -> dict:
     "The task item of a passage: the text is the prompt."
-    return {"id": t["id"], "title": t["title"], "prompt": t["text"], "keywords": list(t["keywords"]), "split": t["split"]}
+    return {"id": t["id"], "title": t["title"], "prompt": t["text"], "keywords": list(t["keywords"]),
+            "split": t["split"]}
 
 def summary_formatter(item) -> str:
     "Agent 1: a one- or two-sentence summary that keeps the key terms."
-    return f"Summarize the text below in one or two sentences, keeping its key terms.\n\nText:\n{item['prompt']}\n\nSummary:"
+    return "Summarize the text below in one or two sentences, keeping its key " \
+           f"terms.\n\nText:\n{item['prompt']}\n\nSummary:"
 
 def explanation_formatter(item) -> str:
     "Agent 2: a longer explanation for a curious student."
@@ -83,7 +89,8 @@ def writing_reward(summaries: Sequence[str], explanations: Sequence[str], batch_
     "(1 - w) * length ratio + w * mean key-term coverage of summary and explanation, per joint response (in [0, 1])."
     if batch_items is None: raise ValueError("writing_reward needs batch_items= (the passages, with their keywords)")
     if not (len(summaries) == len(explanations) == len(batch_items)):
-        raise ValueError(f"got {len(summaries)} summaries, {len(explanations)} explanations and {len(batch_items)} items; they must match")
+        raise ValueError(f"got {len(summaries)} summaries, {len(explanations)} explanations and {len(batch_items)} "
+                         "items; they must match")
     ratio = length_ratio_reward(summaries, explanations, target)
     cov = [(keyword_coverage(s, it["keywords"]) + keyword_coverage(e, it["keywords"])) / 2
            for s, e, it in zip(summaries, explanations, batch_items)]
@@ -97,17 +104,20 @@ def _cut(text: str, limit: int = 1500) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 class WritingTransition:
-    "external_transition of the writing task: the passage, the previous attempt of both agents, and a request to revise."
+    """external_transition of the writing task: the passage, the previous attempt of both agents, and a request to
+    revise."""
     def __init__(self, mode: str = "plain"):
         self.mode = check_choice(mode, "transition_mode", WRITING_TRANSITION_MODES, "writing_task")
         self.__name__ = self.__qualname__ = f"writing_transition_{self.mode}"
     def __call__(self, prompt: str, agent_completions: Sequence[str], num_agents: int = 2,
                  prompt_history_per_agent=None, response_history_per_agent=None, **kwargs) -> list[str]:
         if num_agents != 2 or len(agent_completions) != 2:
-            raise ValueError(f"the writing task has 2 agents (summary, explanation); got num_agents={num_agents} and {len(agent_completions)} completions")
+            raise ValueError(f"the writing task has 2 agents (summary, explanation); got num_agents={num_agents} and "
+                             f"{len(agent_completions)} completions")
         s, e = (_cut(c) for c in agent_completions)
         head = f"{prompt}\n\nPrevious attempt of the team:\nSummary: {s}\nExplanation: {e}\n\n"
-        return [head + "Write an improved summary (one or two sentences).", head + "Write an improved, more detailed explanation."]
+        return [head + "Write an improved summary (one or two sentences).",
+                head + "Write an improved, more detailed explanation."]
 
 # %% ../../nbs/62_env_writing.ipynb #dbf9154f
 def writing_task(target: float = 3.0, coverage_weight: float = 0.5, num_turns: int = 2, transition_mode: str = "plain",
@@ -117,14 +127,16 @@ def writing_task(target: float = 3.0, coverage_weight: float = 0.5, num_turns: i
     check_number(coverage_weight, "coverage_weight", "writing_task", min=0, max=1)
     check_number(num_turns, "num_turns", "writing_task", integer=True, min=1)
     ts = load_texts(texts)
-    if split == "default": train, held = [t for t in ts if t["split"] == "train"], [t for t in ts if t["split"] == "eval"]
+    if split == "default":
+        train, held = [t for t in ts if t["split"] == "train"], [t for t in ts if t["split"] == "eval"]
     else:
         check_number(split, "split", "writing_task", integer=True, min=1, max=len(ts) - 1)
         train, held = ts[:-split], ts[-split:]
     def reward(summaries, explanations, batch_items=None):
         return writing_reward(summaries, explanations, batch_items, target=target, coverage_weight=coverage_weight)
     reward.__name__ = reward.__qualname__ = f"writing_reward(target={target}, coverage_weight={coverage_weight})"
-    return Task("writing", [text_item(t) for t in train], [text_item(t) for t in held], [summary_formatter, explanation_formatter],
-                reward, 2, f"agent 1 summarizes a passage, agent 2 explains it; reward: length ratio (target {target}x) "
-                f"and key-term coverage (weight {coverage_weight})", external_transition=WritingTransition(transition_mode),
-                num_turns=num_turns)
+    return Task("writing", [text_item(t) for t in train], [text_item(t) for t in held],
+                [summary_formatter, explanation_formatter], reward, 2,
+                f"agent 1 summarizes a passage, agent 2 explains it; reward: length ratio (target {target}x) "
+                f"and key-term coverage (weight {coverage_weight})",
+                external_transition=WritingTransition(transition_mode), num_turns=num_turns)

@@ -42,10 +42,12 @@ from ..config import (ComparatorAPIFields, ComparatorFields, IterationFields, Re
 
 ITERATIVE_GROUPS = (IterationFields, ComparatorFields, ReplayFields, ComparatorAPIFields)
 
-@compose(*ITERATIVE_GROUPS, order=("num_iterations", ComparatorFields, "policy_checkpoint_dir preference_scoring_reward",
-                                   ReplayFields, ComparatorAPIFields))
+@compose(*ITERATIVE_GROUPS,
+         order=("num_iterations", ComparatorFields, "policy_checkpoint_dir preference_scoring_reward",
+                ReplayFields, ComparatorAPIFields))
 class IterativeFields:
-    "The fields both iterative configs add: rounds, comparator, replay, and the API comparator's settings (unvalidated)."
+    """The fields both iterative configs add: rounds, comparator, replay, and the API comparator's settings
+    (unvalidated)."""
 
 # %% ../../nbs/53_iterative.ipynb #3842eade
 def _madpo_iter_relations(c, owner: str):
@@ -77,7 +79,8 @@ def config_record(cfg) -> dict:
     from comlrl_nb.api import scrub_secrets
     return scrub_secrets({f.name: _plain(getattr(cfg, f.name)) for f in fields(cfg)})
 
-def _config_repr(self) -> str: return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in config_record(self).items())})"
+def _config_repr(self) -> str:
+    return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in config_record(self).items())})"
 
 # %% ../../nbs/53_iterative.ipynb #694499ae
 _ITER_SELECTIONS = PAIR_SELECTIONS + ("comparator_reward",)

@@ -452,7 +452,8 @@ def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **o
 @patch
 def _no_pairs(self: MADPOTrainer, run: Run) -> dict:
     "Every comparison tied: say so and end the run without an update."
-    logger.warning("no item produced an untied pair (every comparison was a tie): training ends without updating the policies")
+    logger.warning("no item produced an untied pair (every comparison was a tie): training ends without updating the "
+                   "policies")
     run.bar.close()
     run.metrics.close()
     return {**self.state, "num_pairs": 0, "stopped": False, "metrics_path": str(run.metrics.path)}

@@ -12,5 +12,5 @@ from ..reward_model import JointRewardModel
 from ..preference import load_pairs, save_pairs
 from .iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 
-__all__ = ["MADPOConfig", "MADPOTrainer", "MARLHFConfig", "MARLHFTrainer", "RL_ALGORITHMS", "JointRewardModel", "load_pairs", "save_pairs",
-           "MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]
+__all__ = ["MADPOConfig", "MADPOTrainer", "MARLHFConfig", "MARLHFTrainer", "RL_ALGORITHMS", "JointRewardModel",
+           "load_pairs", "save_pairs", "MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]

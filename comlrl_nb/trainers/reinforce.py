@@ -23,7 +23,8 @@ from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
 from ..team import Team, team_attr, trainer_inputs, validate_dataset
-from ..engine import Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run, restart_phase
+from ..engine import (Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run,
+                              restart_phase)
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'MAREINFORCETrainer',
