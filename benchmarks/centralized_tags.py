@@ -1,7 +1,7 @@
 """Centralized MAGRPO on the embedded SmolLM2-135M: how often the actor follows the tagged `<agent_i>` format
 (and its task reward) on the held-out items, before and after a short CPU run on the length_ratio task.
 
-    PYTHONPATH=$PWD /work/venv/bin/python benchmarks/centralized_tags.py              # defaults: 3 batches, 2 samples
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/centralized_tags.py                    # defaults: 3 batches, 2 samples
 
 Measured (shared 2-core machine, one torch thread, fp32): before 0/12 tagged answers, after 3 batches 0/12;
 every training completion unparsed (reward 1/3 = the score of two empty answers for all K), so every advantage

@@ -6,8 +6,8 @@ temporary directory, and runs them under pytest with a test-only plugin that map
 `comlrl_nb.X.Y` (a proxy module per path). A `wandb` stand-in with the real `wandb.init` signature is provided when
 wandb is not installed (the library's tests import it at module level).
 
-    PYTHONPATH=$PWD /work/venv/bin/python benchmarks/comlrl_suite.py                 # whole suite, summary + JSON
-    PYTHONPATH=$PWD /work/venv/bin/python benchmarks/comlrl_suite.py -k test_utils   # a subset (pytest -k)
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/comlrl_suite.py                       # whole suite, summary + JSON
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/comlrl_suite.py -k test_utils         # a subset (pytest -k)
 
 Output: counts (collected / passed / failed / errors / collection errors) per test file and in total, and with
 --out FILE the per-test outcomes as JSON (for the gap list).

@@ -1,7 +1,7 @@
 """Our own speed, two source trees side by side: the same MAGRPO and MAAC runs on the tiny Qwen2 of the yardstick
 (`$PEER_DIR/tiny-model`), each in a fresh subprocess with one torch thread, the two trees alternating run by run.
 
-    /work/venv/bin/python benchmarks/trees.py --before /path/to/old/tree --after . [--repeats 5]
+    .venv/bin/python benchmarks/trees.py --before /path/to/old/tree --after . [--repeats 5]
 
 Prints per algorithm the median wall and process-CPU seconds of `train()` for each tree, the after/before ratios,
 and whether both trees ended with identical weights (they must, for a refactor).
