@@ -604,6 +604,9 @@ class RewardModelFields:
         "stays frozen."})
     reward_score_batch_size: int = field(default=16, metadata={"help": "Joint responses scored per reward-model "
         "forward pass in the policy phase."})
+    reward_final_accuracy: bool = field(default=False, metadata={"help": "After the fit, score every pair again with "
+        "the fitted model and log the share it ranks right (reward_model/train_accuracy): one more forward pass over "
+        "all the pairs. Always logged, free: reward_model/running_accuracy (each pair scored just before its step)."})
 
 # %% ../nbs/26_config.ipynb #6b1e06a5
 @validates(RewardModelFields)
@@ -620,6 +623,7 @@ def validate_reward_model(c, owner):
     for f in ("reward_num_train_epochs", "reward_train_batch_size", "reward_score_batch_size"):
         check_number(getattr(c, f), f, owner, integer=True, min=1)
     check_number(c.reward_max_length, "reward_max_length", owner, integer=True, min=1, allow_none=True)
+    check_bool(c.reward_final_accuracy, "reward_final_accuracy", owner)
     check_bool(c.reward_freeze_backbone, "reward_freeze_backbone", owner)
 
 # %% ../nbs/26_config.ipynb #d0ba4641

@@ -210,7 +210,7 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
                 self.optimizer.step()
                 loss_value, acc = float(loss.detach()), float((r[:B] > r[B:]).float().mean())
             step += 1
-            rec = {"step": step, "epoch": epoch, "loss": loss_value, "accuracy": acc}
+            rec = {"step": step, "epoch": epoch, "loss": loss_value, "accuracy": acc, "pairs": len(idx)}
             history.append(rec)
             if callback is not None: callback(rec)
     self.eval()

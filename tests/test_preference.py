@@ -334,6 +334,22 @@ def test_marlhf_end_to_end_magrpo_backend_eval_with_task_reward(tmp_path):
     torch.testing.assert_close(ro["rewards"][0], torch.tensor(want), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("final", [False, True])
+def test_marlhf_fit_summary_running_accuracy_and_the_optional_final_pass(tmp_path, final):
+    from comlrl_nb.trainers.marlhf import reward_texts
+    tr = marlhf(tmp_path, reward_final_accuracy=final)
+    tr.train(stop_after_batch=1)
+    rows = read_metrics(tmp_path / "reward_model" / "metrics.jsonl")
+    steps = [r for r in rows if r["phase"] == "reward_model"]
+    summary = next(r for r in rows if r["phase"] == "reward_model_summary")
+    last = [r["reward_model/accuracy"] for r in steps if r["epoch"] == 1]       # 2 epochs of 4 steps of 2 pairs
+    assert len(steps) == 8 and len(last) == 4
+    assert summary["reward_model/running_accuracy"] == pytest.approx(float(np.mean(last)), abs=1e-12)
+    assert ("reward_model/train_accuracy" in summary) is final                   # the extra pass only when asked
+    if final:
+        assert summary["reward_model/train_accuracy"] == tr.reward_model.preference_accuracy(*reward_texts(tr.pairs))
+
+
 def test_marlhf_backends_reference_kl_and_actor_critic(tmp_path):
     tr = marlhf(tmp_path / "a", rl_algorithm="marloo", reference_kl_enabled=True)
     assert type(tr.policy_trainer) is MARLOOTrainer and tr.policy_trainer.args.advantage_mode == "rloo"

@@ -29,7 +29,7 @@ from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
                                       dpo_metrics, madpo_args, madpo_update)
 from .marlhf import (MARLHFConfig, central_hooks, make_policy_trainer, make_reward_model,
-                                       fit_on_pairs, reward_texts)
+                                       fit_on_pairs, fit_summary, reward_texts)
 
 # %% auto #0
 __all__ = ['ITERATIVE_GROUPS', 'IterativeFields', 'centralized_comparator', 'config_record', 'MADPOIterConfig',
@@ -678,8 +678,7 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     ml.close()
     rm.freeze()
     self._rm_fitted = True
-    return {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
-            "reward_model/train_accuracy": rm.preference_accuracy(*reward_texts(records, central))}
+    return fit_summary(rm, hist, records, central, a.reward_final_accuracy)
 
 # %% ../../nbs/53_iterative.ipynb #3371dcf4
 @patch

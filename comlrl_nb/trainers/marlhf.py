@@ -29,8 +29,8 @@ from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, chec
 # %% auto #0
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
            'backend_config', 'make_policy_trainer', 'make_reward_model', 'make_central_trainer', 'reward_texts',
-           'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer',
-           'RL_ALGORITHMS']
+           'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer', 'fit_summary',
+           'ranked', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -372,6 +372,23 @@ def make_central_ac_trainer(owner, agent_model, agents, tokenizer, formatters, m
     return pt, central.attach(pt)
 
 # %% ../../nbs/43_marlhf.ipynb #75e544fe
+def fit_summary(rm: JointRewardModel, hist: list, records, central: bool, final_accuracy: bool = False) -> dict:
+    """A fit's summary: its steps, last loss and the running accuracy of its last epoch (each pair scored just before
+    the step that trains on it, as TRL's reward trainer logs accuracy; free); with `final_accuracy`, the fitted
+    model's accuracy on every pair too (`reward_model/train_accuracy`: one more forward pass over all of them)."""
+    last = [r for r in hist if r["epoch"] == hist[-1]["epoch"]]
+    running = sum(r["accuracy"] * r["pairs"] for r in last) / sum(r["pairs"] for r in last)
+    out = {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
+           "reward_model/running_accuracy": running}
+    if final_accuracy: out["reward_model/train_accuracy"] = rm.preference_accuracy(*reward_texts(records, central))
+    return out
+
+def ranked(summary: dict) -> str:
+    "How the fitted reward model ranks its pairs, in words (the final pass's share when made, else the running one)."
+    if "reward_model/train_accuracy" in summary:
+        return f"it ranks {summary['reward_model/train_accuracy']:.0%} of them right"
+    return f"it ranked {summary['reward_model/running_accuracy']:.0%} of them right just before training on each"
+
 @patch
 def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
@@ -387,8 +404,7 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
     hist = fit_on_pairs(rm, self.pairs, central, num_train_epochs=a.reward_num_train_epochs,
                         batch_size=a.reward_train_batch_size, learning_rate=a.reward_learning_rate, seed=a.seed,
                         autocast_dtype=a.autocast_dtype, callback=log, dist=dist)
-    summary = {"reward_model/steps": len(hist), "reward_model/final_loss": hist[-1]["loss"],
-               "reward_model/train_accuracy": rm.preference_accuracy(*reward_texts(self.pairs, central))}
+    summary = fit_summary(rm, hist, self.pairs, central, a.reward_final_accuracy)
     if ml is not None:
         ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
         ml.close()
@@ -399,8 +415,8 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
     dist.barrier()
     rm.freeze()
     self._rm_fast_path = None                            # the policy phase decides the fast path again
-    logger.info(f"reward model fitted on {len(self.pairs)} pairs in {len(hist)} steps; it ranks "
-                f"{summary['reward_model/train_accuracy']:.0%} of them right; frozen for the policy phase")
+    logger.info(f"reward model fitted on {len(self.pairs)} pairs in {len(hist)} steps; {ranked(summary)}; frozen "
+                "for the policy phase")
     return summary
 
 # %% ../../nbs/43_marlhf.ipynb #74536699
