@@ -172,9 +172,12 @@ def thread_probe(threads: int, dtype=None, rows: int = 64, width: int = 576, hid
             return time.perf_counter() - t
     finally: torch.set_num_threads(old)
 
-def _usable_cores() -> int:
-    try: return len(os.sched_getaffinity(0))
-    except AttributeError: return os.cpu_count() or 1
+def _usable_cpus() -> set:
+    "The ids of the CPUs this process may run on (its affinity; all of them where the system cannot say)."
+    try: return os.sched_getaffinity(0)
+    except AttributeError: return set(range(os.cpu_count() or 1))
+
+def _usable_cores() -> int: return len(_usable_cpus())
 
 # %% ../nbs/00_core.ipynb #7ec9124c
 def _cpu_times(cpus) -> tuple[float, float] | None:
@@ -194,7 +197,7 @@ def busy_cores(window: float = 0.1) -> float:
     """How many of this process's usable cores other processes keep busy now: /proc/stat over `window` seconds, less
     this process's own CPU time. Without /proc/stat, the 1-minute load average (it lags: a job that ended a minute ago
     still counts)."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cpus = _usable_cpus()
     a, c0 = _cpu_times(cpus), time.process_time()
     if a is None: return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     time.sleep(window)
