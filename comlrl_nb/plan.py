@@ -15,7 +15,8 @@ from .core import logger
 # %% auto #0
 __all__ = ['MODEL_SHAPES', 'PLAN_ALGORITHMS', 'PLAN_DTYPE_BYTES', 'PLAN_SHARDING', 'model_config_of', 'ModelShape', 'model_shape',
            'PlanSettings', 'check_settings', 'layer_activation_bytes', 'logits_bytes', 'PlanMember', 'plan_stages',
-           'DevicePlan', 'MemoryPlan', 'parse_bytes', 'format_bytes', 'suggest_settings', 'plan_memory']
+           'DevicePlan', 'MemoryPlan', 'parse_bytes', 'format_bytes', 'suggest_settings', 'plan_memory', 'profile_peak',
+           'measure_update', 'estimate_update', 'plot_plan', 'plan_widget']
 
 # %% ../nbs/71_memory.ipynb #9241056e
 _QWEN25 = dict(arch="qwen2", vocab_size=151936, tie_word_embeddings=True)
@@ -378,39 +379,39 @@ def format_bytes(n: int) -> str:
     "Bytes as GiB (or MiB below 1 GiB), one decimal."
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
-# %% ../nbs/71_memory.ipynb #f2802cc8
-def _candidates(s: PlanSettings) -> list:
-    "[(label, {field: value})]: single changes first, then growing combinations."
-    single, rows = [], s.train_batch_size * s.num_generations * 2
+# %% ../nbs/71_memory.ipynb #0c6bd7b4
+def _candidates(s: PlanSettings) -> tuple[list, list]:
+    "([{field: value}] single changes, [{field: value}] growing combinations), cheapest first."
+    single, rows = [], s.train_batch_size * s.num_generations * (2 if PLAN_ALGORITHMS[s.algo] == "madpo" else 1)
     if not s.gradient_checkpointing: single.append({"gradient_checkpointing": True})
     mbs = sorted({max(1, rows >> k) for k in range(1, 12)}, reverse=True)
-    single += [{"micro_batch_size": mb} for mb in mbs if s.micro_batch_size is None or mb < s.micro_batch_size]
+    single += [{"micro_batch_size": mb} for mb in mbs if mb < (s.micro_batch_size or rows)]
     if not s.lora: single.append({"lora": True})
     single += [{"sharding": "fsdp", "devices": n} for n in (2, 4, 8) if n > s.devices or s.sharding != "fsdp"]
-    combo, combos = {}, []
-    for c in ({"gradient_checkpointing": True}, {"micro_batch_size": 1}):
-        combo = {**combo, **c}
-        combos.append(dict(combo))
-    combos += [{**combo, "lora": True}] + [{**combo, "sharding": "fsdp", "devices": n} for n in (2, 4, 8)]
-    return single + combos
+    both = {"gradient_checkpointing": True, "micro_batch_size": 1}
+    combos = [both, {**both, "lora": True}] + [{**both, "sharding": "fsdp", "devices": n} for n in (2, 4, 8, 16)]
+    return single, combos
 
 def _spell(change: dict) -> str:
     return " ".join(f"--devices {v}" if k == "devices" else f"--set {k}={str(v).lower()}" for k, v in change.items())
 
-# %% ../nbs/71_memory.ipynb #49ea4b9b
+# %% ../nbs/71_memory.ipynb #c197bebc
 def suggest_settings(s: PlanSettings, m: ModelShape, device_memory: int, limit: int = 4) -> list:
     "Settings that make the plan fit `device_memory`, each checked by planning again with it."
-    out, seen = [], set()
-    for change in _candidates(s):
-        if "micro_batch_size" in change and len(change) == 1 and "micro_batch_size" in seen: continue
-        try: peak = max(d.total_bytes for d in _plan(check_settings(replace(s, **change)), m))
-        except ValueError: continue
-        if peak <= device_memory:
-            if len(change) > 1 and out: break                  # a single change already does it
-            seen.update(change)
-            out.append(f"{_spell(change)}: peak {format_bytes(peak)} per device")
-        if len(out) >= limit: break
-    return out
+    def peak(change):
+        try: return max(d.total_bytes for d in _plan(check_settings(replace(s, **change)), m))
+        except ValueError: return None                       # a combination the settings refuse
+    out, single, combos = [], *_candidates(s)
+    for change in single:
+        if "micro_batch_size" in change and any("micro_batch_size" in x for x in out): continue
+        if "devices" in change and any("--devices" in x for x in out): continue
+        p = peak(change)
+        if p is not None and p <= device_memory: out.append(f"{_spell(change)}: peak {format_bytes(p)} per device")
+    for change in combos if not out else []:
+        p = peak(change)
+        if p is not None and p <= device_memory:
+            return [f"{_spell(change)}: peak {format_bytes(p)} per device"]
+    return out[:limit]
 
 # %% ../nbs/71_memory.ipynb #674716d3
 def plan_memory(model, algo: str = "magrpo", device_memory=None, suggestions: bool = True, device_type: str = "cuda",
@@ -439,3 +440,93 @@ def _to_dict(self: MemoryPlan) -> dict:
     return d
 
 MemoryPlan.to_dict = _to_dict
+
+# %% ../nbs/71_memory.ipynb #e647fd54
+def profile_peak(fn):
+    "(fn(), peak bytes allocated above what was live when it started), from the CPU profiler's memory events."
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return out, peak
+
+# %% ../nbs/71_memory.ipynb #15116f65
+def measure_update(model, rows: int = 8, prompt_length: int = 32, new_tokens: int = 32, micro_batch_size=None,
+                   seed: int = 0) -> int:
+    """Measured peak bytes of one steady-state update step of `model` on CPU: weights and AdamW states plus the
+    profiled peak of zero_grad, forward, backward (gradients accumulated over micro-batches) and the optimizer step."""
+    from comlrl_nb.scoring import completion_logprobs
+    from comlrl_nb.losses import reinforce_loss
+    g, V = torch.Generator().manual_seed(seed), model.config.vocab_size
+    ids = torch.randint(2, V, (rows, prompt_length + new_tokens), generator=g)
+    pm, cm = torch.ones(rows, prompt_length, dtype=torch.long), torch.ones(rows, new_tokens, dtype=torch.long)
+    pm[0, :3] = 0                                              # one shorter prompt: padded rows, as in training
+    adv, mb = torch.randn(rows, generator=g), micro_batch_size or rows
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for i in range(0, rows, mb):
+            r = slice(i, i + mb)
+            _, seq = completion_logprobs(model, ids[r, :prompt_length], pm[r], ids[r, prompt_length:], cm[r])
+            (reinforce_loss(seq, adv[r]) * (len(adv[r]) / rows)).backward()
+        opt.step()
+    model.train()
+    step()
+    opt.zero_grad(set_to_none=True)
+    held = [t for p in model.parameters() for t in (p, *opt.state[p].values()) if torch.is_tensor(t) and t.dim()]
+    return sum(t.numel() * t.element_size() for t in held) + profile_peak(step)[1]
+
+# %% ../nbs/71_memory.ipynb #cd26e2d7
+def estimate_update(config, rows: int = 8, prompt_length: int = 32, new_tokens: int = 32, **settings) -> int:
+    "The planner's figure for `measure_update`'s step: one agent, fp32, the update moment, no runtime overhead."
+    p = plan_memory(config, "magrpo", num_agents=1, num_generations=rows, prompt_length=prompt_length,
+                    max_new_tokens=new_tokens, compute_dtype="float32", overhead_bytes=0, device_type="cpu",
+                    **settings)
+    return p.per_device[0].moments["train: update of agent 0"]
+
+# %% ../nbs/71_memory.ipynb #e68b4da9
+_COLORS = {"weights": "#4C72B0", "references": "#64B5CD", "critics": "#8172B2", "reward_model": "#937860",
+           "master_weights": "#55A868", "optimizer_states": "#8C8C8C", "gradients": "#DD8452", "activations": "#C44E52",
+           "logits": "#DA8BC3", "kv_cache": "#CCB974", "sampling_buffers": "#E5D8A0", "kl_scoring": "#A6D854",
+           "sharding_buffers": "#B3B3B3", "overhead": "#E0E0E0"}
+
+def plot_plan(plan: MemoryPlan, ax=None, title: Optional[str] = None):
+    "Stacked bars (GiB) of each device's peak components, with the device memory as a dashed line. Returns the Figure."
+    from matplotlib.figure import Figure
+    if ax is None: ax = Figure(figsize=(max(4, 1.4 * len(plan.per_device) + 3), 3.8)).subplots()
+    for i, d in enumerate(plan.per_device):
+        bottom = 0.0
+        for k, v in d.components.items():
+            ax.bar(i, v / 2**30, bottom=bottom, color=_COLORS.get(k, "#999999"), width=0.6, label=k)
+            bottom += v / 2**30
+    if plan.device_memory: ax.axhline(plan.device_memory / 2**30, color="black", ls="--", lw=1, label="device memory")
+    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+    ax.legend(handles.values(), handles.keys(), fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
+    ax.set_xticks(range(len(plan.per_device)), [d.device for d in plan.per_device])
+    ax.set_ylabel("GiB at the peak")
+    ax.set_title(title or f"peak per device ({plan.settings['algo']})", fontsize=9)
+    return ax.figure
+
+# %% ../nbs/71_memory.ipynb #9a1bec46
+def plan_widget(model: str = "qwen2.5-1.5b", num_agents: int = 2, num_generations: int = 4, max_new_tokens: int = 256,
+                device_memory: str = "80GB"):
+    "An `ipywidgets.interactive` over the main settings; each change replans and draws `plot_plan`."
+    import ipywidgets as W
+    from comlrl_nb.advantages import display_figure, off_main_shell
+    def show(model, num_agents, num_generations, max_new_tokens, precision, checkpointing, devices):
+        p = plan_memory(model, num_agents=num_agents, num_generations=num_generations, max_new_tokens=max_new_tokens,
+                        compute_dtype=precision, gradient_checkpointing=checkpointing, devices=devices,
+                        sharding="fsdp" if devices > 1 else "none", device_memory=device_memory, suggestions=False)
+        display_figure(plot_plan(p, title=f"{model}: peak {format_bytes(p.peak_bytes)}, fits {p.fits}"))
+        return p
+    S = lambda v, lo, hi, d: W.IntSlider(value=v, min=lo, max=hi, description=d, continuous_update=False)
+    w = W.interactive(show, model=W.Dropdown(options=list(MODEL_SHAPES), value=model, description="model"),
+                      num_agents=S(num_agents, 1, 4, "agents"), num_generations=S(num_generations, 1, 16, "K"),
+                      max_new_tokens=S(max_new_tokens, 16, 2048, "new tokens"),
+                      precision=W.Dropdown(options=["bfloat16", "float32"], description="precision"),
+                      checkpointing=W.Checkbox(value=False, description="checkpointing"), devices=S(1, 1, 8, "devices"))
+    return off_main_shell(w)
