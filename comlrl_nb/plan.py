@@ -16,7 +16,8 @@ from .core import logger
 __all__ = ['MODEL_SHAPES', 'PLAN_ALGORITHMS', 'PLAN_DTYPE_BYTES', 'PLAN_SHARDING', 'model_config_of', 'ModelShape', 'model_shape',
            'PlanSettings', 'check_settings', 'layer_activation_bytes', 'logits_bytes', 'PlanMember', 'plan_stages',
            'DevicePlan', 'MemoryPlan', 'parse_bytes', 'format_bytes', 'suggest_settings', 'plan_memory', 'profile_peak',
-           'measure_update', 'estimate_update', 'plot_plan', 'plan_widget']
+           'measure_update', 'estimate_update', 'plot_plan', 'plan_widget', 'add_plan_arguments', 'cmd_plan',
+           'format_plan', 'plan_main']
 
 # %% ../nbs/71_memory.ipynb #9241056e
 _QWEN25 = dict(arch="qwen2", vocab_size=151936, tie_word_embeddings=True)
@@ -530,3 +531,91 @@ def plan_widget(model: str = "qwen2.5-1.5b", num_agents: int = 2, num_generation
                       precision=W.Dropdown(options=["bfloat16", "float32"], description="precision"),
                       checkpointing=W.Checkbox(value=False, description="checkpointing"), devices=S(1, 1, 8, "devices"))
     return off_main_shell(w)
+
+# %% ../nbs/71_memory.ipynb #708fbe10
+def _positive_int(text: str) -> int:
+    try: v = int(text)
+    except ValueError: v = 0
+    if v < 1: raise argparse.ArgumentTypeError(f"{text!r} is invalid: use an integer >= 1")
+    return v
+
+def _memory(text: str) -> int:
+    try: return parse_bytes(text, "--device-memory")
+    except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
+
+# %% ../nbs/71_memory.ipynb #22fe9e9f
+def _setting_value(name: str, text: str):
+    "A `--set` value in the type of its PlanSettings field."
+    t = {f.name: f.type for f in fields(PlanSettings)}[name]
+    low = text.strip().lower()
+    if "bool" in str(t):
+        if low not in ("true", "false", "1", "0", "yes", "no"): raise ValueError(f"{name}={text!r} is invalid: use "
+                                                                                 "true or false")
+        return low in ("true", "1", "yes")
+    if "Optional" in str(t) and low in ("none", "null"): return None
+    if name == "overhead_bytes": return parse_bytes(text, name) if low not in ("0", "0b") else 0
+    if "int" in str(t):
+        try: return int(text)
+        except ValueError: raise ValueError(f"{name}={text!r} is invalid: use an integer") from None
+    return text.strip()
+
+# %% ../nbs/71_memory.ipynb #c20bfcef
+def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    "The arguments of `comlrl-nb plan` (also used by the main CLI's subcommand)."
+    names = ", ".join(f.name for f in fields(PlanSettings) if f.name not in ("algo", "num_agents", "devices"))
+    p.add_argument("--algo", default="magrpo", choices=list(PLAN_ALGORITHMS), metavar="ALGO",
+                   help=f"one of {', '.join(PLAN_ALGORITHMS)} (default magrpo)")
+    p.add_argument("--model", default="qwen2.5-1.5b", help="a built-in shape (" + ", ".join(MODEL_SHAPES) +
+                   ") or a local model directory (only config.json is read); default qwen2.5-1.5b")
+    p.add_argument("--num-agents", type=_positive_int, default=2, help="agents, an integer >= 1 (default 2)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help=f"settings: {names}")
+    p.add_argument("--device-memory", type=_memory, help="memory of one device, e.g. 80GB or 80GiB: also say whether "
+                   "it fits and what would make it fit")
+    p.add_argument("--devices", type=_positive_int, default=1, help="devices, an integer >= 1 (default 1; more than "
+                   "one shards with FSDP unless --set sharding=ddp or none)")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    return p
+
+# %% ../nbs/71_memory.ipynb #dd548ce5
+def cmd_plan(args) -> MemoryPlan:
+    "Run `comlrl-nb plan` from parsed arguments: print the plan (a table, or JSON with --json) and return it."
+    settings = {}
+    for kv in args.set:
+        key, eq, value = kv.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in {f.name for f in fields(PlanSettings)} or key in ("algo", "num_agents", "devices"):
+            raise ValueError(f"--set {kv!r} is invalid: use KEY=VALUE with KEY one of " + ", ".join(
+                f.name for f in fields(PlanSettings) if f.name not in ("algo", "num_agents", "devices")))
+        settings[key] = _setting_value(key, value)
+    if args.devices > 1: settings.setdefault("sharding", "fsdp")
+    p = plan_memory(args.model, args.algo, device_memory=args.device_memory, num_agents=args.num_agents,
+                    devices=args.devices, **settings)
+    print(json.dumps(p.to_dict()) if args.json else format_plan(p))
+    return p
+
+# %% ../nbs/71_memory.ipynb #e7042064
+def format_plan(p: MemoryPlan) -> str:
+    "The plan as text: one block per device (components in GiB, the moment of the peak), the verdict, suggestions."
+    lines = [f"{p.settings['algo']}, {p.settings['num_agents']} agents, {p.model['params']:,} parameters per model"]
+    for d in p.per_device:
+        lines.append(f"{d.device}: peak {format_bytes(d.total_bytes)} at {d.moment}")
+        lines += [f"  {k:<18} {format_bytes(v):>11}" for k, v in d.components.items()]
+    if p.fits is not None:
+        lines.append(f"{'fits' if p.fits else 'does NOT fit'} in {format_bytes(p.device_memory)} per device")
+    lines += ([f"what would fit: {x}" for x in p.suggestions] or
+              (["nothing tried fits: more devices, shorter sequences or a smaller model"] if p.fits is False else []))
+    return "\n".join(lines)
+
+# %% ../nbs/71_memory.ipynb #b49e26a3
+def plan_main(argv: Optional[Sequence[str]] = None) -> int:
+    "`comlrl-nb plan ...` as a function: 0 fits (or no device memory given), 1 does not fit, 2 bad input."
+    p = add_plan_arguments(argparse.ArgumentParser(prog="comlrl-nb plan", description="Peak memory per device and "
+                           "component of a training run, computed on the meta device before anything loads."))
+    try:
+        args = p.parse_args(argv)
+        plan = cmd_plan(args)
+    except SystemExit as e: return int(e.code or 0)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"comlrl-nb plan: error: {e}", file=__import__("sys").stderr)
+        return 2
+    return 1 if plan.fits is False else 0
