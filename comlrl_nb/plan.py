@@ -216,7 +216,7 @@ class PlanMember:
     head_grad: int = 0            # parameters whose gradient the LM head's backward allocates first
     samples: bool = False         # it samples completions (a KV cache)
 
-# %% ../nbs/71_memory.ipynb #007f106c
+# %% ../nbs/71_memory.ipynb #23a912ff
 def _critics(s: PlanSettings) -> int:
     if s.num_critics is not None: return s.num_critics
     return {"maac": 1, "iac": s.num_agents}.get(PLAN_ALGORITHMS[s.algo], 0)
@@ -231,12 +231,12 @@ def _agents(s: PlanSettings, m: ModelShape, rows: int, tokens: int, new: int, n:
                              0, True) for i in range(n)]
     out = []
     for i in range(n):
-        out.append(PlanMember(f"agent {i}", "agent", m.params, m.params if train else 0, i, rows if train else 0, tokens,
-                          new, head, True))
+        out.append(PlanMember(f"agent {i}", "agent", m.params, m.params if train else 0, i, rows if train else 0,
+                              tokens, new, head, True))
         if s.reference_kl_enabled: out.append(PlanMember(f"reference {i}", "reference", m.params, device=i))
     return out
 
-# %% ../nbs/71_memory.ipynb #33253bea
+# %% ../nbs/71_memory.ipynb #2ebe92ae
 def plan_stages(s: PlanSettings, m: ModelShape) -> dict:
     "{stage name: [PlanMember, ...]}: who holds memory, and who is trained, in each stage of the algorithm."
     algo, n, K, P, C = PLAN_ALGORITHMS[s.algo], s.num_agents, s.num_generations, s.prompt_length, s.max_new_tokens
@@ -247,8 +247,9 @@ def plan_stages(s: PlanSettings, m: ModelShape) -> dict:
     agents = _agents(s, m, s.train_batch_size * K, P + C, C, n)
     if algo in ("maac", "iac"):
         c, joint = _critics(s), P + (n * C if algo == "maac" else C)
-        return {"train": agents + [PlanMember(f"critic {j}", "critic", body + m.hidden_size + 1, body + m.hidden_size + 1,
-                                          j % n, s.train_batch_size * K, joint) for j in range(c)]}
+        critic = body + m.hidden_size + 1                    # the backbone and a linear value head
+        return {"train": agents + [PlanMember(f"critic {j}", "critic", critic, critic, j % n, s.train_batch_size * K,
+                                              joint) for j in range(c)]}
     if algo == "marlhf":
         rm = body + m.hidden_size + 1
         fit = PlanMember("reward model", "reward_model", rm, rm, 0, 2 * s.reward_train_batch_size, P + n * C)
@@ -303,7 +304,7 @@ def _update(s: PlanSettings, x: PlanMember, base: dict, grads: dict, act: int, l
     if passes > 1: return {**base, "gradients": others + g, "activations": act, "logits": lg}
     return start if sum(start.values()) >= sum(end.values()) else end
 
-# %% ../nbs/71_memory.ipynb #10ea368c
+# %% ../nbs/71_memory.ipynb #08828b8c
 def _moments(s: PlanSettings, m: ModelShape, on: list) -> list:
     "[(moment, {component: bytes})] of one stage on one device, persistent bytes included."
     b, div, base = PLAN_DTYPE_BYTES[s.compute_dtype], _div(s), _persistent(s, m, on)
@@ -318,7 +319,8 @@ def _moments(s: PlanSettings, m: ModelShape, on: list) -> list:
             kl = rows * max(x.logit_tokens for x in sampling) * m.vocab_size * (b + 8)
             out.append(("KL scoring", {**base, "gradients": sum(grads.values()), "kl_scoring": kl}))
     for x in on:
-        if x.rows and x.trained: out.append((f"update of {x.name}", _update(s, x, base, grads, *_activations(s, m, x, b))))
+        if x.rows and x.trained:
+            out.append((f"update of {x.name}", _update(s, x, base, grads, *_activations(s, m, x, b))))
     return out
 
 # %% ../nbs/71_memory.ipynb #01220623
