@@ -257,7 +257,7 @@ def plan_stages(s: PlanSettings, m: ModelShape) -> dict:
                 "policy": agents + [PlanMember("reward model", "reward_model", rm)]}
     return {"train": agents}
 
-# %% ../nbs/71_memory.ipynb #c8edbb5d
+# %% ../nbs/71_memory.ipynb #56baa114
 def _div(s: PlanSettings) -> int: return s.devices if s.sharding == "fsdp" else 1
 def _share(s: PlanSettings, rows: int) -> int: return -(-rows // s.devices) if s.sharding != "none" else rows
 
@@ -267,8 +267,8 @@ def _persistent(s: PlanSettings, m: ModelShape, on: list) -> dict:
     master, trained = b < 4 and s.master_weights, sum(x.trained for x in on)
     comp = {}
     for x in on:
-        key = {"agent": "weights", "base": "weights", "reference": "references"}.get(x.kind, x.kind + "s")
-        key = "reward_model" if x.kind == "reward_model" else key
+        key = {"agent": "weights", "base": "weights", "reference": "references", "critic": "critics",
+               "reward_model": "reward_model"}[x.kind]
         comp[key] = comp.get(key, 0) + x.params * b // div
     comp["master_weights"] = trained * 4 // div if master else 0
     comp["optimizer_states"] = trained * (8 if b == 4 or master else 2 * b) // div
@@ -323,9 +323,10 @@ def _moments(s: PlanSettings, m: ModelShape, on: list) -> list:
             out.append((f"update of {x.name}", _update(s, x, base, grads, *_activations(s, m, x, b))))
     return out
 
-# %% ../nbs/71_memory.ipynb #01220623
+# %% ../nbs/71_memory.ipynb #c8d636e0
 @dataclass
 class DevicePlan:
+    "One device's peak: its bytes, their components at that moment, and the totals of every moment."
     device: str
     total_bytes: int
     components: dict
