@@ -16,7 +16,8 @@ FLOORS = [
     ["core", "distributed", "tasks", "advantages", "losses", "site", "centralized_text"],
     # 2. the reward call contract, loading models, sampling, run directories, the sandbox, metrics and trackers
     ["rewards", "models", "generation", "runs", "sandbox", "tracking"],
-    # 3. configs, the memory planner, data, scoring, rollouts, checkpoints, the sampler, the run engine, reward models, LoRA agents
+    # 3. configs, the memory planner, data, scoring, rollouts, checkpoints, the sampler, the run engine, reward
+    #    models, LoRA agents
     ["config", "plan", "dataset", "own_data", "scoring", "rollout", "checkpoints", "sampling", "engine", "reward_model",
      "adapters"],
     # 4. the team of agents, preference records, replay, API clients
