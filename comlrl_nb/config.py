@@ -4,29 +4,34 @@
 
 # %% ../nbs/26_config.ipynb #74718266
 from __future__ import annotations
-import contextlib, dataclasses, os
+import contextlib, dataclasses, json, os, re, types, urllib.parse
 from abc import ABCMeta
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from .core import check_bool, check_choice, check_number, config_error, resolve_device, resolve_dtype
+from .generation import check_joint_mode
 
 # %% auto #0
-__all__ = ['GROUPS', 'RL_ALGORITHMS', 'group', 'validates', 'check_devices', 'TrainerConfig', 'float_text_to_float',
-           'validate_groups', 'check_unused', 'compose', 'config_groups', 'options_rows', 'format_options',
-           'TeamFields', 'validate_team', 'DeviceFields', 'validate_devices', 'ScheduleFields', 'validate_schedule',
-           'SamplingFields', 'validate_sampling', 'GenerationFields', 'validate_generations', 'TurnFields',
-           'validate_turns', 'MultiTurnFields', 'validate_multi_turn', 'JointFields', 'validate_joint', 'BufferFields',
-           'validate_buffer', 'RolloutFields', 'validate_rollout', 'AdvantageFields', 'validate_advantage',
-           'BaselineFields', 'validate_baseline', 'EvalFields', 'validate_evaluation', 'ReferenceKLFields',
-           'validate_reference_kl', 'RunFields', 'validate_run', 'TaskFields', 'validate_task', 'LoggingFields',
+__all__ = ['GROUPS', 'PAIR_SELECTIONS', 'COLLECTION_ROWS', 'RL_ALGORITHMS', 'COMPARATOR_POLICIES', 'COMPARATOR_GENERATION_MODES',
+           'REPLAY_MODES', 'FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS', 'group', 'validates', 'check_devices',
+           'TrainerConfig', 'float_text_to_float', 'validate_groups', 'check_unused', 'compose', 'config_groups',
+           'options_rows', 'format_options', 'TeamFields', 'validate_team', 'DeviceFields', 'validate_devices',
+           'ScheduleFields', 'validate_schedule', 'SamplingFields', 'validate_sampling', 'GenerationFields',
+           'validate_generations', 'TurnFields', 'validate_turns', 'MultiTurnFields', 'validate_multi_turn',
+           'JointFields', 'validate_joint', 'BufferFields', 'validate_buffer', 'RolloutFields', 'validate_rollout',
+           'AdvantageFields', 'validate_advantage', 'BaselineFields', 'validate_baseline', 'EvalFields',
+           'validate_evaluation', 'ReferenceKLFields', 'validate_reference_kl', 'reference_kl_enabled',
+           'reference_kl_coef', 'RunFields', 'validate_run', 'TaskFields', 'validate_task', 'LoggingFields',
            'validate_logging', 'CheckpointFields', 'validate_checkpointing', 'CriticFields', 'validate_critic',
-           'ValueHeadFields', 'validate_value_heads', 'PreferenceFields', 'validate_preference', 'DPOFields',
-           'validate_dpo', 'CollaborationFields', 'validate_collaboration', 'EnvStepFields', 'validate_env_steps',
-           'count_env_steps', 'RLBackendFields', 'validate_rl_backend', 'RewardModelFields', 'validate_reward_model',
-           'IterationFields', 'validate_iterative', 'reward_range_to_log', 'reward_distributions', 'ComparatorFields',
-           'validate_comparator', 'ReplayFields', 'validate_replay', 'ComparatorAPIFields', 'validate_comparator_api']
+           'ValueHeadFields', 'validate_value_heads', 'check_pair_selection', 'check_preference_config',
+           'PreferenceFields', 'validate_preference', 'DPOFields', 'validate_dpo', 'CollaborationFields',
+           'validate_collaboration', 'EnvStepFields', 'validate_env_steps', 'count_env_steps', 'RLBackendFields',
+           'validate_rl_backend', 'RewardModelFields', 'validate_reward_model', 'IterationFields', 'validate_iterative',
+           'reward_range_to_log', 'reward_distributions', 'ComparatorFields', 'validate_comparator',
+           'check_replay_options', 'ReplayFields', 'validate_replay', 'ComparatorAPIFields', 'resolve_format',
+           'safe_url', 'check_key', 'check_api_fields', 'validate_comparator_api']
 
 # %% ../nbs/26_config.ipynb #27310ef2
 GROUPS: dict = {}           # name -> group class, in declaration order
@@ -326,7 +331,6 @@ class JointFields:
 
 @validates(JointFields)
 def validate_joint(c, owner):
-    from comlrl_nb.generation import check_joint_mode
     c.joint_mode = check_joint_mode(c.joint_mode, owner)
 
 # %% ../nbs/26_config.ipynb #ac17955d
@@ -411,6 +415,10 @@ def validate_reference_kl(c, owner):
     if n is not None and isinstance(d, (list, tuple)) and len(d) not in (1, n):
         raise config_error(owner, f"reference_devices length {len(d)} does not fit {n} agents: give one device, or "
                                   f"a list of 1 or {n}")
+
+# %% ../nbs/26_config.ipynb #11cee710
+def reference_kl_enabled(args) -> bool: return bool(getattr(args, "reference_kl_enabled", False))
+def reference_kl_coef(args) -> float: return float(getattr(args, "reference_kl_coef", 0.1))
 
 # %% ../nbs/26_config.ipynb #5269319e
 @group("run")
@@ -513,6 +521,39 @@ def validate_value_heads(c, owner):
     check_number(c.value_clip_range, "value_clip_range", owner, min=0, min_exclusive=True, allow_none=True)
     check_number(c.value_head_hidden_dim, "value_head_hidden_dim", owner, integer=True, min=1, allow_none=True)
 
+# %% ../nbs/26_config.ipynb #21ce5bfa
+PAIR_SELECTIONS = ("reward_gap", "all", "random")
+
+def check_pair_selection(pair_selection: str, pairs_per_sample: Optional[int], owner: str = "",
+                         choices: Sequence[str] = PAIR_SELECTIONS) -> str:
+    """Validate pair_selection (one of `choices`, default PAIR_SELECTIONS) against preference_pairs_per_sample (int >= 1
+    or None)."""
+    sel = check_choice(pair_selection, "pair_selection", choices, owner)
+    check_number(pairs_per_sample, "preference_pairs_per_sample", owner, integer=True, min=1, allow_none=True)
+    if sel == "all" and pairs_per_sample is not None:
+        raise config_error(owner or "pair_selection", f"pair_selection='all' keeps every untied pair, so "
+                           f"preference_pairs_per_sample must be None (got {pairs_per_sample}); set "
+                           "preference_pairs_per_sample=None or use pair_selection='reward_gap' or 'random'")
+    return sel
+
+# %% ../nbs/26_config.ipynb #51087d3d
+COLLECTION_ROWS = 64      # default rows (items x candidates) per sampling loop while collecting pairs
+
+def check_preference_config(c, owner: str):
+    "Validate the preference fields of a preference config (and that it is single-turn and aligned)."
+    check_number(c.preference_num_candidates, "preference_num_candidates", owner, integer=True, min=2)
+    check_number(c.collection_batch_size, "collection_batch_size", owner, integer=True, min=1, allow_none=True)
+    if c.collection_batch_size is None: c.collection_batch_size = max(1, COLLECTION_ROWS // c.preference_num_candidates)
+    choices = getattr(type(c), "pair_selections", PAIR_SELECTIONS)     # iterative configs add 'comparator_reward'
+    c.pair_selection = check_pair_selection(c.pair_selection, c.preference_pairs_per_sample, owner, choices)
+    if c.num_turns != 1:
+        raise config_error(owner, f"num_turns={c.num_turns} is invalid: the preference trainers compare "
+                                  "single-turn joint responses; use num_turns=1")
+    if check_joint_mode(c.joint_mode, owner) != "aligned":
+        raise config_error(owner, f"joint_mode={c.joint_mode!r} is invalid: preference candidates are compared "
+                                  "index by index (candidate k of every agent forms joint response k); use "
+                                  "joint_mode='aligned'")
+
 # %% ../nbs/26_config.ipynb #de253f04
 @group("preference")
 class PreferenceFields:
@@ -528,8 +569,7 @@ class PreferenceFields:
 
 @validates(PreferenceFields)
 def validate_preference(c, owner):
-    "The preference trainers' check (single-turn and aligned too): `preference.check_preference_config`."
-    from comlrl_nb.preference import check_preference_config
+    "The preference trainers' check (single-turn and aligned too): `check_preference_config`."
     check_preference_config(c, owner)
 
 # %% ../nbs/26_config.ipynb #6c332458
@@ -675,6 +715,10 @@ def reward_distributions(reward_range, bins: int = 10, **values) -> dict:
     return out
 
 
+# %% ../nbs/26_config.ipynb #dc05c6e9
+COMPARATOR_POLICIES = ("current", "current_copy", "model", "history", "api")
+COMPARATOR_GENERATION_MODES = ("decentralized", "centralized")
+
 # %% ../nbs/26_config.ipynb #ba6b19e1
 @group("comparator")
 class ComparatorFields:
@@ -702,7 +746,6 @@ class ComparatorFields:
 # %% ../nbs/26_config.ipynb #ac7e9368
 @validates(ComparatorFields)
 def validate_comparator(c, owner):
-    from comlrl_nb.comparators import COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES
     num = lambda name, **kw: check_number(getattr(c, name), name, owner, **kw)
     num("comparator_num_candidates", integer=True, min=1, allow_none=True)
     num("comparator_max_new_tokens", integer=True, min=1, allow_none=True)
@@ -738,6 +781,35 @@ def _comparator_sources(c, owner: str):
         raise config_error(owner, f"comparator_agents must be a list with one model per agent ({c.num_agents}), "
                                   f"got {n}")
 
+# %% ../nbs/26_config.ipynb #da40cea8
+REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
+
+# %% ../nbs/26_config.ipynb #90c91007
+def check_replay_options(mode: str, k=None, lam=None, sample_size=None, owner: str = "") -> str:
+    "Validate the replay options of SPEC 6; returns the mode."
+    w = (owner + ".") if owner else ""
+    mode = check_choice(mode, "preference_replay_mode", REPLAY_MODES, owner)
+    if sample_size is not None: check_number(sample_size, "preference_replay_sample_size", owner, integer=True, min=1)
+    if mode == "current":
+        if sample_size is not None:
+            raise ValueError(f"{w}preference_replay_sample_size is not used by mode 'current' (it trains on all of "
+                             "this round's pairs); remove it or pick a history mode")
+        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
+        if k not in (None, 1): raise ValueError(f"{w}preference_replay_k={k!r} does not fit mode 'current' (only None "
+                                                "or 1); use 'nearest_k' to replay more rounds")
+    elif mode == "nearest_k":
+        check_number(k, "preference_replay_k", owner, integer=True, min=1)
+        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
+    elif mode == "all_history":
+        if k is not None:
+            raise ValueError(f"{w}preference_replay_k is not used by mode 'all_history'; remove it or use 'nearest_k'")
+        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
+    else:
+        check_number(lam, "preference_replay_lambda", owner, min=0, max=1)
+        if k is not None:
+            raise ValueError(f"{w}preference_replay_k is not used by mode 'lambda_decay'; remove it or use 'nearest_k'")
+    return mode
+
 # %% ../nbs/26_config.ipynb #7def19aa
 @group("replay")
 class ReplayFields:
@@ -754,7 +826,6 @@ class ReplayFields:
 
 @validates(ReplayFields)
 def validate_replay(c, owner):
-    from comlrl_nb.replay import check_replay_options
     check_replay_options(c.preference_replay_mode, c.preference_replay_k, c.preference_replay_lambda,
                          c.preference_replay_sample_size, owner)
     if c.preference_replay_dir is not None and not isinstance(c.preference_replay_dir, (str, os.PathLike)):
@@ -793,15 +864,138 @@ class ComparatorAPIFields:
     comparator_api_extra_body: Optional[dict] = field(default=None, metadata={"help": "Extra JSON fields merged into "
         "every request body (secret-looking keys such as api_key or token are hidden like the key)."})
 
+# %% ../nbs/26_config.ipynb #d40b7d10
+FORMATS = ("generic", "openai", "anthropic", "openai_responses")
+FORMAT_ALIASES = {"responses": "openai_responses", "codex": "openai_responses", "openai_chat": "openai",
+                  "chat": "openai", "anthropic_messages": "anthropic", "messages": "anthropic"}
+DEFAULT_URLS = {"anthropic": "https://api.anthropic.com/v1/messages",
+                "openai_responses": "https://api.openai.com/v1/responses"}
+
+def resolve_format(name, owner: str = "APIComparatorConfig") -> str:
+    "The canonical format for `name` (aliases resolved, case-insensitive), or ValueError listing the valid ones."
+    value = name.strip().lower() if isinstance(name, str) else name
+    return check_choice(value, "comparator_api_format", FORMATS, owner, FORMAT_ALIASES)
+
+# %% ../nbs/26_config.ipynb #f6248fbb
+def safe_url(url) -> str:
+    "The URL without user:password and with query values hidden (names kept)."
+    p = urllib.parse.urlsplit(str(url))
+    host = p.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{p.port}" if p.port else "")
+    query = "&".join(f"{k}=***" for k, _ in urllib.parse.parse_qsl(p.query, keep_blank_values=True))
+    return urllib.parse.urlunsplit((p.scheme, netloc, p.path, query, ""))
+
+# %% ../nbs/26_config.ipynb #05552149
+def check_key(key, where: str) -> str:
+    """An API key as an HTTP header can carry it: surrounding whitespace (a pasted newline) removed; other control or
+    non-ASCII characters refused. Never echoes the key."""
+    key = key.strip()
+    bad = next((i for i, ch in enumerate(key) if not (32 <= ord(ch) < 127)), None)
+    if bad is not None:
+        raise ValueError(f"{where} contains a control or non-ASCII character at position {bad} of {len(key)} (the key "
+                         "itself is not shown); copy the key again without line breaks or quotes")
+    if not key: raise ValueError(f"{where} is empty after removing whitespace; set the key")
+    return key
+
+# %% ../nbs/26_config.ipynb #75a7e1c0
+_API_OWNER = "APIComparatorConfig"      # API field errors name the client's config, whichever config holds the fields
+
+def _check_str(value, name, allow_none=False, show=True):
+    if value is None and allow_none: return None
+    if not isinstance(value, str) or not value.strip():
+        shown = f"{value!r}" if show else f"<{type(value).__name__}>"
+        raise ValueError(f"{_API_OWNER}.{name}={shown} is invalid: expected a non-empty string"
+                         + (" or None" if allow_none else ""))
+    return value
+
+# %% ../nbs/26_config.ipynb #cde39f97
+def _check_url(url, name="comparator_api_url"):
+    p = urllib.parse.urlsplit(url)
+    if p.scheme not in ("http", "https") or not p.hostname:
+        raise ValueError(f"{_API_OWNER}.{name}={safe_url(url)!r} is invalid: expected an http:// or https:// URL "
+                         "with a host")
+    return url
+
+# %% ../nbs/26_config.ipynb #53944d8b
+def _check_api_endpoint(c):
+    c.comparator_api_format = fmt = resolve_format(c.comparator_api_format)
+    if c.comparator_api_url is None and fmt not in DEFAULT_URLS:
+        raise ValueError(f"{_API_OWNER}.comparator_api_url=None is invalid: the {fmt!r} format needs an endpoint URL "
+                         "(e.g. https://api.openai.com/v1/chat/completions or "
+                         "https://api.deepseek.com/chat/completions)")
+    if c.comparator_api_url is not None:
+        _check_url(_check_str(c.comparator_api_url, "comparator_api_url", show=False))
+
+# %% ../nbs/26_config.ipynb #6bf5fbe2
+def _check_api_auth(c):
+    _check_str(c.comparator_api_model, "comparator_api_model", allow_none=True)
+    _check_str(c.comparator_api_key_env, "comparator_api_key_env", allow_none=True)
+    if _check_str(c.comparator_api_key, "comparator_api_key", allow_none=True, show=False) is not None:
+        c.comparator_api_key = check_key(c.comparator_api_key, f"{_API_OWNER}.comparator_api_key")
+    _check_str(c.comparator_api_key_header, "comparator_api_key_header")
+    if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", c.comparator_api_key_header):
+        raise ValueError(f"{_API_OWNER}.comparator_api_key_header={c.comparator_api_key_header!r} is invalid: not an "
+                         "HTTP header name")
+    if not isinstance(c.comparator_api_key_prefix, str):
+        raise ValueError(f"{_API_OWNER}.comparator_api_key_prefix={c.comparator_api_key_prefix!r} is invalid: "
+                         "expected a string ('' for none)")
+    if any(not 32 <= ord(ch) < 127 for ch in c.comparator_api_key_prefix):
+        raise ValueError(f"{_API_OWNER}.comparator_api_key_prefix is invalid: control or non-ASCII characters (use "
+                         "e.g. 'Bearer ')")
+
+# %% ../nbs/26_config.ipynb #a5aa2c8a
+def _check_api_numbers(c):
+    b = c.comparator_api_backoff
+    if isinstance(b, (list, tuple)):
+        if len(b) != 2:
+            raise ValueError(f"{_API_OWNER}.comparator_api_backoff={b!r} is invalid: expected a number or [base, cap]")
+        c.comparator_api_backoff, c.comparator_api_backoff_cap = b
+    num = lambda name, **kw: check_number(getattr(c, name), name, _API_OWNER, **kw)
+    num("comparator_api_timeout", min=0, min_exclusive=True)
+    num("comparator_api_max_retries", integer=True, min=0)
+    num("comparator_api_backoff", min=0)
+    num("comparator_api_backoff_cap", min=c.comparator_api_backoff)
+    num("comparator_api_max_n_per_request", integer=True, min=1, allow_none=True)
+
+# %% ../nbs/26_config.ipynb #57ea6dc8
+def _check_api_headers(c):
+    h = c.comparator_api_headers
+    if h is None: return
+    if not isinstance(h, dict): raise ValueError(f"{_API_OWNER}.comparator_api_headers must be a dict of str -> str or "
+                                                 f"None (got {type(h).__name__})")
+    for k, v in h.items():
+        if not isinstance(k, str) or not isinstance(v, str) or "\n" in k + v or "\r" in k + v:
+            raise ValueError(f"{_API_OWNER}.comparator_api_headers[{k!r}] is invalid: names and values must be "
+                             "single-line strings (the value is not shown)")
+
+# %% ../nbs/26_config.ipynb #396f6667
+def _check_api_extra_body(c):
+    eb = c.comparator_api_extra_body
+    if eb is None: return
+    if not isinstance(eb, dict):
+        raise ValueError(f"{_API_OWNER}.comparator_api_extra_body must be a dict or None (got {type(eb).__name__})")
+    try: json.dumps(eb)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{_API_OWNER}.comparator_api_extra_body is invalid: not JSON-serializable ({e})") from None
+
+# %% ../nbs/26_config.ipynb #b0b812ec
+def check_api_fields(c):
+    "Check (and normalize) every `comparator_api_*` field of `c` in place; returns `c`."
+    _check_api_endpoint(c)
+    _check_api_auth(c)
+    _check_str(c.comparator_api_response_field, "comparator_api_response_field")
+    for check in (_check_api_numbers, _check_api_headers, _check_api_extra_body): check(c)
+    return c
+
 # %% ../nbs/26_config.ipynb #7403296a
 @validates(ComparatorAPIFields)
 def validate_comparator_api(c, owner):
-    """APIComparatorConfig checks all of them (`api._validate`); an iterative config builds one from its fields when
-    comparator_policy='api' (errors then name APIComparatorConfig) and refuses a URL with any other policy."""
-    if not hasattr(c, "comparator_policy"): return c._validate()        # APIComparatorConfig itself
-    from comlrl_nb.api import APIComparatorConfig
+    """`check_api_fields` checks all of them; an iterative config checks a copy when comparator_policy='api' (errors
+    name APIComparatorConfig; only the canonical format is kept) and refuses a URL with any other policy."""
+    if not hasattr(c, "comparator_policy"): return check_api_fields(c)        # APIComparatorConfig itself
     if c.comparator_policy == "api":
-        c.comparator_api_format = APIComparatorConfig.from_any(c).comparator_api_format
+        copy = types.SimpleNamespace(**{f.name: getattr(c, f.name) for f in fields(ComparatorAPIFields)})
+        c.comparator_api_format = check_api_fields(copy).comparator_api_format
     elif c.comparator_api_url is not None:
         raise config_error(owner, f"comparator_api_url is set but comparator_policy={c.comparator_policy!r}; "
                                   "set comparator_policy='api'")
