@@ -50,6 +50,7 @@ def group(name: str):
         return cls
     return deco
 
+# %% ../nbs/26_config.ipynb #c405cd80
 def validates(grp):
     "Decorator: register `fn(cfg, owner)` as the validator of group `grp` (one per group)."
     def deco(fn):
@@ -92,6 +93,7 @@ class TrainerConfig(metaclass=ABCMeta):
         check_unused(self, owner)
         for chk in self.config_checks: chk(self, owner)
 
+# %% ../nbs/26_config.ipynb #264e788d
 def float_text_to_float(c):
     "YAML 1.1 reads 5e-6 (no dot) as a string: a float field holding a numeric string gets the float it spells."
     for f in fields(c):
@@ -99,6 +101,7 @@ def float_text_to_float(c):
         if isinstance(v, str) and "float" in str(f.type):
             with contextlib.suppress(ValueError): setattr(c, f.name, float(v.strip()))
 
+# %% ../nbs/26_config.ipynb #2ebe5f25
 def validate_groups(c, owner: str, groups):
     "Run the validator of each group in `groups` on `c` (errors are prefixed with `owner`)."
     for g in groups: _VALIDATORS[g](c, owner)
@@ -125,6 +128,7 @@ def _group_index(name: str, groups) -> dict:
             own[f.name] = (g, f)
     return own
 
+# %% ../nbs/26_config.ipynb #026891e2
 def _ordered(name: str, own: dict, order) -> list:
     "Field names in `order` (names must exist; configs/groups contribute the fields this config has), then the rest."
     names = []
@@ -150,6 +154,7 @@ def _flat_fields(name: str, groups, order, defaults: dict, unused: dict) -> list
         return n, f.type, field(default=defaults.get(n, f.default), metadata=meta)
     return [spec(n) for n in _ordered(name, own, order)]
 
+# %% ../nbs/26_config.ipynb #8f750040
 def _derived_fields(cls, defaults: dict) -> list:
     "Specs of a variant config: only the fields whose default changes (they keep their place, help and group)."
     base = {f.name: f for b in cls.__bases__ if dataclasses.is_dataclass(b) for f in fields(b)}
@@ -231,6 +236,7 @@ class DeviceFields:
     autocast_dtype: Optional[str] = field(default=None, metadata={"help": "'bfloat16' or 'float16': mixed-precision "
         "matmuls over fp32 weights; None: full precision."})
 
+# %% ../nbs/26_config.ipynb #b8d8cf9a
 @validates(DeviceFields)
 def validate_devices(c, owner):
     pt = c.parallel_training.strip().lower() if isinstance(c.parallel_training, str) else c.parallel_training
@@ -258,6 +264,7 @@ class ScheduleFields:
     max_grad_norm: Optional[float] = field(default=None, metadata={"help": "Clip each step's gradient norm to this "
         "value (None: no clipping)."})
 
+# %% ../nbs/26_config.ipynb #0f7b6208
 @validates(ScheduleFields)
 def validate_schedule(c, owner):
     check_number(c.num_train_epochs, "num_train_epochs", owner, integer=True, min=1)
@@ -276,6 +283,7 @@ class SamplingFields:
     top_k: Optional[int] = field(default=50, metadata={"help": "Sample from the k most likely tokens (None or 0: off, "
         "as in HF generate; 0 is stored as None)."})
 
+# %% ../nbs/26_config.ipynb #af5d34c9
 @validates(SamplingFields)
 def validate_sampling(c, owner):
     check_number(c.max_new_tokens, "max_new_tokens", owner, integer=True, min=1)
@@ -306,6 +314,7 @@ class TurnFields:
 @validates(TurnFields)
 def validate_turns(c, owner): check_number(c.num_turns, "num_turns", owner, integer=True, min=1)
 
+# %% ../nbs/26_config.ipynb #e6de97ee
 @group("multi_turn")
 class MultiTurnFields:
     "How later turns are rewarded, cut short and prompted."
@@ -316,6 +325,7 @@ class MultiTurnFields:
     external_prompt_passthrough: bool = field(default=False, metadata={"help": "Multi-turn: use the transition's "
         "next prompt as it is, instead of passing it through the agent's formatter."})
 
+# %% ../nbs/26_config.ipynb #858a2391
 @validates(MultiTurnFields)
 def validate_multi_turn(c, owner):
     check_number(c.discount, "discount", owner, min=0, max=1)
@@ -341,6 +351,7 @@ class BufferFields:
     train_batch_size: Optional[int] = field(default=None, metadata={"help": "Samples per optimizer step (MADPO: "
         "preference pairs); None: rollout_buffer_size."})
 
+# %% ../nbs/26_config.ipynb #069e5a74
 @validates(BufferFields)
 def validate_buffer(c, owner):
     check_number(c.rollout_buffer_size, "rollout_buffer_size", owner, integer=True, min=1)
@@ -372,6 +383,7 @@ class AdvantageFields:
 @validates(AdvantageFields)
 def validate_advantage(c, owner): check_bool(c.advantage_normalization, "advantage_normalization", owner)
 
+# %% ../nbs/26_config.ipynb #890e0d07
 @group("baseline")
 class BaselineFields:
     "Which baseline the REINFORCE family subtracts."
@@ -406,6 +418,7 @@ class ReferenceKLFields:
     reference_devices: Any = field(default=None, metadata={"help": "Devices of the frozen reference copies (one, or "
         "one per agent; None: the agents' devices)."})
 
+# %% ../nbs/26_config.ipynb #e68f1c94
 @validates(ReferenceKLFields)
 def validate_reference_kl(c, owner):
     check_bool(c.reference_kl_enabled, "reference_kl_enabled", owner)
@@ -431,6 +444,7 @@ class RunFields:
 @validates(RunFields)
 def validate_run(c, owner): check_number(c.seed, "seed", owner, integer=True, min=0)
 
+# %% ../nbs/26_config.ipynb #3ced49eb
 @group("task")
 class TaskFields:
     "How the task's prompts and rewards are called."
@@ -454,11 +468,13 @@ class LoggingFields:
     save_plot: bool = field(default=True, metadata={"help": "Draw output_dir/training_curves.png at the end of "
         "train()."})
 
+# %% ../nbs/26_config.ipynb #f3de2ef1
 @validates(LoggingFields)
 def validate_logging(c, owner):
     check_number(c.logging_steps, "logging_steps", owner, integer=True, min=1)
     for b in ("progress_bar", "tensorboard", "save_plot"): check_bool(getattr(c, b), b, owner)
 
+# %% ../nbs/26_config.ipynb #ed964788
 @group("checkpointing")
 class CheckpointFields:
     "When checkpoints are written and how many are kept."
@@ -515,6 +531,7 @@ class ValueHeadFields:
     value_head_hidden_dim: Optional[int] = field(default=None, metadata={"help": "Value heads (use_separate_critic="
         "False): hidden width of the head on each actor (None: linear)."})
 
+# %% ../nbs/26_config.ipynb #f048e1f4
 @validates(ValueHeadFields)
 def validate_value_heads(c, owner):
     check_bool(c.use_separate_critic, "use_separate_critic", owner)
@@ -567,6 +584,7 @@ class PreferenceFields:
     collection_batch_size: Optional[int] = field(default=None, metadata={"help": "Items per sampling call while "
         "collecting pairs (None: about 64 rows of candidates)."})
 
+# %% ../nbs/26_config.ipynb #0e899574
 @validates(PreferenceFields)
 def validate_preference(c, owner):
     "The preference trainers' check (single-turn and aligned too): `check_preference_config`."
@@ -582,6 +600,7 @@ class DPOFields:
 @validates(DPOFields)
 def validate_dpo(c, owner): check_number(c.dpo_beta, "dpo_beta", owner, min=0, min_exclusive=True)
 
+# %% ../nbs/26_config.ipynb #46602b8d
 @group("collaboration")
 class CollaborationFields:
     "One model per agent, or one actor for every role."
@@ -603,17 +622,18 @@ class EnvStepFields:
     environment_steps_per_pair: int = field(default=2, metadata={"help": "Environment steps one preference pair "
         "counts as (2: its two joint responses)."})
 
+# %% ../nbs/26_config.ipynb #8e5888e9
 @validates(EnvStepFields)
 def validate_env_steps(c, owner):
     check_bool(c.use_environment_step, "use_environment_step", owner)
     check_number(c.environment_steps_per_pair, "environment_steps_per_pair", owner, integer=True, min=1)
 
+# %% ../nbs/26_config.ipynb #4ff7e900
 def count_env_steps(c, state: dict, pairs: int) -> dict:
     "Add one batch of `pairs` to `state['env_step']` (when `c.use_environment_step`); the metrics entry to log."
     if not c.use_environment_step: return {}
     state["env_step"] = state.get("env_step", 0) + c.environment_steps_per_pair * pairs
     return {"env_step": state["env_step"]}
-
 
 # %% ../nbs/26_config.ipynb #41278518
 RL_ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac")
@@ -679,6 +699,7 @@ class IterationFields:
         "and the comparator as histograms over the reward's declared range, with quantiles (needs "
         "set_reward_range(reward_func, lo, hi))."})
 
+# %% ../nbs/26_config.ipynb #fee8306d
 @validates(IterationFields)
 def validate_iterative(c, owner):
     check_number(c.num_iterations, "num_iterations", owner, integer=True, min=1)
@@ -700,6 +721,7 @@ def reward_range_to_log(c, reward_func) -> Optional[tuple]:
                          "with set_reward_range(reward_func, minimum, maximum), or set log_reward_distribution=False")
     return r
 
+# %% ../nbs/26_config.ipynb #5624f615
 def reward_distributions(reward_range, bins: int = 10, **values) -> dict:
     """For each keyword `name=rewards`: counts of the finite rewards in `bins` equal bins of `reward_range` (values
     outside go to the end bins) and their 10/50/90% quantiles, as `name_hist`, `name_hist_edges`, `name_p50`, ...;
@@ -713,7 +735,6 @@ def reward_distributions(reward_range, bins: int = 10, **values) -> dict:
         out[f"{name}_hist_edges"] = np.linspace(lo, hi, bins + 1).tolist()
         out.update({f"{name}_p{p}": float(np.quantile(x, p / 100)) if len(x) else float("nan") for p in (10, 50, 90)})
     return out
-
 
 # %% ../nbs/26_config.ipynb #dc05c6e9
 COMPARATOR_POLICIES = ("current", "current_copy", "model", "history", "api")
@@ -824,6 +845,7 @@ class ReplayFields:
     preference_replay_dir: Optional[str] = field(default=None, metadata={"help": "Where every round's pairs are "
         "stored (None: output_dir/preference_replay)."})
 
+# %% ../nbs/26_config.ipynb #251c599f
 @validates(ReplayFields)
 def validate_replay(c, owner):
     check_replay_options(c.preference_replay_mode, c.preference_replay_k, c.preference_replay_lambda,
