@@ -10,19 +10,20 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from .core import check_bool, check_choice, check_number, config_error, resolve_device, resolve_dtype
+from .core import (check_bool, check_choice, check_number, config_error, logger, resolve_device,
+                            resolve_dtype)
 from .generation import check_joint_mode
 
 # %% auto #0
 __all__ = ['GROUPS', 'PAIR_SELECTIONS', 'COLLECTION_ROWS', 'RL_ALGORITHMS', 'COMPARATOR_POLICIES', 'COMPARATOR_GENERATION_MODES',
            'REPLAY_MODES', 'FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS', 'group', 'validates', 'check_devices',
-           'TrainerConfig', 'float_text_to_float', 'validate_groups', 'check_unused', 'compose', 'config_groups',
-           'options_rows', 'format_options', 'TeamFields', 'validate_team', 'DeviceFields', 'validate_devices',
-           'ScheduleFields', 'validate_schedule', 'SamplingFields', 'validate_sampling', 'GenerationFields',
-           'validate_generations', 'TurnFields', 'validate_turns', 'MultiTurnFields', 'validate_multi_turn',
-           'JointFields', 'validate_joint', 'BufferFields', 'validate_buffer', 'RolloutFields', 'validate_rollout',
-           'AdvantageFields', 'validate_advantage', 'BaselineFields', 'validate_baseline', 'EvalFields',
-           'validate_evaluation', 'ReferenceKLFields', 'validate_reference_kl', 'reference_kl_enabled',
+           'no_effect', 'TrainerConfig', 'float_text_to_float', 'validate_groups', 'check_unused', 'compose',
+           'config_groups', 'options_rows', 'format_options', 'TeamFields', 'validate_team', 'DeviceFields',
+           'validate_devices', 'ScheduleFields', 'validate_schedule', 'SamplingFields', 'validate_sampling',
+           'GenerationFields', 'validate_generations', 'TurnFields', 'validate_turns', 'MultiTurnFields',
+           'validate_multi_turn', 'JointFields', 'validate_joint', 'BufferFields', 'validate_buffer', 'RolloutFields',
+           'validate_rollout', 'AdvantageFields', 'validate_advantage', 'BaselineFields', 'validate_baseline',
+           'EvalFields', 'validate_evaluation', 'ReferenceKLFields', 'validate_reference_kl', 'reference_kl_enabled',
            'reference_kl_coef', 'RunFields', 'validate_run', 'TaskFields', 'validate_task', 'LoggingFields',
            'validate_logging', 'CheckpointFields', 'validate_checkpointing', 'CriticFields', 'validate_critic',
            'ValueHeadFields', 'validate_value_heads', 'check_pair_selection', 'check_preference_config',
@@ -72,9 +73,15 @@ def check_devices(v, name: str, owner: str):
         except ValueError as e: raise ValueError(f"{owner}.{name}={v!r} is invalid: {e}") from None
     return v
 
+# %% ../nbs/26_config.ipynb #df12b8d7
+def no_effect(owner: str, name: str, value, why: str):
+    "The one warning for a field comlrl 1.4.3 accepts that changes nothing here (`why`: the reason, and what would)."
+    logger.warning(f"{owner}: {name}={value!r} has no effect here: {why}; it is accepted (comlrl 1.4.3 accepts it) and "
+                   "ignored")
+
 # %% ../nbs/26_config.ipynb #b903e739
 class TrainerConfig(metaclass=ABCMeta):
-    "Base of the composed configs: validation runs group by group, then the unused fields, then the relations."
+    "Base of the composed configs: validation group by group, then the unused fields (warnings), then the relations."
     config_groups: tuple = ()
     config_checks: tuple = ()
     removed_fields: dict = {}       # keyword -> why this algorithm has no such option (passing it raises)
@@ -107,12 +114,11 @@ def validate_groups(c, owner: str, groups):
     for g in groups: _VALIDATORS[g](c, owner)
 
 def check_unused(c, owner: str):
-    "Refuse a field this algorithm keeps only so that older configs load, unless it holds its default (or None)."
+    "One warning per field this algorithm keeps only so that comlrl 1.4.3 configs load, set off its default (or None)."
     for f in fields(c):
         why, v = f.metadata.get("unused"), getattr(c, f.name)
         if why is None or v == f.default or (v is None and "Optional" in str(f.type)): continue
-        raise config_error(owner, f"{f.name}={v!r} is not used by {owner}: {why}; remove it (only the default "
-                                  f"{f.default!r} is accepted)")
+        no_effect(owner, f.name, v, why)
 
 # %% ../nbs/26_config.ipynb #afd70545
 def _group_index(name: str, groups) -> dict:
@@ -165,8 +171,8 @@ def _derived_fields(cls, defaults: dict) -> list:
 # %% ../nbs/26_config.ipynb #b95cc1aa
 def compose(*groups, order=(), defaults: Optional[dict] = None, unused: Optional[dict] = None, checks=(), like=()):
     """Class decorator: a flat dataclass config of `groups` (or, without groups, a variant of its config base with
-    other `defaults`); `unused` maps a kept-for-compatibility field to the reason it is refused; `checks(cfg, owner)`
-    run after the groups; `like` lists classes the config counts as an instance of."""
+    other `defaults`); `unused` maps a kept-for-compatibility field to why it has no effect (setting it warns);
+    `checks(cfg, owner)` run after the groups; `like` lists classes the config counts as an instance of."""
     def deco(cls):
         ns = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__", "_abc_impl")}
         if groups:
@@ -205,7 +211,7 @@ def format_options(config, width: int = 100) -> str:
         for r in (r for r in rows if r["group"] == g):
             kind = r["type"] if isinstance(r["type"], str) else getattr(r["type"], "__name__", str(r["type"]))
             lines.append(f"  {r['name']}: {kind} = {r['default']!r}")
-            text = r["help"] + (f" NOT USED by {cls.__name__}: {r['unused']} (only the default is accepted)."
+            text = r["help"] + (f" NOT USED by {cls.__name__}: {r['unused']} (accepted, with a warning)."
                                 if r["unused"] else "")
             lines += textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      ")
     removed = getattr(cls, "removed_fields", {})
@@ -778,14 +784,19 @@ def validate_comparator(c, owner):
                                                 COMPARATOR_GENERATION_MODES, owner)
     check_devices(c.comparator_devices, "comparator_devices", owner)
     if c.comparator_devices is not None and c.comparator_policy in ("current", "api"):
-        raise config_error(owner, f"comparator_devices is only used by comparator_policy 'current_copy', 'model' and "
-                                  f"'history' (got {c.comparator_policy!r}); remove it or pick one of those")
+        no_effect(owner, "comparator_devices", c.comparator_devices, "only comparator_policy 'current_copy', 'model' "
+                  f"and 'history' place comparator models (this one is {c.comparator_policy!r}); pick one of those")
     _comparator_sources(c, owner)
 
 # %% ../nbs/26_config.ipynb #f1729fcb
 def _comparator_sources(c, owner: str):
-    "comparator_model_name / comparator_agents: exactly one with comparator_policy='model', neither otherwise."
+    "comparator_model_name / comparator_agents: exactly one with comparator_policy='model'; 'api' ignores them."
     named, listed = c.comparator_model_name is not None, c.comparator_agents is not None
+    if c.comparator_policy == "api":                                 # comlrl 1.4.3 accepts them here, and ignores them
+        for name in ("comparator_model_name", "comparator_agents"):
+            if getattr(c, name) is not None: no_effect(owner, name, getattr(c, name), "comparator_policy='api' "
+                                                       "compares with the remote model; set comparator_policy='model'")
+        return
     if c.comparator_policy != "model":
         if named or listed:
             raise config_error(owner, "comparator_model_name / comparator_agents are only used with comparator_policy="
@@ -1013,11 +1024,11 @@ def check_api_fields(c):
 @validates(ComparatorAPIFields)
 def validate_comparator_api(c, owner):
     """`check_api_fields` checks all of them; an iterative config checks a copy when comparator_policy='api' (errors
-    name APIComparatorConfig; only the canonical format is kept) and refuses a URL with any other policy."""
+    name APIComparatorConfig; only the canonical format is kept) and warns about a URL with any other policy."""
     if not hasattr(c, "comparator_policy"): return check_api_fields(c)        # APIComparatorConfig itself
     if c.comparator_policy == "api":
         copy = types.SimpleNamespace(**{f.name: getattr(c, f.name) for f in fields(ComparatorAPIFields)})
         c.comparator_api_format = check_api_fields(copy).comparator_api_format
     elif c.comparator_api_url is not None:
-        raise config_error(owner, f"comparator_api_url is set but comparator_policy={c.comparator_policy!r}; "
-                                  "set comparator_policy='api'")
+        no_effect(owner, "comparator_api_url", safe_url(c.comparator_api_url), "only comparator_policy='api' calls a "
+                  f"remote comparator (this one is {c.comparator_policy!r}); set comparator_policy='api'")
