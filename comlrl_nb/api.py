@@ -10,29 +10,22 @@ import urllib.error, urllib.parse, urllib.request
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Optional, Sequence
 
-from .core import check_choice, check_number, logger
+from .core import check_number, logger
+from .config import (DEFAULT_URLS, FORMAT_ALIASES, FORMATS, _API_OWNER as _OWNER, check_key, resolve_format,
+                              safe_url)
+_all_ = ["FORMATS", "FORMAT_ALIASES", "DEFAULT_URLS", "resolve_format", "safe_url", "check_key"]   # in 26_config
 
 # %% auto #0
-__all__ = ['FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS', 'DEFAULT_KEY_ENVS', 'ANTHROPIC_VERSION', 'ONE_PER_REQUEST',
-           'FRAGMENT_CHARS', 'EXCERPT_CHARS', 'RETRY_STATUSES', 'MAX_RESPONSE_BYTES', 'resolve_format', 'redact',
-           'safe_url', 'secret_values', 'scrub_secrets', 'APIError', 'excerpt', 'APIComparatorConfig', 'check_key',
-           'get_path', 'jsonable', 'build_body', 'parse_completions', 'is_transient_status', 'backoff_delay',
-           'parse_retry_after', 'backoff_schedule', 'APIComparatorClient', 'MockAPIServer']
+__all__ = ['DEFAULT_KEY_ENVS', 'ANTHROPIC_VERSION', 'ONE_PER_REQUEST', 'FRAGMENT_CHARS', 'EXCERPT_CHARS', 'RETRY_STATUSES',
+           'MAX_RESPONSE_BYTES', 'redact', 'secret_values', 'scrub_secrets', 'APIError', 'excerpt',
+           'APIComparatorConfig', 'get_path', 'jsonable', 'build_body', 'parse_completions', 'is_transient_status',
+           'backoff_delay', 'parse_retry_after', 'backoff_schedule', 'APIComparatorClient', 'MockAPIServer', 'FORMATS',
+           'FORMAT_ALIASES', 'DEFAULT_URLS', 'resolve_format', 'safe_url', 'check_key']
 
 # %% ../nbs/52_api.ipynb #e51b5ef6
-FORMATS = ("generic", "openai", "anthropic", "openai_responses")
-FORMAT_ALIASES = {"responses": "openai_responses", "codex": "openai_responses", "openai_chat": "openai",
-                  "chat": "openai", "anthropic_messages": "anthropic", "messages": "anthropic"}
-DEFAULT_URLS = {"anthropic": "https://api.anthropic.com/v1/messages",
-                "openai_responses": "https://api.openai.com/v1/responses"}
 DEFAULT_KEY_ENVS = {"anthropic": "ANTHROPIC_API_KEY", "openai_responses": "OPENAI_API_KEY"}
 ANTHROPIC_VERSION = "2023-06-01"
 ONE_PER_REQUEST = ("anthropic", "openai_responses")  # formats without an `n`
-
-def resolve_format(name, owner: str = "APIComparatorConfig") -> str:
-    "The canonical format for `name` (aliases resolved, case-insensitive), or ValueError listing the valid ones."
-    value = name.strip().lower() if isinstance(name, str) else name
-    return check_choice(value, "comparator_api_format", FORMATS, owner, FORMAT_ALIASES)
 
 # %% ../nbs/52_api.ipynb #172df58c
 _SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|password|credential|session|signature", re.I)
@@ -70,15 +63,6 @@ def redact(text, secrets: Sequence[str] = ()) -> str:
         out += [text[pos:a], "***"]
         pos = b
     return "".join(out) + text[pos:]
-
-def safe_url(url) -> str:
-    "The URL without user:password and with query values hidden (names kept)."
-    p = urllib.parse.urlsplit(str(url))
-    host = p.hostname or ""
-    netloc = (f"[{host}]" if ":" in host else host) + (f":{p.port}" if p.port else "")
-    query = "&".join(f"{k}=***" for k, _ in urllib.parse.parse_qsl(p.query, keep_blank_values=True))
-    return urllib.parse.urlunsplit((p.scheme, netloc, p.path, query, ""))
-
 
 # %% ../nbs/52_api.ipynb #ddd1ea71
 def _secret_header(name: str) -> bool: return bool(_SECRET_NAME.search(str(name)))
@@ -133,97 +117,6 @@ class APIComparatorConfig(TrainerConfig):
     """Settings of an API comparator (the `comparator_api_*` fields of the iterative configs; help:
     `ComparatorAPIFields`)."""
     def __repr__(self): return f"APIComparatorConfig({', '.join(f'{k}={v!r}' for k, v in scrub_secrets(self).items())})"
-
-# %% ../nbs/52_api.ipynb #027bd1ee
-_OWNER = "APIComparatorConfig"
-
-def _check_str(value, name, allow_none=False, show=True):
-    if value is None and allow_none: return None
-    if not isinstance(value, str) or not value.strip():
-        shown = f"{value!r}" if show else f"<{type(value).__name__}>"
-        raise ValueError(f"{_OWNER}.{name}={shown} is invalid: expected a non-empty string"
-                         + (" or None" if allow_none else ""))
-    return value
-
-def _check_url(url, name="comparator_api_url"):
-    p = urllib.parse.urlsplit(url)
-    if p.scheme not in ("http", "https") or not p.hostname:
-        raise ValueError(f"{_OWNER}.{name}={safe_url(url)!r} is invalid: expected an http:// or https:// URL "
-                         "with a host")
-    return url
-
-# %% ../nbs/52_api.ipynb #14b6f91a
-def check_key(key, where: str) -> str:
-    """An API key as an HTTP header can carry it: surrounding whitespace (a pasted newline) removed; other control or
-    non-ASCII characters refused. Never echoes the key."""
-    key = key.strip()
-    bad = next((i for i, ch in enumerate(key) if not (32 <= ord(ch) < 127)), None)
-    if bad is not None:
-        raise ValueError(f"{where} contains a control or non-ASCII character at position {bad} of {len(key)} (the key "
-                         "itself is not shown); copy the key again without line breaks or quotes")
-    if not key: raise ValueError(f"{where} is empty after removing whitespace; set the key")
-    return key
-
-
-# %% ../nbs/52_api.ipynb #28812fa6
-def _validate(self: APIComparatorConfig):
-    self.comparator_api_format = fmt = resolve_format(self.comparator_api_format)
-    if self.comparator_api_url is None and fmt not in DEFAULT_URLS:
-        raise ValueError(f"{_OWNER}.comparator_api_url=None is invalid: the {fmt!r} format needs an endpoint URL "
-                         "(e.g. https://api.openai.com/v1/chat/completions or "
-                         "https://api.deepseek.com/chat/completions)")
-    if self.comparator_api_url is not None:
-        _check_url(_check_str(self.comparator_api_url, "comparator_api_url", show=False))
-    _check_str(self.comparator_api_model, "comparator_api_model", allow_none=True)
-    _check_str(self.comparator_api_key_env, "comparator_api_key_env", allow_none=True)
-    if _check_str(self.comparator_api_key, "comparator_api_key", allow_none=True, show=False) is not None:
-        self.comparator_api_key = check_key(self.comparator_api_key, f"{_OWNER}.comparator_api_key")
-    _check_str(self.comparator_api_key_header, "comparator_api_key_header")
-    if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", self.comparator_api_key_header):
-        raise ValueError(f"{_OWNER}.comparator_api_key_header={self.comparator_api_key_header!r} is invalid: not an "
-                         "HTTP header name")
-    if not isinstance(self.comparator_api_key_prefix, str):
-        raise ValueError(f"{_OWNER}.comparator_api_key_prefix={self.comparator_api_key_prefix!r} is invalid: expected "
-                         "a string ('' for none)")
-    if any(not 32 <= ord(ch) < 127 for ch in self.comparator_api_key_prefix):
-        raise ValueError(f"{_OWNER}.comparator_api_key_prefix is invalid: control or non-ASCII characters (use e.g. "
-                         "'Bearer ')")
-    _check_str(self.comparator_api_response_field, "comparator_api_response_field")
-    _validate_numbers(self)
-    _validate_dicts(self)
-
-APIComparatorConfig._validate = _validate
-
-# %% ../nbs/52_api.ipynb #052f4c69
-def _validate_numbers(self: APIComparatorConfig):
-    b = self.comparator_api_backoff
-    if isinstance(b, (list, tuple)):
-        if len(b) != 2:
-            raise ValueError(f"{_OWNER}.comparator_api_backoff={b!r} is invalid: expected a number or [base, cap]")
-        self.comparator_api_backoff, self.comparator_api_backoff_cap = b
-    check_number(self.comparator_api_timeout, "comparator_api_timeout", _OWNER, min=0, min_exclusive=True)
-    check_number(self.comparator_api_max_retries, "comparator_api_max_retries", _OWNER, integer=True, min=0)
-    check_number(self.comparator_api_backoff, "comparator_api_backoff", _OWNER, min=0)
-    check_number(self.comparator_api_backoff_cap, "comparator_api_backoff_cap", _OWNER, min=self.comparator_api_backoff)
-    check_number(self.comparator_api_max_n_per_request, "comparator_api_max_n_per_request", _OWNER, integer=True, min=1,
-                 allow_none=True)
-
-def _validate_dicts(self: APIComparatorConfig):
-    h = self.comparator_api_headers
-    if h is not None:
-        if not isinstance(h, dict): raise ValueError(f"{_OWNER}.comparator_api_headers must be a dict of str -> str or "
-                                                     f"None (got {type(h).__name__})")
-        for k, v in h.items():
-            if not isinstance(k, str) or not isinstance(v, str) or "\n" in k + v or "\r" in k + v:
-                raise ValueError(f"{_OWNER}.comparator_api_headers[{k!r}] is invalid: names and values must be "
-                                 "single-line strings (the value is not shown)")
-    eb = self.comparator_api_extra_body
-    if eb is not None:
-        if not isinstance(eb, dict):
-            raise ValueError(f"{_OWNER}.comparator_api_extra_body must be a dict or None (got {type(eb).__name__})")
-        try: json.dumps(eb)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{_OWNER}.comparator_api_extra_body is invalid: not JSON-serializable ({e})") from None
 
 # %% ../nbs/52_api.ipynb #6ba3b877
 @classmethod

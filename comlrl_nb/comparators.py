@@ -14,16 +14,16 @@ import torch
 from .core import as_list, atomic_write_bytes, derive_seed, logger, resolve_device
 from .generation import generate_completions
 from .rewards import apply_chat_template
+from .config import COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES
+_all_ = ["COMPARATOR_POLICIES", "COMPARATOR_GENERATION_MODES"]   # defined in 26_config
 
 # %% auto #0
-__all__ = ['COMPARATOR_POLICIES', 'COMPARATOR_GENERATION_MODES', 'COMPARISON_SELECTIONS', 'select_comparisons',
-           'centralized_prompt', 'centralized_format_example', 'parse_agent_sections', 'run_generator',
-           'ModelGenerator', 'APIGenerator', 'ComparatorSample', 'sample_comparator', 'CentralizedParseError',
-           'centralized_parse_error', 'history_snapshot_index', 'PolicySnapshots', 'ComparatorSide']
+__all__ = ['COMPARISON_SELECTIONS', 'select_comparisons', 'centralized_prompt', 'centralized_format_example',
+           'parse_agent_sections', 'run_generator', 'ModelGenerator', 'APIGenerator', 'ComparatorSample',
+           'sample_comparator', 'CentralizedParseError', 'centralized_parse_error', 'history_snapshot_index',
+           'PolicySnapshots', 'ComparatorSide', 'COMPARATOR_POLICIES', 'COMPARATOR_GENERATION_MODES']
 
 # %% ../nbs/51_comparators.ipynb #28b947b1
-COMPARATOR_POLICIES = ("current", "current_copy", "model", "history", "api")
-COMPARATOR_GENERATION_MODES = ("decentralized", "centralized")
 COMPARISON_SELECTIONS = ("reward_gap", "all", "random", "comparator_reward")
 
 def select_comparisons(comparisons: Sequence[tuple], pair_selection: str = "comparator_reward",

@@ -4,29 +4,35 @@
 
 # %% ../nbs/26_config.ipynb #74718266
 from __future__ import annotations
-import contextlib, dataclasses, os
+import contextlib, dataclasses, json, os, re, types, urllib.parse
 from abc import ABCMeta
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from .core import check_bool, check_choice, check_number, config_error, resolve_device, resolve_dtype
+from .core import (check_bool, check_choice, check_number, config_error, logger, resolve_device,
+                            resolve_dtype)
+from .generation import check_joint_mode
 
 # %% auto #0
-__all__ = ['GROUPS', 'RL_ALGORITHMS', 'group', 'validates', 'check_devices', 'TrainerConfig', 'float_text_to_float',
-           'validate_groups', 'check_unused', 'compose', 'config_groups', 'options_rows', 'format_options',
-           'TeamFields', 'validate_team', 'DeviceFields', 'validate_devices', 'ScheduleFields', 'validate_schedule',
-           'SamplingFields', 'validate_sampling', 'GenerationFields', 'validate_generations', 'TurnFields',
-           'validate_turns', 'MultiTurnFields', 'validate_multi_turn', 'JointFields', 'validate_joint', 'BufferFields',
-           'validate_buffer', 'RolloutFields', 'validate_rollout', 'AdvantageFields', 'validate_advantage',
-           'BaselineFields', 'validate_baseline', 'EvalFields', 'validate_evaluation', 'ReferenceKLFields',
-           'validate_reference_kl', 'RunFields', 'validate_run', 'TaskFields', 'validate_task', 'LoggingFields',
+__all__ = ['GROUPS', 'PAIR_SELECTIONS', 'COLLECTION_ROWS', 'RL_ALGORITHMS', 'COMPARATOR_POLICIES', 'COMPARATOR_GENERATION_MODES',
+           'REPLAY_MODES', 'FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS', 'group', 'validates', 'check_devices',
+           'no_effect', 'TrainerConfig', 'float_text_to_float', 'validate_groups', 'check_unused', 'compose',
+           'config_groups', 'options_rows', 'format_options', 'TeamFields', 'validate_team', 'DeviceFields',
+           'validate_devices', 'ScheduleFields', 'validate_schedule', 'SamplingFields', 'validate_sampling',
+           'GenerationFields', 'validate_generations', 'TurnFields', 'validate_turns', 'MultiTurnFields',
+           'validate_multi_turn', 'JointFields', 'validate_joint', 'BufferFields', 'validate_buffer', 'RolloutFields',
+           'validate_rollout', 'AdvantageFields', 'validate_advantage', 'BaselineFields', 'validate_baseline',
+           'EvalFields', 'validate_evaluation', 'ReferenceKLFields', 'validate_reference_kl', 'reference_kl_enabled',
+           'reference_kl_coef', 'RunFields', 'validate_run', 'TaskFields', 'validate_task', 'LoggingFields',
            'validate_logging', 'CheckpointFields', 'validate_checkpointing', 'CriticFields', 'validate_critic',
-           'ValueHeadFields', 'validate_value_heads', 'PreferenceFields', 'validate_preference', 'DPOFields',
-           'validate_dpo', 'CollaborationFields', 'validate_collaboration', 'EnvStepFields', 'validate_env_steps',
-           'count_env_steps', 'RLBackendFields', 'validate_rl_backend', 'RewardModelFields', 'validate_reward_model',
-           'IterationFields', 'validate_iterative', 'reward_range_to_log', 'reward_distributions', 'ComparatorFields',
-           'validate_comparator', 'ReplayFields', 'validate_replay', 'ComparatorAPIFields', 'validate_comparator_api']
+           'ValueHeadFields', 'validate_value_heads', 'check_pair_selection', 'check_preference_config',
+           'PreferenceFields', 'validate_preference', 'DPOFields', 'validate_dpo', 'CollaborationFields',
+           'validate_collaboration', 'EnvStepFields', 'validate_env_steps', 'count_env_steps', 'RLBackendFields',
+           'validate_rl_backend', 'RewardModelFields', 'validate_reward_model', 'IterationFields', 'validate_iterative',
+           'reward_range_to_log', 'reward_distributions', 'ComparatorFields', 'validate_comparator',
+           'check_replay_options', 'ReplayFields', 'validate_replay', 'ComparatorAPIFields', 'resolve_format',
+           'safe_url', 'check_key', 'check_api_fields', 'validate_comparator_api']
 
 # %% ../nbs/26_config.ipynb #27310ef2
 GROUPS: dict = {}           # name -> group class, in declaration order
@@ -45,6 +51,7 @@ def group(name: str):
         return cls
     return deco
 
+# %% ../nbs/26_config.ipynb #c405cd80
 def validates(grp):
     "Decorator: register `fn(cfg, owner)` as the validator of group `grp` (one per group)."
     def deco(fn):
@@ -66,9 +73,15 @@ def check_devices(v, name: str, owner: str):
         except ValueError as e: raise ValueError(f"{owner}.{name}={v!r} is invalid: {e}") from None
     return v
 
+# %% ../nbs/26_config.ipynb #df12b8d7
+def no_effect(owner: str, name: str, value, why: str):
+    "The one warning for a field comlrl 1.4.3 accepts that changes nothing here (`why`: the reason, and what would)."
+    logger.warning(f"{owner}: {name}={value!r} has no effect here: {why}; it is accepted (comlrl 1.4.3 accepts it) and "
+                   "ignored")
+
 # %% ../nbs/26_config.ipynb #b903e739
 class TrainerConfig(metaclass=ABCMeta):
-    "Base of the composed configs: validation runs group by group, then the unused fields, then the relations."
+    "Base of the composed configs: validation group by group, then the unused fields (warnings), then the relations."
     config_groups: tuple = ()
     config_checks: tuple = ()
     removed_fields: dict = {}       # keyword -> why this algorithm has no such option (passing it raises)
@@ -87,6 +100,7 @@ class TrainerConfig(metaclass=ABCMeta):
         check_unused(self, owner)
         for chk in self.config_checks: chk(self, owner)
 
+# %% ../nbs/26_config.ipynb #264e788d
 def float_text_to_float(c):
     "YAML 1.1 reads 5e-6 (no dot) as a string: a float field holding a numeric string gets the float it spells."
     for f in fields(c):
@@ -94,17 +108,17 @@ def float_text_to_float(c):
         if isinstance(v, str) and "float" in str(f.type):
             with contextlib.suppress(ValueError): setattr(c, f.name, float(v.strip()))
 
+# %% ../nbs/26_config.ipynb #2ebe5f25
 def validate_groups(c, owner: str, groups):
     "Run the validator of each group in `groups` on `c` (errors are prefixed with `owner`)."
     for g in groups: _VALIDATORS[g](c, owner)
 
 def check_unused(c, owner: str):
-    "Refuse a field this algorithm keeps only so that older configs load, unless it holds its default (or None)."
+    "One warning per field this algorithm keeps only so that comlrl 1.4.3 configs load, set off its default (or None)."
     for f in fields(c):
         why, v = f.metadata.get("unused"), getattr(c, f.name)
         if why is None or v == f.default or (v is None and "Optional" in str(f.type)): continue
-        raise config_error(owner, f"{f.name}={v!r} is not used by {owner}: {why}; remove it (only the default "
-                                  f"{f.default!r} is accepted)")
+        no_effect(owner, f.name, v, why)
 
 # %% ../nbs/26_config.ipynb #afd70545
 def _group_index(name: str, groups) -> dict:
@@ -120,6 +134,7 @@ def _group_index(name: str, groups) -> dict:
             own[f.name] = (g, f)
     return own
 
+# %% ../nbs/26_config.ipynb #026891e2
 def _ordered(name: str, own: dict, order) -> list:
     "Field names in `order` (names must exist; configs/groups contribute the fields this config has), then the rest."
     names = []
@@ -145,6 +160,7 @@ def _flat_fields(name: str, groups, order, defaults: dict, unused: dict) -> list
         return n, f.type, field(default=defaults.get(n, f.default), metadata=meta)
     return [spec(n) for n in _ordered(name, own, order)]
 
+# %% ../nbs/26_config.ipynb #8f750040
 def _derived_fields(cls, defaults: dict) -> list:
     "Specs of a variant config: only the fields whose default changes (they keep their place, help and group)."
     base = {f.name: f for b in cls.__bases__ if dataclasses.is_dataclass(b) for f in fields(b)}
@@ -155,8 +171,8 @@ def _derived_fields(cls, defaults: dict) -> list:
 # %% ../nbs/26_config.ipynb #b95cc1aa
 def compose(*groups, order=(), defaults: Optional[dict] = None, unused: Optional[dict] = None, checks=(), like=()):
     """Class decorator: a flat dataclass config of `groups` (or, without groups, a variant of its config base with
-    other `defaults`); `unused` maps a kept-for-compatibility field to the reason it is refused; `checks(cfg, owner)`
-    run after the groups; `like` lists classes the config counts as an instance of."""
+    other `defaults`); `unused` maps a kept-for-compatibility field to why it has no effect (setting it warns);
+    `checks(cfg, owner)` run after the groups; `like` lists classes the config counts as an instance of."""
     def deco(cls):
         ns = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__", "_abc_impl")}
         if groups:
@@ -195,7 +211,7 @@ def format_options(config, width: int = 100) -> str:
         for r in (r for r in rows if r["group"] == g):
             kind = r["type"] if isinstance(r["type"], str) else getattr(r["type"], "__name__", str(r["type"]))
             lines.append(f"  {r['name']}: {kind} = {r['default']!r}")
-            text = r["help"] + (f" NOT USED by {cls.__name__}: {r['unused']} (only the default is accepted)."
+            text = r["help"] + (f" NOT USED by {cls.__name__}: {r['unused']} (accepted, with a warning)."
                                 if r["unused"] else "")
             lines += textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      ")
     removed = getattr(cls, "removed_fields", {})
@@ -226,6 +242,7 @@ class DeviceFields:
     autocast_dtype: Optional[str] = field(default=None, metadata={"help": "'bfloat16' or 'float16': mixed-precision "
         "matmuls over fp32 weights; None: full precision."})
 
+# %% ../nbs/26_config.ipynb #b8d8cf9a
 @validates(DeviceFields)
 def validate_devices(c, owner):
     pt = c.parallel_training.strip().lower() if isinstance(c.parallel_training, str) else c.parallel_training
@@ -253,6 +270,7 @@ class ScheduleFields:
     max_grad_norm: Optional[float] = field(default=None, metadata={"help": "Clip each step's gradient norm to this "
         "value (None: no clipping)."})
 
+# %% ../nbs/26_config.ipynb #0f7b6208
 @validates(ScheduleFields)
 def validate_schedule(c, owner):
     check_number(c.num_train_epochs, "num_train_epochs", owner, integer=True, min=1)
@@ -271,6 +289,7 @@ class SamplingFields:
     top_k: Optional[int] = field(default=50, metadata={"help": "Sample from the k most likely tokens (None or 0: off, "
         "as in HF generate; 0 is stored as None)."})
 
+# %% ../nbs/26_config.ipynb #af5d34c9
 @validates(SamplingFields)
 def validate_sampling(c, owner):
     check_number(c.max_new_tokens, "max_new_tokens", owner, integer=True, min=1)
@@ -301,6 +320,7 @@ class TurnFields:
 @validates(TurnFields)
 def validate_turns(c, owner): check_number(c.num_turns, "num_turns", owner, integer=True, min=1)
 
+# %% ../nbs/26_config.ipynb #e6de97ee
 @group("multi_turn")
 class MultiTurnFields:
     "How later turns are rewarded, cut short and prompted."
@@ -311,6 +331,7 @@ class MultiTurnFields:
     external_prompt_passthrough: bool = field(default=False, metadata={"help": "Multi-turn: use the transition's "
         "next prompt as it is, instead of passing it through the agent's formatter."})
 
+# %% ../nbs/26_config.ipynb #858a2391
 @validates(MultiTurnFields)
 def validate_multi_turn(c, owner):
     check_number(c.discount, "discount", owner, min=0, max=1)
@@ -326,7 +347,6 @@ class JointFields:
 
 @validates(JointFields)
 def validate_joint(c, owner):
-    from comlrl_nb.generation import check_joint_mode
     c.joint_mode = check_joint_mode(c.joint_mode, owner)
 
 # %% ../nbs/26_config.ipynb #ac17955d
@@ -337,6 +357,7 @@ class BufferFields:
     train_batch_size: Optional[int] = field(default=None, metadata={"help": "Samples per optimizer step (MADPO: "
         "preference pairs); None: rollout_buffer_size."})
 
+# %% ../nbs/26_config.ipynb #069e5a74
 @validates(BufferFields)
 def validate_buffer(c, owner):
     check_number(c.rollout_buffer_size, "rollout_buffer_size", owner, integer=True, min=1)
@@ -368,6 +389,7 @@ class AdvantageFields:
 @validates(AdvantageFields)
 def validate_advantage(c, owner): check_bool(c.advantage_normalization, "advantage_normalization", owner)
 
+# %% ../nbs/26_config.ipynb #890e0d07
 @group("baseline")
 class BaselineFields:
     "Which baseline the REINFORCE family subtracts."
@@ -402,6 +424,7 @@ class ReferenceKLFields:
     reference_devices: Any = field(default=None, metadata={"help": "Devices of the frozen reference copies (one, or "
         "one per agent; None: the agents' devices)."})
 
+# %% ../nbs/26_config.ipynb #e68f1c94
 @validates(ReferenceKLFields)
 def validate_reference_kl(c, owner):
     check_bool(c.reference_kl_enabled, "reference_kl_enabled", owner)
@@ -411,6 +434,10 @@ def validate_reference_kl(c, owner):
     if n is not None and isinstance(d, (list, tuple)) and len(d) not in (1, n):
         raise config_error(owner, f"reference_devices length {len(d)} does not fit {n} agents: give one device, or "
                                   f"a list of 1 or {n}")
+
+# %% ../nbs/26_config.ipynb #11cee710
+def reference_kl_enabled(args) -> bool: return bool(getattr(args, "reference_kl_enabled", False))
+def reference_kl_coef(args) -> float: return float(getattr(args, "reference_kl_coef", 0.1))
 
 # %% ../nbs/26_config.ipynb #5269319e
 @group("run")
@@ -423,6 +450,7 @@ class RunFields:
 @validates(RunFields)
 def validate_run(c, owner): check_number(c.seed, "seed", owner, integer=True, min=0)
 
+# %% ../nbs/26_config.ipynb #3ced49eb
 @group("task")
 class TaskFields:
     "How the task's prompts and rewards are called."
@@ -446,11 +474,13 @@ class LoggingFields:
     save_plot: bool = field(default=True, metadata={"help": "Draw output_dir/training_curves.png at the end of "
         "train()."})
 
+# %% ../nbs/26_config.ipynb #f3de2ef1
 @validates(LoggingFields)
 def validate_logging(c, owner):
     check_number(c.logging_steps, "logging_steps", owner, integer=True, min=1)
     for b in ("progress_bar", "tensorboard", "save_plot"): check_bool(getattr(c, b), b, owner)
 
+# %% ../nbs/26_config.ipynb #ed964788
 @group("checkpointing")
 class CheckpointFields:
     "When checkpoints are written and how many are kept."
@@ -507,11 +537,45 @@ class ValueHeadFields:
     value_head_hidden_dim: Optional[int] = field(default=None, metadata={"help": "Value heads (use_separate_critic="
         "False): hidden width of the head on each actor (None: linear)."})
 
+# %% ../nbs/26_config.ipynb #f048e1f4
 @validates(ValueHeadFields)
 def validate_value_heads(c, owner):
     check_bool(c.use_separate_critic, "use_separate_critic", owner)
     check_number(c.value_clip_range, "value_clip_range", owner, min=0, min_exclusive=True, allow_none=True)
     check_number(c.value_head_hidden_dim, "value_head_hidden_dim", owner, integer=True, min=1, allow_none=True)
+
+# %% ../nbs/26_config.ipynb #21ce5bfa
+PAIR_SELECTIONS = ("reward_gap", "all", "random")
+
+def check_pair_selection(pair_selection: str, pairs_per_sample: Optional[int], owner: str = "",
+                         choices: Sequence[str] = PAIR_SELECTIONS) -> str:
+    """Validate pair_selection (one of `choices`, default PAIR_SELECTIONS) against preference_pairs_per_sample (int >= 1
+    or None)."""
+    sel = check_choice(pair_selection, "pair_selection", choices, owner)
+    check_number(pairs_per_sample, "preference_pairs_per_sample", owner, integer=True, min=1, allow_none=True)
+    if sel == "all" and pairs_per_sample is not None:
+        raise config_error(owner or "pair_selection", f"pair_selection='all' keeps every untied pair, so "
+                           f"preference_pairs_per_sample must be None (got {pairs_per_sample}); set "
+                           "preference_pairs_per_sample=None or use pair_selection='reward_gap' or 'random'")
+    return sel
+
+# %% ../nbs/26_config.ipynb #51087d3d
+COLLECTION_ROWS = 64      # default rows (items x candidates) per sampling loop while collecting pairs
+
+def check_preference_config(c, owner: str):
+    "Validate the preference fields of a preference config (and that it is single-turn and aligned)."
+    check_number(c.preference_num_candidates, "preference_num_candidates", owner, integer=True, min=2)
+    check_number(c.collection_batch_size, "collection_batch_size", owner, integer=True, min=1, allow_none=True)
+    if c.collection_batch_size is None: c.collection_batch_size = max(1, COLLECTION_ROWS // c.preference_num_candidates)
+    choices = getattr(type(c), "pair_selections", PAIR_SELECTIONS)     # iterative configs add 'comparator_reward'
+    c.pair_selection = check_pair_selection(c.pair_selection, c.preference_pairs_per_sample, owner, choices)
+    if c.num_turns != 1:
+        raise config_error(owner, f"num_turns={c.num_turns} is invalid: the preference trainers compare "
+                                  "single-turn joint responses; use num_turns=1")
+    if check_joint_mode(c.joint_mode, owner) != "aligned":
+        raise config_error(owner, f"joint_mode={c.joint_mode!r} is invalid: preference candidates are compared "
+                                  "index by index (candidate k of every agent forms joint response k); use "
+                                  "joint_mode='aligned'")
 
 # %% ../nbs/26_config.ipynb #de253f04
 @group("preference")
@@ -526,10 +590,10 @@ class PreferenceFields:
     collection_batch_size: Optional[int] = field(default=None, metadata={"help": "Items per sampling call while "
         "collecting pairs (None: about 64 rows of candidates)."})
 
+# %% ../nbs/26_config.ipynb #0e899574
 @validates(PreferenceFields)
 def validate_preference(c, owner):
-    "The preference trainers' check (single-turn and aligned too): `preference.check_preference_config`."
-    from comlrl_nb.preference import check_preference_config
+    "The preference trainers' check (single-turn and aligned too): `check_preference_config`."
     check_preference_config(c, owner)
 
 # %% ../nbs/26_config.ipynb #6c332458
@@ -542,6 +606,7 @@ class DPOFields:
 @validates(DPOFields)
 def validate_dpo(c, owner): check_number(c.dpo_beta, "dpo_beta", owner, min=0, min_exclusive=True)
 
+# %% ../nbs/26_config.ipynb #46602b8d
 @group("collaboration")
 class CollaborationFields:
     "One model per agent, or one actor for every role."
@@ -563,17 +628,18 @@ class EnvStepFields:
     environment_steps_per_pair: int = field(default=2, metadata={"help": "Environment steps one preference pair "
         "counts as (2: its two joint responses)."})
 
+# %% ../nbs/26_config.ipynb #8e5888e9
 @validates(EnvStepFields)
 def validate_env_steps(c, owner):
     check_bool(c.use_environment_step, "use_environment_step", owner)
     check_number(c.environment_steps_per_pair, "environment_steps_per_pair", owner, integer=True, min=1)
 
+# %% ../nbs/26_config.ipynb #4ff7e900
 def count_env_steps(c, state: dict, pairs: int) -> dict:
     "Add one batch of `pairs` to `state['env_step']` (when `c.use_environment_step`); the metrics entry to log."
     if not c.use_environment_step: return {}
     state["env_step"] = state.get("env_step", 0) + c.environment_steps_per_pair * pairs
     return {"env_step": state["env_step"]}
-
 
 # %% ../nbs/26_config.ipynb #41278518
 RL_ALGORITHMS = ("magrpo", "mareinforce", "marloo", "maremax", "maac", "iac")
@@ -639,6 +705,7 @@ class IterationFields:
         "and the comparator as histograms over the reward's declared range, with quantiles (needs "
         "set_reward_range(reward_func, lo, hi))."})
 
+# %% ../nbs/26_config.ipynb #fee8306d
 @validates(IterationFields)
 def validate_iterative(c, owner):
     check_number(c.num_iterations, "num_iterations", owner, integer=True, min=1)
@@ -660,6 +727,7 @@ def reward_range_to_log(c, reward_func) -> Optional[tuple]:
                          "with set_reward_range(reward_func, minimum, maximum), or set log_reward_distribution=False")
     return r
 
+# %% ../nbs/26_config.ipynb #5624f615
 def reward_distributions(reward_range, bins: int = 10, **values) -> dict:
     """For each keyword `name=rewards`: counts of the finite rewards in `bins` equal bins of `reward_range` (values
     outside go to the end bins) and their 10/50/90% quantiles, as `name_hist`, `name_hist_edges`, `name_p50`, ...;
@@ -674,6 +742,9 @@ def reward_distributions(reward_range, bins: int = 10, **values) -> dict:
         out.update({f"{name}_p{p}": float(np.quantile(x, p / 100)) if len(x) else float("nan") for p in (10, 50, 90)})
     return out
 
+# %% ../nbs/26_config.ipynb #dc05c6e9
+COMPARATOR_POLICIES = ("current", "current_copy", "model", "history", "api")
+COMPARATOR_GENERATION_MODES = ("decentralized", "centralized")
 
 # %% ../nbs/26_config.ipynb #ba6b19e1
 @group("comparator")
@@ -702,7 +773,6 @@ class ComparatorFields:
 # %% ../nbs/26_config.ipynb #ac7e9368
 @validates(ComparatorFields)
 def validate_comparator(c, owner):
-    from comlrl_nb.comparators import COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES
     num = lambda name, **kw: check_number(getattr(c, name), name, owner, **kw)
     num("comparator_num_candidates", integer=True, min=1, allow_none=True)
     num("comparator_max_new_tokens", integer=True, min=1, allow_none=True)
@@ -714,14 +784,19 @@ def validate_comparator(c, owner):
                                                 COMPARATOR_GENERATION_MODES, owner)
     check_devices(c.comparator_devices, "comparator_devices", owner)
     if c.comparator_devices is not None and c.comparator_policy in ("current", "api"):
-        raise config_error(owner, f"comparator_devices is only used by comparator_policy 'current_copy', 'model' and "
-                                  f"'history' (got {c.comparator_policy!r}); remove it or pick one of those")
+        no_effect(owner, "comparator_devices", c.comparator_devices, "only comparator_policy 'current_copy', 'model' "
+                  f"and 'history' place comparator models (this one is {c.comparator_policy!r}); pick one of those")
     _comparator_sources(c, owner)
 
 # %% ../nbs/26_config.ipynb #f1729fcb
 def _comparator_sources(c, owner: str):
-    "comparator_model_name / comparator_agents: exactly one with comparator_policy='model', neither otherwise."
+    "comparator_model_name / comparator_agents: exactly one with comparator_policy='model'; 'api' ignores them."
     named, listed = c.comparator_model_name is not None, c.comparator_agents is not None
+    if c.comparator_policy == "api":                                 # comlrl 1.4.3 accepts them here, and ignores them
+        for name in ("comparator_model_name", "comparator_agents"):
+            if getattr(c, name) is not None: no_effect(owner, name, getattr(c, name), "comparator_policy='api' "
+                                                       "compares with the remote model; set comparator_policy='model'")
+        return
     if c.comparator_policy != "model":
         if named or listed:
             raise config_error(owner, "comparator_model_name / comparator_agents are only used with comparator_policy="
@@ -738,6 +813,35 @@ def _comparator_sources(c, owner: str):
         raise config_error(owner, f"comparator_agents must be a list with one model per agent ({c.num_agents}), "
                                   f"got {n}")
 
+# %% ../nbs/26_config.ipynb #da40cea8
+REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
+
+# %% ../nbs/26_config.ipynb #90c91007
+def check_replay_options(mode: str, k=None, lam=None, sample_size=None, owner: str = "") -> str:
+    "Validate the replay options of SPEC 6; returns the mode."
+    w = (owner + ".") if owner else ""
+    mode = check_choice(mode, "preference_replay_mode", REPLAY_MODES, owner)
+    if sample_size is not None: check_number(sample_size, "preference_replay_sample_size", owner, integer=True, min=1)
+    if mode == "current":
+        if sample_size is not None:
+            raise ValueError(f"{w}preference_replay_sample_size is not used by mode 'current' (it trains on all of "
+                             "this round's pairs); remove it or pick a history mode")
+        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
+        if k not in (None, 1): raise ValueError(f"{w}preference_replay_k={k!r} does not fit mode 'current' (only None "
+                                                "or 1); use 'nearest_k' to replay more rounds")
+    elif mode == "nearest_k":
+        check_number(k, "preference_replay_k", owner, integer=True, min=1)
+        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
+    elif mode == "all_history":
+        if k is not None:
+            raise ValueError(f"{w}preference_replay_k is not used by mode 'all_history'; remove it or use 'nearest_k'")
+        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
+    else:
+        check_number(lam, "preference_replay_lambda", owner, min=0, max=1)
+        if k is not None:
+            raise ValueError(f"{w}preference_replay_k is not used by mode 'lambda_decay'; remove it or use 'nearest_k'")
+    return mode
+
 # %% ../nbs/26_config.ipynb #7def19aa
 @group("replay")
 class ReplayFields:
@@ -752,9 +856,9 @@ class ReplayFields:
     preference_replay_dir: Optional[str] = field(default=None, metadata={"help": "Where every round's pairs are "
         "stored (None: output_dir/preference_replay)."})
 
+# %% ../nbs/26_config.ipynb #251c599f
 @validates(ReplayFields)
 def validate_replay(c, owner):
-    from comlrl_nb.replay import check_replay_options
     check_replay_options(c.preference_replay_mode, c.preference_replay_k, c.preference_replay_lambda,
                          c.preference_replay_sample_size, owner)
     if c.preference_replay_dir is not None and not isinstance(c.preference_replay_dir, (str, os.PathLike)):
@@ -793,15 +897,138 @@ class ComparatorAPIFields:
     comparator_api_extra_body: Optional[dict] = field(default=None, metadata={"help": "Extra JSON fields merged into "
         "every request body (secret-looking keys such as api_key or token are hidden like the key)."})
 
+# %% ../nbs/26_config.ipynb #d40b7d10
+FORMATS = ("generic", "openai", "anthropic", "openai_responses")
+FORMAT_ALIASES = {"responses": "openai_responses", "codex": "openai_responses", "openai_chat": "openai",
+                  "chat": "openai", "anthropic_messages": "anthropic", "messages": "anthropic"}
+DEFAULT_URLS = {"anthropic": "https://api.anthropic.com/v1/messages",
+                "openai_responses": "https://api.openai.com/v1/responses"}
+
+def resolve_format(name, owner: str = "APIComparatorConfig") -> str:
+    "The canonical format for `name` (aliases resolved, case-insensitive), or ValueError listing the valid ones."
+    value = name.strip().lower() if isinstance(name, str) else name
+    return check_choice(value, "comparator_api_format", FORMATS, owner, FORMAT_ALIASES)
+
+# %% ../nbs/26_config.ipynb #f6248fbb
+def safe_url(url) -> str:
+    "The URL without user:password and with query values hidden (names kept)."
+    p = urllib.parse.urlsplit(str(url))
+    host = p.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{p.port}" if p.port else "")
+    query = "&".join(f"{k}=***" for k, _ in urllib.parse.parse_qsl(p.query, keep_blank_values=True))
+    return urllib.parse.urlunsplit((p.scheme, netloc, p.path, query, ""))
+
+# %% ../nbs/26_config.ipynb #05552149
+def check_key(key, where: str) -> str:
+    """An API key as an HTTP header can carry it: surrounding whitespace (a pasted newline) removed; other control or
+    non-ASCII characters refused. Never echoes the key."""
+    key = key.strip()
+    bad = next((i for i, ch in enumerate(key) if not (32 <= ord(ch) < 127)), None)
+    if bad is not None:
+        raise ValueError(f"{where} contains a control or non-ASCII character at position {bad} of {len(key)} (the key "
+                         "itself is not shown); copy the key again without line breaks or quotes")
+    if not key: raise ValueError(f"{where} is empty after removing whitespace; set the key")
+    return key
+
+# %% ../nbs/26_config.ipynb #75a7e1c0
+_API_OWNER = "APIComparatorConfig"      # API field errors name the client's config, whichever config holds the fields
+
+def _check_str(value, name, allow_none=False, show=True):
+    if value is None and allow_none: return None
+    if not isinstance(value, str) or not value.strip():
+        shown = f"{value!r}" if show else f"<{type(value).__name__}>"
+        raise ValueError(f"{_API_OWNER}.{name}={shown} is invalid: expected a non-empty string"
+                         + (" or None" if allow_none else ""))
+    return value
+
+# %% ../nbs/26_config.ipynb #cde39f97
+def _check_url(url, name="comparator_api_url"):
+    p = urllib.parse.urlsplit(url)
+    if p.scheme not in ("http", "https") or not p.hostname:
+        raise ValueError(f"{_API_OWNER}.{name}={safe_url(url)!r} is invalid: expected an http:// or https:// URL "
+                         "with a host")
+    return url
+
+# %% ../nbs/26_config.ipynb #53944d8b
+def _check_api_endpoint(c):
+    c.comparator_api_format = fmt = resolve_format(c.comparator_api_format)
+    if c.comparator_api_url is None and fmt not in DEFAULT_URLS:
+        raise ValueError(f"{_API_OWNER}.comparator_api_url=None is invalid: the {fmt!r} format needs an endpoint URL "
+                         "(e.g. https://api.openai.com/v1/chat/completions or "
+                         "https://api.deepseek.com/chat/completions)")
+    if c.comparator_api_url is not None:
+        _check_url(_check_str(c.comparator_api_url, "comparator_api_url", show=False))
+
+# %% ../nbs/26_config.ipynb #6bf5fbe2
+def _check_api_auth(c):
+    _check_str(c.comparator_api_model, "comparator_api_model", allow_none=True)
+    _check_str(c.comparator_api_key_env, "comparator_api_key_env", allow_none=True)
+    if _check_str(c.comparator_api_key, "comparator_api_key", allow_none=True, show=False) is not None:
+        c.comparator_api_key = check_key(c.comparator_api_key, f"{_API_OWNER}.comparator_api_key")
+    _check_str(c.comparator_api_key_header, "comparator_api_key_header")
+    if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", c.comparator_api_key_header):
+        raise ValueError(f"{_API_OWNER}.comparator_api_key_header={c.comparator_api_key_header!r} is invalid: not an "
+                         "HTTP header name")
+    if not isinstance(c.comparator_api_key_prefix, str):
+        raise ValueError(f"{_API_OWNER}.comparator_api_key_prefix={c.comparator_api_key_prefix!r} is invalid: "
+                         "expected a string ('' for none)")
+    if any(not 32 <= ord(ch) < 127 for ch in c.comparator_api_key_prefix):
+        raise ValueError(f"{_API_OWNER}.comparator_api_key_prefix is invalid: control or non-ASCII characters (use "
+                         "e.g. 'Bearer ')")
+
+# %% ../nbs/26_config.ipynb #a5aa2c8a
+def _check_api_numbers(c):
+    b = c.comparator_api_backoff
+    if isinstance(b, (list, tuple)):
+        if len(b) != 2:
+            raise ValueError(f"{_API_OWNER}.comparator_api_backoff={b!r} is invalid: expected a number or [base, cap]")
+        c.comparator_api_backoff, c.comparator_api_backoff_cap = b
+    num = lambda name, **kw: check_number(getattr(c, name), name, _API_OWNER, **kw)
+    num("comparator_api_timeout", min=0, min_exclusive=True)
+    num("comparator_api_max_retries", integer=True, min=0)
+    num("comparator_api_backoff", min=0)
+    num("comparator_api_backoff_cap", min=c.comparator_api_backoff)
+    num("comparator_api_max_n_per_request", integer=True, min=1, allow_none=True)
+
+# %% ../nbs/26_config.ipynb #57ea6dc8
+def _check_api_headers(c):
+    h = c.comparator_api_headers
+    if h is None: return
+    if not isinstance(h, dict): raise ValueError(f"{_API_OWNER}.comparator_api_headers must be a dict of str -> str or "
+                                                 f"None (got {type(h).__name__})")
+    for k, v in h.items():
+        if not isinstance(k, str) or not isinstance(v, str) or "\n" in k + v or "\r" in k + v:
+            raise ValueError(f"{_API_OWNER}.comparator_api_headers[{k!r}] is invalid: names and values must be "
+                             "single-line strings (the value is not shown)")
+
+# %% ../nbs/26_config.ipynb #396f6667
+def _check_api_extra_body(c):
+    eb = c.comparator_api_extra_body
+    if eb is None: return
+    if not isinstance(eb, dict):
+        raise ValueError(f"{_API_OWNER}.comparator_api_extra_body must be a dict or None (got {type(eb).__name__})")
+    try: json.dumps(eb)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{_API_OWNER}.comparator_api_extra_body is invalid: not JSON-serializable ({e})") from None
+
+# %% ../nbs/26_config.ipynb #b0b812ec
+def check_api_fields(c):
+    "Check (and normalize) every `comparator_api_*` field of `c` in place; returns `c`."
+    _check_api_endpoint(c)
+    _check_api_auth(c)
+    _check_str(c.comparator_api_response_field, "comparator_api_response_field")
+    for check in (_check_api_numbers, _check_api_headers, _check_api_extra_body): check(c)
+    return c
+
 # %% ../nbs/26_config.ipynb #7403296a
 @validates(ComparatorAPIFields)
 def validate_comparator_api(c, owner):
-    """APIComparatorConfig checks all of them (`api._validate`); an iterative config builds one from its fields when
-    comparator_policy='api' (errors then name APIComparatorConfig) and refuses a URL with any other policy."""
-    if not hasattr(c, "comparator_policy"): return c._validate()        # APIComparatorConfig itself
-    from comlrl_nb.api import APIComparatorConfig
+    """`check_api_fields` checks all of them; an iterative config checks a copy when comparator_policy='api' (errors
+    name APIComparatorConfig; only the canonical format is kept) and warns about a URL with any other policy."""
+    if not hasattr(c, "comparator_policy"): return check_api_fields(c)        # APIComparatorConfig itself
     if c.comparator_policy == "api":
-        c.comparator_api_format = APIComparatorConfig.from_any(c).comparator_api_format
+        copy = types.SimpleNamespace(**{f.name: getattr(c, f.name) for f in fields(ComparatorAPIFields)})
+        c.comparator_api_format = check_api_fields(copy).comparator_api_format
     elif c.comparator_api_url is not None:
-        raise config_error(owner, f"comparator_api_url is set but comparator_policy={c.comparator_policy!r}; "
-                                  "set comparator_policy='api'")
+        no_effect(owner, "comparator_api_url", safe_url(c.comparator_api_url), "only comparator_policy='api' calls a "
+                  f"remote comparator (this one is {c.comparator_policy!r}); set comparator_policy='api'")

@@ -19,12 +19,12 @@ __all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_K
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
            'takes_external_prompts', 'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model',
            'EvalLog', 'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules',
-           'resolve_reference_devices', 'reference_kl_for_sequence', 'reference_kl_enabled', 'reference_kl_coef',
-           'validate_reference_kl_config', 'clone_reference_models', 'load_reference_models_from_sources',
-           'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials',
-           'resolve_model_sources', 'normalize_reward_lengths', 'CentralizedComparatorParseError',
-           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables',
-           'install_round_callbacks', 'install_trainer_wrappers']
+           'resolve_reference_devices', 'reference_kl_for_sequence', 'validate_reference_kl_config',
+           'clone_reference_models', 'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name',
+           'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources',
+           'normalize_reward_lengths', 'CentralizedComparatorParseError', 'CentralizedComparatorAdapter',
+           'TaggedCentralizedComparatorAdapter', 'adapter_callables', 'install_round_callbacks',
+           'install_trainer_wrappers', 'reference_kl_enabled', 'reference_kl_coef']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
@@ -443,8 +443,8 @@ def reference_kl_for_sequence(policy_model, reference_model, sequences: torch.Te
     return k3_kl(ref, pol, cm.cpu().float())
 
 # %% ../nbs/90_porting.ipynb #9d9f3adc
-def reference_kl_enabled(args) -> bool: return bool(getattr(args, "reference_kl_enabled", False))
-def reference_kl_coef(args) -> float: return float(getattr(args, "reference_kl_coef", 0.1))
+from .config import reference_kl_enabled, reference_kl_coef
+_all_ = ["reference_kl_enabled", "reference_kl_coef"]      # defined in 26_config
 
 def validate_reference_kl_config(args, expected_count: int) -> None:
     "A negative coefficient, or (when enabled) reference_devices that do not fit `expected_count` models: an error."

@@ -11,21 +11,19 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
-from .core import atomic_write_json, check_choice, check_number, config_error, derive_seed, logger
-from .generation import check_joint_mode
+from .core import atomic_write_json, check_number, derive_seed, logger
+from .config import COLLECTION_ROWS, PAIR_SELECTIONS, check_pair_selection, check_preference_config
 from .engine import progress_bar
 from .rewards import RewardFunction
+_all_ = ["PAIR_SELECTIONS", "COLLECTION_ROWS", "check_pair_selection", "check_preference_config"]   # from 26_config
 
 # %% auto #0
-__all__ = ['PAIR_SELECTIONS', 'COLLECTION_ROWS', 'PAIR_RECORD_FIELDS', 'untied_pairs', 'select_pairs', 'check_pair_selection',
-           'make_pair_record', 'validate_pair_record', 'save_pairs', 'load_pairs', 'resolve_oracle', 'team_candidates',
-           'collect_preference_pairs', 'encode_side', 'text_ids', 'side_ids', 'tokenize_pairs',
-           'check_preference_config', 'build_pair_dataset']
+__all__ = ['PAIR_RECORD_FIELDS', 'untied_pairs', 'select_pairs', 'make_pair_record', 'validate_pair_record', 'save_pairs',
+           'load_pairs', 'resolve_oracle', 'team_candidates', 'collect_preference_pairs', 'encode_side', 'text_ids',
+           'side_ids', 'tokenize_pairs', 'build_pair_dataset', 'PAIR_SELECTIONS', 'COLLECTION_ROWS',
+           'check_pair_selection', 'check_preference_config']
 
 # %% ../nbs/40_preference.ipynb #c58c2084
-PAIR_SELECTIONS = ("reward_gap", "all", "random")
-COLLECTION_ROWS = 64      # default rows (items x candidates) per sampling loop while collecting pairs
-
 def untied_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
     """(winner, loser) candidate indices of every untied pair, enumerated as ordered pairs in index order (as the
     library)."""
@@ -42,19 +40,6 @@ def select_pairs(scores: Sequence[float], pair_selection: str = "reward_gap", pa
         order = np.random.default_rng(derive_seed("pair_selection", *key)).permutation(len(pairs))
         pairs = [pairs[j] for j in order]
     return pairs if pairs_per_sample is None else pairs[:pairs_per_sample]
-
-# %% ../nbs/40_preference.ipynb #5903de5f
-def check_pair_selection(pair_selection: str, pairs_per_sample: Optional[int], owner: str = "",
-                         choices: Sequence[str] = PAIR_SELECTIONS) -> str:
-    """Validate pair_selection (one of `choices`, default PAIR_SELECTIONS) against preference_pairs_per_sample (int >= 1
-    or None)."""
-    sel = check_choice(pair_selection, "pair_selection", choices, owner)
-    check_number(pairs_per_sample, "preference_pairs_per_sample", owner, integer=True, min=1, allow_none=True)
-    if sel == "all" and pairs_per_sample is not None:
-        raise config_error(owner or "pair_selection", f"pair_selection='all' keeps every untied pair, so "
-                           f"preference_pairs_per_sample must be None (got {pairs_per_sample}); set "
-                           "preference_pairs_per_sample=None or use pair_selection='reward_gap' or 'random'")
-    return sel
 
 # %% ../nbs/40_preference.ipynb #a0e3d724
 PAIR_RECORD_FIELDS = ("prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
@@ -243,21 +228,6 @@ def tokenize_pairs(records: Sequence[dict], agent: int, tokenizer, eos_id: Optio
     return out
 
 # %% ../nbs/40_preference.ipynb #985574c4
-def check_preference_config(c, owner: str):
-    "Validate the preference fields of a preference config (and that it is single-turn and aligned)."
-    check_number(c.preference_num_candidates, "preference_num_candidates", owner, integer=True, min=2)
-    check_number(c.collection_batch_size, "collection_batch_size", owner, integer=True, min=1, allow_none=True)
-    if c.collection_batch_size is None: c.collection_batch_size = max(1, COLLECTION_ROWS // c.preference_num_candidates)
-    choices = getattr(type(c), "pair_selections", PAIR_SELECTIONS)     # iterative configs add 'comparator_reward'
-    c.pair_selection = check_pair_selection(c.pair_selection, c.preference_pairs_per_sample, owner, choices)
-    if c.num_turns != 1:
-        raise config_error(owner, f"num_turns={c.num_turns} is invalid: the preference trainers compare "
-                                  "single-turn joint responses; use num_turns=1")
-    if check_joint_mode(c.joint_mode, owner) != "aligned":
-        raise config_error(owner, f"joint_mode={c.joint_mode!r} is invalid: preference candidates are compared "
-                                  "index by index (candidate k of every agent forms joint response k); use "
-                                  "joint_mode='aligned'")
-
 def build_pair_dataset(team, dataset, args, path, oracle, round_key: Any = "collect",
                        sampler: Optional[Callable] = None) -> tuple[list[dict], dict]:
     "Collect pairs over `dataset` with `args`' preference and sampling settings, save them to `path`, read them back."

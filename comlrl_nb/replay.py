@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
-from .core import atomic_write_json, check_choice, check_number, derive_seed
+from .core import atomic_write_json, derive_seed
+from .config import REPLAY_MODES, check_replay_options
+_all_ = ["REPLAY_MODES", "check_replay_options"]   # defined in 26_config
 
 # %% auto #0
-__all__ = ['REPLAY_MODES', 'replay_weights', 'plot_weights', 'weights_widget', 'draw_sample', 'check_replay_options',
-           'iteration_path', 'load_iteration_file', 'ReplayBuffer', 'replay_mix', 'animate_replay_mix']
+__all__ = ['replay_weights', 'plot_weights', 'weights_widget', 'draw_sample', 'iteration_path', 'load_iteration_file',
+           'ReplayBuffer', 'replay_mix', 'animate_replay_mix', 'REPLAY_MODES', 'check_replay_options']
 
 # %% ../nbs/50_replay.ipynb #28a122b5
-REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
-
 def replay_weights(num_datasets: int, mode: str = "lambda_decay", lam: Optional[float] = None,
                    k: Optional[int] = None) -> np.ndarray:
     "Weights of the non-empty datasets, indexed by age (0 = newest); zeros for datasets the mode leaves out."
@@ -71,32 +71,6 @@ def draw_sample(datasets: Sequence[Sequence[Any]], weights: Sequence[float], siz
         out += [data[i] for i in idx[:c]]
     order = rng.permutation(len(out))
     return [out[i] for i in order]
-
-# %% ../nbs/50_replay.ipynb #f0ad807e
-def check_replay_options(mode: str, k=None, lam=None, sample_size=None, owner: str = "") -> str:
-    "Validate the replay options of SPEC 6; returns the mode."
-    w = (owner + ".") if owner else ""
-    mode = check_choice(mode, "preference_replay_mode", REPLAY_MODES, owner)
-    if sample_size is not None: check_number(sample_size, "preference_replay_sample_size", owner, integer=True, min=1)
-    if mode == "current":
-        if sample_size is not None:
-            raise ValueError(f"{w}preference_replay_sample_size is not used by mode 'current' (it trains on all of "
-                             "this round's pairs); remove it or pick a history mode")
-        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
-        if k not in (None, 1): raise ValueError(f"{w}preference_replay_k={k!r} does not fit mode 'current' (only None "
-                                                "or 1); use 'nearest_k' to replay more rounds")
-    elif mode == "nearest_k":
-        check_number(k, "preference_replay_k", owner, integer=True, min=1)
-        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
-    elif mode == "all_history":
-        if k is not None:
-            raise ValueError(f"{w}preference_replay_k is not used by mode 'all_history'; remove it or use 'nearest_k'")
-        if lam is not None: raise ValueError(f"{w}preference_replay_lambda is only for mode 'lambda_decay'; remove it")
-    else:
-        check_number(lam, "preference_replay_lambda", owner, min=0, max=1)
-        if k is not None:
-            raise ValueError(f"{w}preference_replay_k is not used by mode 'lambda_decay'; remove it or use 'nearest_k'")
-    return mode
 
 # %% ../nbs/50_replay.ipynb #db2204ac
 def iteration_path(directory, iteration: int) -> Path: return Path(directory) / f"iteration_{iteration:04d}.json"

@@ -1,8 +1,11 @@
 """Configs from documented groups: every public field has help text, each config is exactly the union of its groups,
-the kept-but-unused and removed fields refuse values with a reason, and `comlrl-nb options` prints it all."""
+the kept-but-unused fields warn once (the porting rule), removed fields refuse values with a reason, and
+`comlrl-nb options` prints it all."""
 import contextlib
 import dataclasses
 import io
+import logging
+import re
 
 import pytest
 
@@ -61,9 +64,6 @@ def test_the_configs_keep_their_public_shape():
 @pytest.mark.parametrize("kw, msg", [
     (dict(num_generations=4), "MADPOConfig: num_generations is not an option of MADPOConfig: MADPO samples"),
     (dict(rollout_batch_size=2), "rollout_batch_size is not an option of MADPOConfig"),
-    (dict(discount=0.9), "discount=0.9 is not used by MADPOConfig: its episodes are single-turn"),
-    (dict(advantage_mode="rloo"), "advantage_mode='rloo' is not used by MADPOConfig"),
-    (dict(reference_kl_coef=0.5), "reference_kl_coef=0.5 is not used by MADPOConfig: MADPO is reference-free"),
 ])
 def test_madpo_refuses_what_it_never_reads(kw, msg):
     with pytest.raises(ValueError, match=msg.replace("(", "\\(")):
@@ -78,7 +78,6 @@ def test_madpo_keeps_accepting_the_defaults_of_comlrl_1_4_3():
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(advantage_mode="max"), "the policy phase's baseline comes from rl_algorithm"),
     (dict(value_loss_coef=0.3), "value_loss_coef=0.3 is not used with rl_algorithm='magrpo' (only maac, iac read it)"),
     (dict(rl_algorithm="maac", use_separate_critic=False), "(only iac read it)"),
 ])
@@ -207,10 +206,8 @@ def test_marlhf_collaboration_mode_and_dpo_beta(cls):
         cls(collaboration_mode="centralized", rl_algorithm="iac", num_turns=2)
     with pytest.raises(ValueError, match="collaboration_mode='misspelled' is invalid"):
         cls(collaboration_mode="misspelled")
-    with pytest.raises(ValueError, match="dpo_beta=0.5 is not used by .*there is no DPO loss"):
-        cls(dpo_beta=0.5)
-    with pytest.raises(ValueError, match="environment_steps_per_pair=1 is not used by"):
-        cls(environment_steps_per_pair=1)
+    assert cls(dpo_beta=0.5).dpo_beta == 0.5                     # accepted with a warning (the porting rule below)
+    assert cls(environment_steps_per_pair=1).environment_steps_per_pair == 1
 
 
 def test_log_reward_distribution_is_a_flag_of_the_iterative_configs():
@@ -294,3 +291,67 @@ def test_yaml_numeric_strings_become_floats_in_every_config():
         assert type(c.agent_learning_rate) is float and c.agent_learning_rate == 5e-6, cls.__name__
         with pytest.raises(ValueError, match="agent_learning_rate='fast' is invalid"):
             cls(agent_learning_rate="fast")
+
+
+# ------------------------------------------------------------- the porting rule (issue P3, SPEC 10)
+from comlrl_nb.trainers.centralized import CentralizedMAGRPOConfig  # noqa: E402
+
+URL = "http://h/x"
+NO_EFFECT = [
+    (MADPOConfig, dict(reference_devices="cpu"), "reference_devices='cpu'", "MADPO is reference-free"),
+    (MADPOIterConfig, dict(reference_devices=["cpu", "cpu"]), "reference_devices=['cpu', 'cpu']", "reference-free"),
+    (MADPOConfig, dict(discount=0.9), "discount=0.9", "its episodes are single-turn"),
+    (MADPOIterConfig, dict(advantage_mode="rloo"), "advantage_mode='rloo'", "there is no baseline"),
+    (MADPOConfig, dict(reference_kl_coef=0.5), "reference_kl_coef=0.5", "MADPO is reference-free"),
+    (MARLHFConfig, dict(advantage_mode="max"), "advantage_mode='max'", "baseline comes from rl_algorithm"),
+    (MARLHFIterConfig, dict(dpo_beta=0.5), "dpo_beta=0.5", "there is no DPO loss"),
+    (MARLHFConfig, dict(environment_steps_per_pair=1), "environment_steps_per_pair=1", "not by pairs"),
+    (CentralizedMAGRPOConfig, dict(discount=0.5), "discount=0.5", "single-turn"),
+    (CentralizedMAGRPOConfig, dict(joint_mode="cross"), "joint_mode='cross'", "one actor writes each joint response"),
+    (MADPOIterConfig, dict(comparator_devices="cpu"), "comparator_devices='cpu'", "pick one of those"),
+    (MARLHFIterConfig, dict(comparator_policy="api", comparator_api_url=URL, comparator_devices="cpu"),
+     "comparator_devices='cpu'", "(this one is 'api')"),
+    (MARLHFIterConfig, dict(comparator_api_url=URL), f"comparator_api_url='{URL}'", "set comparator_policy='api'"),
+    (MADPOIterConfig, dict(comparator_policy="history", comparator_api_url=URL), "comparator_api_url=", "'history'"),
+    (MADPOIterConfig, dict(comparator_policy="api", comparator_api_url=URL, comparator_model_name="m"),
+     "comparator_model_name='m'", "set comparator_policy='model'"),
+    (MADPOIterConfig, dict(comparator_policy="api", comparator_api_url=URL, comparator_agents=["a", "b"]),
+     "comparator_agents=['a', 'b']", "compares with the remote model"),
+]
+
+
+@pytest.mark.parametrize("cls, kw, shown, why", NO_EFFECT, ids=lambda x: getattr(x, "__name__", None))
+def test_a_field_the_library_accepts_that_changes_nothing_here_warns_once(cls, kw, shown, why, caplog):
+    "What comlrl 1.4.3 accepts, we accept: the config builds, keeps the value, and says once that it is ignored."
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    name = shown.split("=")[0]
+    cfg = cls(**kw)
+    assert getattr(cfg, name) == kw[name]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "comlrl_nb" and r.levelno == logging.WARNING]
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith(f"{cls.__name__}: {shown}") and " has no effect here: " in msgs[0], msgs[0]
+    assert why in msgs[0] and msgs[0].endswith("it is accepted (comlrl 1.4.3 accepts it) and ignored"), msgs[0]
+
+
+def test_the_warning_comes_once_per_field_and_construction(caplog):
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    MADPOConfig(discount=0.9, reference_devices="cpu")
+    MADPOConfig(discount=0.9)
+    fields_named = [r.getMessage().split(": ")[1].split("=")[0] for r in caplog.records if r.name == "comlrl_nb"]
+    assert fields_named == ["discount", "reference_devices", "discount"]
+    caplog.clear()
+    MADPOConfig(discount=1.0, reference_devices=None, advantage_mode="mean")     # the defaults: silent
+    assert not [r for r in caplog.records if r.name == "comlrl_nb"]
+
+
+@pytest.mark.parametrize("cls, kw, msg", [
+    (MADPOConfig, dict(rollout_batch_size=2), "rollout_batch_size is not an option of MADPOConfig"),   # ours
+    (MAGRPOConfig, dict(autocast_dtype="int3"), "MAGRPOConfig: autocast_dtype='int3'"),                 # ours
+    (MADPOIterConfig, dict(comparator_max_new_tokens=0), "comparator_max_new_tokens=0 is invalid: must be >= 1"),
+    (MADPOIterConfig, dict(comparator_policy="current_copy", comparator_model_name="m"),   # the library refuses it too
+     "only used with comparator_policy='model'"),
+    (MADPOConfig, dict(reference_devices=3), "MADPOConfig.reference_devices=3 is invalid"),   # invalid, not ignored
+])
+def test_our_own_fields_and_what_the_library_refuses_stay_errors(cls, kw, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        cls(**kw)
