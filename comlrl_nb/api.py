@@ -15,9 +15,9 @@ from .core import check_choice, check_number, logger
 # %% auto #0
 __all__ = ['FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS', 'DEFAULT_KEY_ENVS', 'ANTHROPIC_VERSION', 'ONE_PER_REQUEST',
            'FRAGMENT_CHARS', 'EXCERPT_CHARS', 'RETRY_STATUSES', 'MAX_RESPONSE_BYTES', 'resolve_format', 'redact',
-           'safe_url', 'secret_values', 'scrub_secrets', 'APIError', 'excerpt', 'APIComparatorConfig', 'check_key',
-           'get_path', 'jsonable', 'build_body', 'parse_completions', 'is_transient_status', 'backoff_delay',
-           'parse_retry_after', 'backoff_schedule', 'APIComparatorClient', 'MockAPIServer']
+           'safe_url', 'APIError', 'excerpt', 'APIComparatorConfig', 'check_key', 'get_path', 'jsonable', 'build_body',
+           'parse_completions', 'is_transient_status', 'backoff_delay', 'parse_retry_after', 'backoff_schedule',
+           'APIComparatorClient', 'MockAPIServer']
 
 # %% ../nbs/52_api.ipynb #e51b5ef6
 FORMATS = ("generic", "openai", "anthropic", "openai_responses")
@@ -81,31 +81,7 @@ def safe_url(url) -> str:
 
 
 # %% ../nbs/52_api.ipynb #ddd1ea71
-def _secret_header(name: str) -> bool: return bool(_SECRET_NAME.search(str(name)))
-
-def _scrub(x, secret: bool = False):
-    """A JSON-like value with the string values under secret-looking names replaced by `***` (nested dicts and lists
-    too)."""
-    if isinstance(x, dict): return {k: _scrub(v, secret or _secret_header(k)) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [_scrub(v, secret) for v in x]
-    return "***" if secret and isinstance(x, str) and x else x
-
-def secret_values(x, secret: bool = False) -> list:
-    "The string values under secret-looking names of a header/extra-body mapping (what `_scrub` hides)."
-    if isinstance(x, dict): return [s for k, v in x.items() for s in secret_values(v, secret or _secret_header(k))]
-    if isinstance(x, (list, tuple)): return [s for v in x for s in secret_values(v, secret)]
-    return [x] if secret and isinstance(x, str) and x else []
-
-def scrub_secrets(cfg) -> dict:
-    """A copy of a config mapping (or dataclass) with `comparator_api_key` and secret-looking header and extra-body
-    values replaced by `***`."""
-    d = dict(asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else cfg)
-    if d.get("comparator_api_key"): d["comparator_api_key"] = "***"
-    for k in ("comparator_api_headers", "comparator_api_extra_body"):
-        if isinstance(d.get(k), dict): d[k] = _scrub(d[k])
-    if d.get("comparator_api_url"): d["comparator_api_url"] = safe_url(d["comparator_api_url"])
-    return d
-
+from .tracking import scrub_secrets, secret_values
 
 # %% ../nbs/52_api.ipynb #8f81c7bf
 class APIError(OSError):
