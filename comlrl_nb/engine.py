@@ -17,13 +17,13 @@ from .runs import RunLock, check_resume_config, prepare_output_dir, sigterm_as_i
 __all__ = ['end_of_batch', 'stop_after', 'eval_count', 'Run', 'check_checkpoint_options', 'run_options', 'claim_output_dir',
            'release_output_dir', 'restart_phase', 'trainer_run', 'save_trainer_checkpoint', 'load_trainer_checkpoint']
 
-# %% ../nbs/25_engine.ipynb #ee38a697
+# %% ../nbs/25_engine.ipynb #13b6769d
 from .sampling import SampleBuffer, SampleBuffers, Sampler, adamw, batches_ahead, keep_ahead, minibatches
 from .tracking import MetricsLogger, callback_metrics, config_json, new_figure, plot_run
 from .tracking import plot_run_background, progress_bar, read_metrics, wait_for_plots
 from .checkpoints import CheckpointManager, _fsync_dir, _swap, rng_state, set_rng_state
 
-# %% ../nbs/25_engine.ipynb #64e12dbe
+# %% ../nbs/25_engine.ipynb #73014081
 def _console_line(rec: dict, console_keys: Sequence[str] = ()) -> str:
     "A record's console summary: batch, rewards, losses and the trainer's `console_keys`."
     keys = ("batch", "turn_1/reward_mean", "eval/turn_1/reward_mean", *console_keys)
@@ -46,14 +46,14 @@ def end_of_batch(rec: dict, step: int, metrics: "MetricsLogger", bar, save_steps
         return True
     return False
 
-# %% ../nbs/25_engine.ipynb #38dde6a9
+# %% ../nbs/25_engine.ipynb #3620f869
 def stop_after(stop_after_batch: Optional[int] = None, env_name: str = "COMLRL_NB_STOP_AFTER_BATCH") -> Optional[int]:
     """The batch to stop after: the argument, else $COMLRL_NB_STOP_AFTER_BATCH (how the crash tests stop a run), else
     None."""
     env = os.environ.get(env_name)
     return stop_after_batch or (int(env) if env else None)
 
-# %% ../nbs/25_engine.ipynb #c50bbf85
+# %% ../nbs/25_engine.ipynb #38879349
 def eval_count(eval_dataset, num_samples: Optional[int], default: int) -> int:
     """How many eval items an evaluate() call uses: `num_samples` (else the config's `default`), at most the set; 0
     without one."""
@@ -79,7 +79,7 @@ class Run:
         self.metrics_callback = None                         # the library's metrics_callback(rollouts) -> {name: x}
         self.on_dir = None                       # called with the claimed directory before a restore reads from it
 
-# %% ../nbs/25_engine.ipynb #3e44e678
+# %% ../nbs/25_engine.ipynb #3651939a
 @patch
 def register(self: Run, name: str, component):
     "Add a component to the checkpoints (it needs state_dict() -> dict and load_state_dict(dict))."
@@ -87,7 +87,7 @@ def register(self: Run, name: str, component):
         raise TypeError(f"component {name!r} ({type(component).__name__}) needs state_dict() and load_state_dict()")
     self.components[name] = component
 
-# %% ../nbs/25_engine.ipynb #4926405a
+# %% ../nbs/25_engine.ipynb #a95e8648
 @patch
 def checkpoint(self: Run, rng: Optional[dict] = None) -> dict:
     "The checkpoint: every registered component's entries, then the position, the random state and the config."
@@ -107,7 +107,7 @@ def _inside_held(d) -> bool:
     d = Path(d).resolve()
     return any(d == h or h in d.parents for h in _HELD)
 
-# %% ../nbs/25_engine.ipynb #a7883dc7
+# %% ../nbs/25_engine.ipynb #eda9e62d
 def check_checkpoint_options(interval, total_limit):
     "The library's checkpoint arguments, checked before any work: ValueError naming the argument and what it takes."
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
@@ -117,7 +117,7 @@ def check_checkpoint_options(interval, total_limit):
         raise ValueError(f"checkpoint_total_limit={total_limit!r} is invalid: give a whole number >= 1, "
                          "or None to keep all")
 
-# %% ../nbs/25_engine.ipynb #ca40d47f
+# %% ../nbs/25_engine.ipynb #c9d1a170
 def run_options(checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
                 allow_config_changes: Sequence[str] = ()) -> dict:
     "train()'s checkpoint arguments (the library's, plus allow_config_changes) checked, as `Run.start` keywords."
@@ -141,7 +141,7 @@ def claim_output_dir(output_dir, algo: str, resume=None, root="runs"):
     _HELD[d.resolve()] = lock
     return d, lock
 
-# %% ../nbs/25_engine.ipynb #8878fe2d
+# %% ../nbs/25_engine.ipynb #87f46e75
 def release_output_dir(lock):
     "Let go of a directory `claim_output_dir` locked (None: nothing to do)."
     if lock is None: return
@@ -185,7 +185,7 @@ def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int
                             self.state[self.step_key])
     return self
 
-# %% ../nbs/25_engine.ipynb #42228e71
+# %% ../nbs/25_engine.ipynb #4415028e
 @patch
 def _open(self: Run, resume_from_checkpoint, checkpoint_dir, checkpoint_total_limit):
     "Seed; open our checkpoints (and the library's epoch ones), the metrics file and trackers; restore on resume."
@@ -222,7 +222,15 @@ def checkpoint_info(self: Run) -> dict:
     if self.step_key == "global_batch": return {"epoch": self.state["epoch"]}
     return {self.step_key: self.state[self.step_key]}
 
-# %% ../nbs/25_engine.ipynb #a28cb433
+# %% ../nbs/25_engine.ipynb #ebb5291e
+@patch
+def _truncate_metrics(self: Run):
+    "Drop metrics lines past the restored position (batches, or rounds when the run counts rounds)."
+    if self.step_key == "global_batch": return self.metrics.truncate_after(self.state["global_batch"])
+    rows = [r for r in read_metrics(self.metrics.path) if r.get(self.step_key, 0) <= self.state[self.step_key]]
+    atomic_write_text(self.metrics.path, "".join(json.dumps(r) + "\n" for r in rows))
+
+# %% ../nbs/25_engine.ipynb #1d5e94b9
 @patch
 def restore(self: Run, which=True) -> Path:
     "Load a checkpoint (a path, or True for the newest) into every component, the position and the random state."
@@ -236,14 +244,6 @@ def restore(self: Run, which=True) -> Path:
     set_rng_state(s["rng"])
     logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state.get('epoch', 0)})")
     return p
-
-# %% ../nbs/25_engine.ipynb #ebb5291e
-@patch
-def _truncate_metrics(self: Run):
-    "Drop metrics lines past the restored position (batches, or rounds when the run counts rounds)."
-    if self.step_key == "global_batch": return self.metrics.truncate_after(self.state["global_batch"])
-    rows = [r for r in read_metrics(self.metrics.path) if r.get(self.step_key, 0) <= self.state[self.step_key]]
-    atomic_write_text(self.metrics.path, "".join(json.dumps(r) + "\n" for r in rows))
 
 # %% ../nbs/25_engine.ipynb #6b107daf
 @patch
@@ -278,7 +278,7 @@ def batches(self: Run, per_epoch: int, order_fn: Callable[[int], Any],
                                             or st["epoch"] == self.args.num_train_epochs): self.save(epoch=True)
     if self.args.save_steps >= 0: self.save()
 
-# %% ../nbs/25_engine.ipynb #764dfbb2
+# %% ../nbs/25_engine.ipynb #9784e36b
 @patch
 def end_of_batch(self: Run, record: dict, postfix: Optional[str] = None, console_keys: Sequence[str] = (),
                  rollouts: Optional[Sequence] = None) -> bool:
@@ -425,7 +425,7 @@ def trainer_run(trainer) -> Run:
     return build()
 
 
-# %% ../nbs/25_engine.ipynb #d584c4ef
+# %% ../nbs/25_engine.ipynb #bd13caca
 def _replace_dir(new: Path, target: Path, aside: Path):
     "Put directory `new` at `target`: an existing one is exchanged atomically where the system can, else moved aside."
     if not target.exists(): os.replace(new, target)
@@ -453,7 +453,7 @@ def save_trainer_checkpoint(trainer, output_dir) -> Path:
     logger.info(f"checkpoint saved: {target}")
     return target
 
-# %% ../nbs/25_engine.ipynb #f8deaee3
+# %% ../nbs/25_engine.ipynb #21465722
 def load_trainer_checkpoint(trainer, checkpoint) -> dict:
     "Restore a checkpoint directory (or a run directory's newest) into the trainer; returns the restored position."
     p = Path(checkpoint).expanduser()
