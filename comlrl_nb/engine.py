@@ -17,14 +17,14 @@ from .runs import RunLock, check_resume_config, prepare_output_dir, sigterm_as_i
 __all__ = ['end_of_batch', 'stop_after', 'eval_count', 'Run', 'check_checkpoint_options', 'run_options', 'claim_output_dir',
            'release_output_dir', 'restart_phase', 'trainer_run', 'save_trainer_checkpoint', 'load_trainer_checkpoint']
 
-# %% ../nbs/25_engine.ipynb #f91565ec
+# %% ../nbs/25_engine.ipynb #2596e673
 # the pieces in their own notebooks, also importable from here (their old home)
 from .sampling import SampleBuffer, SampleBuffers, Sampler, adamw, batches_ahead, keep_ahead, minibatches
 from .tracking import MetricsLogger, callback_metrics, config_json, new_figure, plot_run
 from .tracking import plot_run_background, progress_bar, read_metrics, wait_for_plots
 from .checkpoints import CheckpointManager, _fsync_dir, _swap, rng_state, set_rng_state
 
-# %% ../nbs/25_engine.ipynb #495529f1
+# %% ../nbs/25_engine.ipynb #7614ee9a
 def _console_line(rec: dict, console_keys: Sequence[str] = ()) -> str:
     "A record's console summary: batch, rewards, losses and the trainer's `console_keys`."
     keys = ("batch", "turn_1/reward_mean", "eval/turn_1/reward_mean", *console_keys)
@@ -47,14 +47,14 @@ def end_of_batch(rec: dict, step: int, metrics: "MetricsLogger", bar, save_steps
         return True
     return False
 
-# %% ../nbs/25_engine.ipynb #3bbeb282
+# %% ../nbs/25_engine.ipynb #e231f0b7
 def stop_after(stop_after_batch: Optional[int] = None, env_name: str = "COMLRL_NB_STOP_AFTER_BATCH") -> Optional[int]:
     """The batch to stop after: the argument, else $COMLRL_NB_STOP_AFTER_BATCH (how the crash tests stop a run), else
     None."""
     env = os.environ.get(env_name)
     return stop_after_batch or (int(env) if env else None)
 
-# %% ../nbs/25_engine.ipynb #49fa0678
+# %% ../nbs/25_engine.ipynb #9ed7b7b3
 def eval_count(eval_dataset, num_samples: Optional[int], default: int) -> int:
     """How many eval items an evaluate() call uses: `num_samples` (else the config's `default`), at most the set; 0
     without one."""
@@ -80,7 +80,7 @@ class Run:
         self.metrics_callback = None                         # the library's metrics_callback(rollouts) -> {name: x}
         self.on_dir = None                       # called with the claimed directory before a restore reads from it
 
-# %% ../nbs/25_engine.ipynb #319c6874
+# %% ../nbs/25_engine.ipynb #d6c3da81
 @patch
 def register(self: Run, name: str, component):
     "Add a component to the checkpoints (it needs state_dict() -> dict and load_state_dict(dict))."
@@ -88,7 +88,7 @@ def register(self: Run, name: str, component):
         raise TypeError(f"component {name!r} ({type(component).__name__}) needs state_dict() and load_state_dict()")
     self.components[name] = component
 
-# %% ../nbs/25_engine.ipynb #a720bd5c
+# %% ../nbs/25_engine.ipynb #a9dd0df0
 @patch
 def checkpoint(self: Run, rng: Optional[dict] = None) -> dict:
     "The checkpoint: every registered component's entries, then the position, the random state and the config."
@@ -108,7 +108,7 @@ def _inside_held(d) -> bool:
     d = Path(d).resolve()
     return any(d == h or h in d.parents for h in _HELD)
 
-# %% ../nbs/25_engine.ipynb #5959831d
+# %% ../nbs/25_engine.ipynb #49a82f87
 def check_checkpoint_options(interval, total_limit):
     "The library's checkpoint arguments, checked before any work: ValueError naming the argument and what it takes."
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
@@ -118,7 +118,7 @@ def check_checkpoint_options(interval, total_limit):
         raise ValueError(f"checkpoint_total_limit={total_limit!r} is invalid: give a whole number >= 1, "
                          "or None to keep all")
 
-# %% ../nbs/25_engine.ipynb #e17f6a57
+# %% ../nbs/25_engine.ipynb #0dc9d367
 def run_options(checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
                 allow_config_changes: Sequence[str] = ()) -> dict:
     "train()'s checkpoint arguments (the library's, plus allow_config_changes) checked, as `Run.start` keywords."
@@ -142,7 +142,7 @@ def claim_output_dir(output_dir, algo: str, resume=None, root="runs"):
     _HELD[d.resolve()] = lock
     return d, lock
 
-# %% ../nbs/25_engine.ipynb #ac041be3
+# %% ../nbs/25_engine.ipynb #9ae7fc71
 def release_output_dir(lock):
     "Let go of a directory `claim_output_dir` locked (None: nothing to do)."
     if lock is None: return
@@ -186,7 +186,7 @@ def start(self: Run, resume_from_checkpoint=None, stop_after_batch: Optional[int
                             self.state[self.step_key])
     return self
 
-# %% ../nbs/25_engine.ipynb #d0504e0b
+# %% ../nbs/25_engine.ipynb #00a38990
 @patch
 def _open(self: Run, resume_from_checkpoint, checkpoint_dir, checkpoint_total_limit):
     "Seed; open our checkpoints (and the library's epoch ones), the metrics file and trackers; restore on resume."
@@ -231,7 +231,7 @@ def _truncate_metrics(self: Run):
     rows = [r for r in read_metrics(self.metrics.path) if r.get(self.step_key, 0) <= self.state[self.step_key]]
     atomic_write_text(self.metrics.path, "".join(json.dumps(r) + "\n" for r in rows))
 
-# %% ../nbs/25_engine.ipynb #fac58345
+# %% ../nbs/25_engine.ipynb #26dfd288
 @patch
 def restore(self: Run, which=True) -> Path:
     "Load a checkpoint (a path, or True for the newest) into every component, the position and the random state."
@@ -279,7 +279,7 @@ def batches(self: Run, per_epoch: int, order_fn: Callable[[int], Any],
                                             or st["epoch"] == self.args.num_train_epochs): self.save(epoch=True)
     if self.args.save_steps >= 0: self.save()
 
-# %% ../nbs/25_engine.ipynb #04ff8dab
+# %% ../nbs/25_engine.ipynb #2fa31af1
 @patch
 def end_of_batch(self: Run, record: dict, postfix: Optional[str] = None, console_keys: Sequence[str] = (),
                  rollouts: Optional[Sequence] = None) -> bool:
@@ -426,7 +426,7 @@ def trainer_run(trainer) -> Run:
     return build()
 
 
-# %% ../nbs/25_engine.ipynb #490341c8
+# %% ../nbs/25_engine.ipynb #0f9ab5f2
 def _replace_dir(new: Path, target: Path, aside: Path):
     "Put directory `new` at `target`: an existing one is exchanged atomically where the system can, else moved aside."
     if not target.exists(): os.replace(new, target)
@@ -454,7 +454,7 @@ def save_trainer_checkpoint(trainer, output_dir) -> Path:
     logger.info(f"checkpoint saved: {target}")
     return target
 
-# %% ../nbs/25_engine.ipynb #e53051ed
+# %% ../nbs/25_engine.ipynb #8b85d23b
 def load_trainer_checkpoint(trainer, checkpoint) -> dict:
     "Restore a checkpoint directory (or a run directory's newest) into the trainer; returns the restored position."
     p = Path(checkpoint).expanduser()
