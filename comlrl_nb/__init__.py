@@ -17,7 +17,7 @@ from .rewards import RewardFunction, RewardError, default_formatter, apply_chat_
 from .tasks import Task, get_task, length_ratio_reward, pass_at_k
 from .advantages import ADVANTAGE_MODES, baselines, node_advantages, penalized_returns
 from .losses import reinforce_loss
-from .engine import plot_run, read_metrics
+from .tracking import plot_run, read_metrics
 from .team import Team
 from .trainers.reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer,
                                           MARLOOConfig, MARLOOTrainer, MAReMaxConfig, MAReMaxTrainer)

@@ -17,10 +17,10 @@ _all_ = ["FORMATS", "FORMAT_ALIASES", "DEFAULT_URLS", "resolve_format", "safe_ur
 
 # %% auto #0
 __all__ = ['DEFAULT_KEY_ENVS', 'ANTHROPIC_VERSION', 'ONE_PER_REQUEST', 'FRAGMENT_CHARS', 'EXCERPT_CHARS', 'RETRY_STATUSES',
-           'MAX_RESPONSE_BYTES', 'redact', 'secret_values', 'scrub_secrets', 'APIError', 'excerpt',
-           'APIComparatorConfig', 'get_path', 'jsonable', 'build_body', 'parse_completions', 'is_transient_status',
-           'backoff_delay', 'parse_retry_after', 'backoff_schedule', 'APIComparatorClient', 'MockAPIServer', 'FORMATS',
-           'FORMAT_ALIASES', 'DEFAULT_URLS', 'resolve_format', 'safe_url', 'check_key']
+           'MAX_RESPONSE_BYTES', 'redact', 'APIError', 'excerpt', 'APIComparatorConfig', 'get_path', 'jsonable',
+           'build_body', 'parse_completions', 'is_transient_status', 'backoff_delay', 'parse_retry_after',
+           'backoff_schedule', 'APIComparatorClient', 'MockAPIServer', 'FORMATS', 'FORMAT_ALIASES', 'DEFAULT_URLS',
+           'resolve_format', 'safe_url', 'check_key']
 
 # %% ../nbs/52_api.ipynb #e51b5ef6
 DEFAULT_KEY_ENVS = {"anthropic": "ANTHROPIC_API_KEY", "openai_responses": "OPENAI_API_KEY"}
@@ -65,31 +65,7 @@ def redact(text, secrets: Sequence[str] = ()) -> str:
     return "".join(out) + text[pos:]
 
 # %% ../nbs/52_api.ipynb #ddd1ea71
-def _secret_header(name: str) -> bool: return bool(_SECRET_NAME.search(str(name)))
-
-def _scrub(x, secret: bool = False):
-    """A JSON-like value with the string values under secret-looking names replaced by `***` (nested dicts and lists
-    too)."""
-    if isinstance(x, dict): return {k: _scrub(v, secret or _secret_header(k)) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [_scrub(v, secret) for v in x]
-    return "***" if secret and isinstance(x, str) and x else x
-
-def secret_values(x, secret: bool = False) -> list:
-    "The string values under secret-looking names of a header/extra-body mapping (what `_scrub` hides)."
-    if isinstance(x, dict): return [s for k, v in x.items() for s in secret_values(v, secret or _secret_header(k))]
-    if isinstance(x, (list, tuple)): return [s for v in x for s in secret_values(v, secret)]
-    return [x] if secret and isinstance(x, str) and x else []
-
-def scrub_secrets(cfg) -> dict:
-    """A copy of a config mapping (or dataclass) with `comparator_api_key` and secret-looking header and extra-body
-    values replaced by `***`."""
-    d = dict(asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else cfg)
-    if d.get("comparator_api_key"): d["comparator_api_key"] = "***"
-    for k in ("comparator_api_headers", "comparator_api_extra_body"):
-        if isinstance(d.get(k), dict): d[k] = _scrub(d[k])
-    if d.get("comparator_api_url"): d["comparator_api_url"] = safe_url(d["comparator_api_url"])
-    return d
-
+from .tracking import scrub_secrets, secret_values
 
 # %% ../nbs/52_api.ipynb #8f81c7bf
 class APIError(OSError):

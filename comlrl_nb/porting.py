@@ -13,18 +13,18 @@ import torch
 from .core import logger
 
 # %% auto #0
-__all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION',
-           'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts',
-           'call_reward_function', 'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
-           'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
-           'takes_external_prompts', 'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model',
-           'EvalLog', 'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules',
-           'resolve_reference_devices', 'reference_kl_for_sequence', 'validate_reference_kl_config',
-           'clone_reference_models', 'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name',
-           'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources',
-           'normalize_reward_lengths', 'CentralizedComparatorParseError', 'CentralizedComparatorAdapter',
-           'TaggedCentralizedComparatorAdapter', 'adapter_callables', 'install_round_callbacks',
-           'install_trainer_wrappers', 'reference_kl_enabled', 'reference_kl_coef']
+__all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'CHECKPOINT_VERSION', 'LIBRARY_MODULES',
+           'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts', 'call_reward_function',
+           'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
+           'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'takes_external_prompts',
+           'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'EvalLog',
+           'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules', 'resolve_reference_devices',
+           'reference_kl_for_sequence', 'validate_reference_kl_config', 'clone_reference_models',
+           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer',
+           'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources', 'normalize_reward_lengths',
+           'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
+           'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers', 'reference_kl_enabled',
+           'reference_kl_coef']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
 REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
@@ -192,47 +192,7 @@ def apply_special_tokens(tokenizers: Sequence, model_config) -> list:
     return list(tokenizers)
 
 # %% ../nbs/90_porting.ipynb #e104b3b6
-WANDB_CONFIG_KEYS = ("project", "entity", "name", "run_name", "tags", "dir", "mode", "config_sections", "id", "resume",
-                     "group", "notes", "job_type", "config")
-
-def _plain(v):
-    "A JSON-friendly copy of a config value (dtypes, paths and objects become strings)."
-    if isinstance(v, (str, int, float, bool)) or v is None: return v
-    if isinstance(v, dict): return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)): return [_plain(x) for x in v]
-    return str(v)
-
-def wandb_init_kwargs(wandb_config: dict, trainer_config=None) -> dict:
-    "`wandb.init` arguments from a library-style wandb_config; the run config: the trainer's settings and sections."
-    if not isinstance(wandb_config, dict):
-        raise TypeError(f"wandb_config must be a dict, got {type(wandb_config).__name__}; "
-                        f"accepted keys: {list(WANDB_CONFIG_KEYS)}")
-    bad = sorted(set(wandb_config) - set(WANDB_CONFIG_KEYS))
-    if bad: raise ValueError(f"wandb_config has unknown keys {bad}; accepted keys: {list(WANDB_CONFIG_KEYS)}")
-    run = trainer_config if isinstance(trainer_config, dict) else \
-        _plain(asdict(trainer_config)) if is_dataclass(trainer_config) else {}
-    if trainer_config is not None and not isinstance(trainer_config, dict) and not is_dataclass(trainer_config):
-        raise TypeError(f"the run config must be a dict or a config dataclass, got {type(trainer_config).__name__}")
-    run.update(wandb_config.get("config") or {})
-    sections = wandb_config.get("config_sections")
-    if sections is not None and not isinstance(sections, dict):
-        raise TypeError(f"wandb_config['config_sections'] must be a dict of sections, got {type(sections).__name__}")
-    run.update(sections or {})
-    ds = (sections or {}).get("dataset")
-    if isinstance(ds, dict):
-        run.update({f"dataset_{k}": ds[k] for k in ("name", "type") if ds.get(k)})
-    kw = {"project": wandb_config.get("project"), "entity": wandb_config.get("entity"),
-          "name": wandb_config.get("name") or wandb_config.get("run_name"), "config": run}
-    tags = wandb_config.get("tags")
-    if tags is not None:
-        if isinstance(tags, str) or not isinstance(tags, (list, tuple)):
-            raise TypeError(f"wandb_config['tags'] must be a list of strings, got {tags!r}")
-        kw["tags"] = list(tags)
-    if wandb_config.get("dir") is not None:
-        os.makedirs(wandb_config["dir"], exist_ok=True)
-        kw["dir"] = str(wandb_config["dir"])
-    kw.update({k: wandb_config[k] for k in ("mode", "id", "resume", "group", "notes", "job_type") if k in wandb_config})
-    return kw
+from .tracking import WANDB_CONFIG_KEYS, wandb_init_kwargs
 
 # %% ../nbs/90_porting.ipynb #1ee19629
 def takes_external_prompts(formatter) -> bool:

@@ -27,7 +27,7 @@ def _plots_written_before_temporary_dirs_go(monkeypatch):
     while the directory is being removed ("Directory not empty")."""
     import tempfile
 
-    from comlrl_nb.engine import wait_for_plots
+    from comlrl_nb.tracking import wait_for_plots
     cleanup = tempfile.TemporaryDirectory.cleanup
 
     def cleanup_after_plots(self):
