@@ -28,7 +28,6 @@ ANTHROPIC_VERSION = "2023-06-01"
 ONE_PER_REQUEST = ("anthropic", "openai_responses")  # formats without an `n`
 
 # %% ../nbs/52_api.ipynb #172df58c
-_SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|password|credential|session|signature", re.I)
 FRAGMENT_CHARS = 8   # any run of this many characters of a secret (or of its base64/URL encodings) is hidden
 
 def _encodings(s: str) -> list:

@@ -32,7 +32,7 @@ __all__ = ['GROUPS', 'PAIR_SELECTIONS', 'COLLECTION_ROWS', 'RL_ALGORITHMS', 'COM
            'validate_rl_backend', 'RewardModelFields', 'validate_reward_model', 'IterationFields', 'validate_iterative',
            'reward_range_to_log', 'reward_distributions', 'ComparatorFields', 'validate_comparator',
            'check_replay_options', 'ReplayFields', 'validate_replay', 'ComparatorAPIFields', 'resolve_format',
-           'safe_url', 'check_key', 'check_api_fields', 'validate_comparator_api']
+           'check_key', 'check_api_fields', 'validate_comparator_api']
 
 # %% ../nbs/26_config.ipynb #27310ef2
 GROUPS: dict = {}           # name -> group class, in declaration order
@@ -910,13 +910,7 @@ def resolve_format(name, owner: str = "APIComparatorConfig") -> str:
     return check_choice(value, "comparator_api_format", FORMATS, owner, FORMAT_ALIASES)
 
 # %% ../nbs/26_config.ipynb #f6248fbb
-def safe_url(url) -> str:
-    "The URL without user:password and with query values hidden (names kept)."
-    p = urllib.parse.urlsplit(str(url))
-    host = p.hostname or ""
-    netloc = (f"[{host}]" if ":" in host else host) + (f":{p.port}" if p.port else "")
-    query = "&".join(f"{k}=***" for k, _ in urllib.parse.parse_qsl(p.query, keep_blank_values=True))
-    return urllib.parse.urlunsplit((p.scheme, netloc, p.path, query, ""))
+from .tracking import safe_url           # one definition: tracking hides secrets in every record
 
 # %% ../nbs/26_config.ipynb #05552149
 def check_key(key, where: str) -> str:
