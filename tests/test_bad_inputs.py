@@ -920,19 +920,20 @@ def test_sigterm_takes_the_ctrl_c_path(tmp_path, mode):
 
 
 def test_resave_never_leaves_no_checkpoint(tmp_path, monkeypatch):
-    from comlrl_nb import engine
+    from comlrl_nb import checkpoints
     ck = CheckpointManager(tmp_path, total_limit=1)
     ck.save(5, {"v": 1})
-    monkeypatch.setattr(engine, "_swap", lambda a, b: False)              # no atomic exchange: the two-rename path
+    monkeypatch.setattr(checkpoints, "_swap", lambda a, b: False)         # no atomic exchange: the two-rename path
     real, calls = os.replace, []
     def crash_after_first(a, b):
-        calls.append(a)
+        if Path(a).is_dir(): calls.append(a)                               # the checkpoint directories' renames
         real(a, b)
         if len(calls) == 1: raise KeyboardInterrupt("killed between the renames")
-    monkeypatch.setattr(engine.os, "replace", crash_after_first)
+    monkeypatch.setattr(checkpoints.os, "replace", crash_after_first)
     with pytest.raises(KeyboardInterrupt):
         ck.save(5, {"v": 2})
-    monkeypatch.setattr(engine.os, "replace", real)
+    monkeypatch.setattr(checkpoints.os, "replace", real)
+    assert len(calls) == 1 and Path(calls[0]).name == "checkpoint-0000005"  # it died after moving the old one aside
     p, state = CheckpointManager(tmp_path).load(True)                     # the old one is recovered
     assert p.name == "checkpoint-0000005" and state == {"v": 1}
     monkeypatch.undo()
