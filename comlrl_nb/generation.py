@@ -15,8 +15,9 @@ from .core import autocast, check_choice, derive_seed, logger
 # %% auto #0
 __all__ = ['NUCLEUS_PREFIXES', 'STACK_MAX_PARAMS', 'JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions',
            'eos_ids', 'encode_prompts', 'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden',
-           'fast_forward', 'generate_completions', 'stackable', 'generate_team', 'check_joint_mode', 'joint_indices',
-           'compose_joint', 'per_agent_returns']
+           'fast_forward', 'unhonoured_settings', 'GenerationSettings', 'generation_settings', 'LogitRules',
+           'generate_completions', 'stackable', 'generate_team', 'check_joint_mode', 'joint_indices', 'compose_joint',
+           'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 class RowNoise:
@@ -338,15 +339,178 @@ def fast_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
     h = fast_hidden(model.model, ids, mask, pos, kv_out)[:, -keep:]
     return torch.nn.functional.linear(h, model.lm_head.weight, model.lm_head.bias)
 
+# %% ../nbs/02_generation.ipynb #370f6db1
+import weakref
+
+_HONOURED = ("eos_token_id", "suppress_tokens", "begin_suppress_tokens", "bad_words_ids", "repetition_penalty",
+             "no_repeat_ngram_size", "min_new_tokens", "min_length")
+_PASSED = ("temperature", "top_p", "top_k", "do_sample", "max_new_tokens", "max_length", "num_return_sequences")
+_NO_TOKEN_EFFECT = (       # ids, outputs, caches, compilation, speculation: the same tokens come out of `generate`
+    "bos_token_id", "pad_token_id", "decoder_start_token_id", "output_attentions", "output_hidden_states",
+    "output_scores", "output_logits", "return_dict_in_generate", "use_cache", "cache_implementation", "cache_config",
+    "max_cache_len", "compile_config", "disable_compile", "low_memory", "renormalize_logits", "remove_invalid_values",
+    "length_penalty", "early_stopping", "is_assistant", "num_assistant_tokens", "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold", "assistant_lookbehind", "target_lookbehind", "assistant_early_exit",
+    "prompt_lookup_num_tokens", "max_matching_ngram_size", "prefill_chunk_size", "continuous_batching_config",
+    "speculation_type", "use_mtp", "transformers_version")
+_NEUTRAL = {"num_beams": 1, "num_beam_groups": 1, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+            "diversity_penalty": 0.0, "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
+            "guidance_scale": 1.0, "token_healing": False, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+            "min_length": 0, "min_new_tokens": 0}
+
+@functools.lru_cache(maxsize=1)
+def _checked_fields() -> dict:
+    """The fields of a fresh `GenerationConfig` that may change the tokens and are not applied here, with their defaults
+    (None for most from transformers 5 on)."""
+    from transformers import GenerationConfig
+    skip = set(_HONOURED + _PASSED + _NO_TOKEN_EFFECT)
+    return {k: v for k, v in vars(GenerationConfig()).items() if not k.startswith("_") and k not in skip}
+
+def _is_default(name: str, v, default) -> bool: return v is None or v == [] or v == default or v == _NEUTRAL.get(name)
+
+_WARNED = weakref.WeakKeyDictionary()          # model -> the settings already named in a warning
+
+def unhonoured_settings(gc) -> dict:
+    """The fields of generation_config `gc` that change which tokens `model.generate` samples and that this sampler
+    does not apply (nor takes from the caller: temperature, top_p, top_k, max_new_tokens): {name: value}."""
+    got = vars(gc)
+    return {k: got[k] for k, default in _checked_fields().items() if not _is_default(k, got.get(k), default)}
+
+def _warn_unhonoured(model, gc) -> None:
+    "One warning per model naming what its generation_config sets that the sampler does not apply."
+    old = _WARNED.get(model, frozenset())
+    new = {k: v for k, v in unhonoured_settings(gc).items() if k not in old}
+    if not new: return
+    _WARNED[model] = old | frozenset(new)
+    them = "it" if len(new) == 1 else "them"
+    logger.warning(f"{type(model).__name__}'s generation_config sets "
+                   f"{', '.join(f'{k}={v!r}' for k, v in new.items())}, which model.generate would apply but this "
+                   "sampler does not (it applies every stop id, suppress_tokens, begin_suppress_tokens, bad_words_ids, "
+                   "repetition_penalty, no_repeat_ngram_size, min_new_tokens and min_length): the completions follow "
+                   f"the model without {them}. Reset {them} to the default on model.generation_config to silence this "
+                   "warning")
+
+# %% ../nbs/02_generation.ipynb #a77e3b19
+@dataclass(frozen=True)
+class GenerationSettings:
+    "What a model's generation_config asks of the sampler besides its stop ids; token ids as tuples (hashable)."
+    banned: tuple = ()                 # never sampled: suppress_tokens and one-token bad_words_ids
+    begin_banned: tuple = ()           # never the first new token: begin_suppress_tokens
+    bad_sequences: tuple = ()          # multi-token bad_words_ids: (prefix, last token), last banned after the prefix
+    repetition_penalty: float = 1.0    # on every token already in the row (prompt included), as HF's processor
+    no_repeat_ngram_size: int = 0      # no n-gram twice in the row
+    min_new_tokens: int = 0            # no stop id before this many new tokens
+    min_length: int = 0                # nor before the prompt and the new tokens are this long
+
+def _ids(v, name: str) -> tuple:
+    if v is None: return ()
+    if isinstance(v, int) or not all(isinstance(x, int) and x >= 0 for x in v):
+        raise ValueError(f"generation_config.{name}={v!r} is invalid: use a list of token ids (ints >= 0) or None")
+    return tuple(v)
+
+def generation_settings(model, stop: Sequence[int]) -> Optional[GenerationSettings]:
+    """The sampling rules of `model.generation_config` (None when it sets none: the loop does no extra work); warns
+    once per model about what it sets and the sampler does not apply. `stop`: every stop id (`eos_ids`)."""
+    gc = getattr(model, "generation_config", None)
+    if gc is None: return None
+    _warn_unhonoured(model, gc)
+    field = lambda name: getattr(gc, name, None)
+    bad = [_ids(w, "bad_words_ids") for w in (field("bad_words_ids") or ())]
+    bad = [w for w in bad if w and not (len(w) == 1 and w[0] in stop)]    # HF keeps the stop ids sampleable
+    rp = field("repetition_penalty")
+    if rp is not None and not (isinstance(rp, (int, float)) and rp > 0):
+        raise ValueError(f"generation_config.repetition_penalty={rp!r} is invalid: use a number > 0 (1.0: none)")
+    banned = set(_ids(field("suppress_tokens"), "suppress_tokens")) | {w[0] for w in bad if len(w) == 1}
+    s = GenerationSettings(
+        banned=tuple(sorted(banned)), begin_banned=_ids(field("begin_suppress_tokens"), "begin_suppress_tokens"),
+        bad_sequences=tuple((w[:-1], w[-1]) for w in bad if len(w) > 1), repetition_penalty=float(rp or 1.0),
+        no_repeat_ngram_size=int(field("no_repeat_ngram_size") or 0), min_new_tokens=int(field("min_new_tokens") or 0),
+        min_length=int(field("min_length") or 0))
+    return None if s == GenerationSettings() else s
+
+# %% ../nbs/02_generation.ipynb #6acce4f6
+class LogitRules:
+    """`GenerationSettings` applied to the rows of one sampling loop: `apply` before each step's draw, `push` after it.
+    Each row sees its own tokens only (its prompt without the padding, then what it sampled), so a completion does not
+    depend on the batch it sits in: HF's processors on that row alone."""
+    def __init__(self, s: GenerationSettings, stop: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, new: int):
+        self.s, self.stop, self.ids, self.mask, self.V, self.seen, P = s, stop, ids, mask, None, None, ids.shape[1]
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=ids.device)
+        self.banned, self.begin = t(s.banned), t(s.begin_banned)
+        groups = {}                                            # bad sequences by prefix length: one compare each
+        for prefix, last in s.bad_sequences: groups.setdefault(len(prefix), []).append((prefix, last))
+        self.bad = [(t([p for p, _ in g]), t([w for _, w in g])) for g in groups.values()]
+        self.hist, self.n = None, P                            # [rows, P + new]: the row's tokens, -1 on padding
+        if self.bad or s.no_repeat_ngram_size:
+            self.hist = torch.full((ids.shape[0], P + new), -1, dtype=torch.long, device=ids.device)
+            self.hist[:, :P] = ids.masked_fill(mask == 0, -1)
+        self.min_new = torch.clamp(s.min_length - mask.sum(-1), min=s.min_new_tokens)   # no stop id before these
+        self.min_until = int(self.min_new.max()) if s.min_length or s.min_new_tokens else 0
+
+    def _prepare(self, V: int) -> None:
+        "At the first step: ids past the logits' width dropped (they cannot be sampled); the prompts' tokens marked."
+        self.V, keep = V, lambda x: x[x < V]
+        self.banned, self.begin = keep(self.banned), keep(self.begin)
+        self.bad = [(p[w < V], w[w < V]) for p, w in self.bad]
+        if self.s.repetition_penalty != 1.0:                   # seen [rows, V + 1]: the row's tokens (padding: V)
+            self.seen = torch.zeros(len(self.ids), V + 1, dtype=torch.bool, device=self.ids.device)
+            self.seen.scatter_(1, self.ids.masked_fill(self.mask == 0, V).clamp(max=V), True)
+
+# %% ../nbs/02_generation.ipynb #e73c6350
+@patch
+def _row_bans(self: LogitRules, t: int, R: int, device) -> Optional[torch.Tensor]:
+    """Per-row bans of step `t` as counts [rows, V + 1] (> 0: banned), or None: stop ids before a row's minimum
+    length, a bad sequence's last token after its prefix, a token that would repeat an n-gram."""
+    hits, end, n = None, self.n, self.s.no_repeat_ngram_size
+    new = lambda: torch.zeros(R, self.V + 1, device=device)
+    if t < self.min_until:
+        hits = new().index_add_(1, self.stop, (t < self.min_new)[:, None].float().expand(R, len(self.stop)))
+    for prefixes, lasts in self.bad:
+        k = prefixes.shape[1]
+        if end < k or not len(lasts): continue
+        match = (self.hist[:, None, end - k:end] == prefixes).all(-1)        # [rows, sequences]
+        hits = (new() if hits is None else hits).index_add_(1, lasts, match.float())
+    if n and end >= n:
+        win = self.hist[:, :end].unfold(1, n, 1)                             # [rows, windows, n]: every n-gram
+        tail = self.hist[:, end - n + 1:end]                                 # the last n-1 tokens
+        match = (win[..., :-1] == tail[:, None]).all(-1) & (tail >= 0).all(-1, keepdim=True) & (win[..., -1] >= 0)
+        hits = (new() if hits is None else hits).scatter_add_(1, win[..., -1].clamp(0, self.V), match.float())
+    return hits
+
+# %% ../nbs/02_generation.ipynb #293bfb62
+@patch
+def apply(self: LogitRules, logits: torch.Tensor, t: int) -> torch.Tensor:
+    "Step `t`'s logits [rows, V] (t tokens sampled so far) under the rules, in fp32 as HF's processors see them."
+    logits, inf = logits.float(), float("-inf")
+    if self.V is None: self._prepare(logits.shape[-1])
+    if self.seen is not None:                                  # HF's RepetitionPenaltyLogitsProcessor
+        p = self.s.repetition_penalty
+        logits = torch.where(self.seen[:, :self.V], torch.where(logits < 0, logits * p, logits / p), logits)
+    if len(self.banned): logits = logits.index_fill(-1, self.banned, inf)     # suppress_tokens, one-token bad words
+    if t == 0 and len(self.begin): logits = logits.index_fill(-1, self.begin, inf)
+    hits = self._row_bans(t, len(logits), logits.device)
+    return logits if hits is None else logits.masked_fill(hits[:, :self.V] > 0, inf)
+
+@patch
+def push(self: LogitRules, nxt: torch.Tensor) -> None:
+    "Record step's sampled tokens [rows] (a finished row's padding too: it is never read)."
+    if self.hist is not None: self.hist[:, self.n] = nxt
+    if self.seen is not None: self.seen.scatter_(1, nxt[:, None].clamp(max=self.V), True)
+    self.n += 1
+
 # %% ../nbs/02_generation.ipynb #cf63c2c7
-def _sample_loop(logits, next_logits, gens, pos, stop, pad: int, new: int, temperature, top_p, top_k):
-    "Sample token after token (`logits`: the first step's; `next_logits(cur, pos)` the later ones) until all rows end."
+def _sample_loop(logits, next_logits, gens, pos, stop, pad: int, new: int, temperature, top_p, top_k,
+                 rules: Optional[LogitRules] = None):
+    """Sample token after token (`logits`: the first step's; `next_logits(cur, pos)` the later ones) until all rows end;
+    `rules`: the model's generation settings (None: nothing to apply)."""
     done = torch.zeros(len(logits), dtype=torch.bool, device=logits.device)
     out, out_mask, dones = [], [], []
     for t in range(new):
         if t: logits = next_logits(cur, pos)
+        if rules is not None: logits = rules.apply(logits, t)
         nxt = filter_and_sample(logits, gens, temperature, top_p, top_k).masked_fill(done, pad)
         out.append(nxt)
+        if rules is not None: rules.push(nxt)
         out_mask.append(~done)
         done = done | torch.isin(nxt, stop)
         dones.append(done)
@@ -377,7 +541,8 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, m
     ids, mask, max_new_tokens = fit_context(model, ids, mask, max_new_tokens)
     B, fk = ids.shape[0], _forward_kwargs(model)
     gens = RowNoise(_row_generators(keys, B, k, seed), max_new_tokens)
-    stop = torch.tensor(eos_ids(model, tokenizer), device=device)
+    stop_ids = eos_ids(model, tokenizer)
+    stop, settings = torch.tensor(stop_ids, device=device), generation_settings(model, stop_ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(stop[0])
     from transformers import DynamicCache
     cache, pos = DynamicCache(), (mask.cumsum(-1) - 1).clamp(min=0)
@@ -398,8 +563,9 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, m
             return model(input_ids=cur, attention_mask=seen[0], position_ids=p, **kw).logits[:, -1]
     def next_logits(cur, p):
         with autocast(device, autocast_dtype): return step(cur, p)
+    rules = None if settings is None else LogitRules(settings, stop, ids, mask, max_new_tokens)
     out, out_mask, _, done = _sample_loop(logits, next_logits, gens, pos, stop, pad, max_new_tokens, temperature,
-                                          top_p, top_k)
+                                          top_p, top_k, rules)
     return _completions(tokenizer, ids, mask, out, out_mask, done, B, k, pad)
 
 # %% ../nbs/02_generation.ipynb #9dcfde03
@@ -449,6 +615,8 @@ def generate_team(models: Sequence, tokenizers: Sequence, prompts: Sequence[Sequ
               autocast_dtype=autocast_dtype)
     alone = lambda: [generate_completions(*mtp, keys=ks, **kw) for *mtp, ks in zip(models, tokenizers, prompts, keys)]
     if not (stackable(models, tokenizers) if stack is None else stack): return alone()
+    settings = {generation_settings(m, eos_ids(m, t)) for m, t in zip(models, tokenizers)}
+    if len(settings) > 1: return alone()                   # other generation settings: each its own rules
     dev = next(models[0].parameters()).device
     enc = [fit_context(m, *encode_prompts(t, list(p), dev), max_new_tokens)
            for m, t, p in zip(models, tokenizers, prompts)]
@@ -468,7 +636,9 @@ def generate_team(models: Sequence, tokenizers: Sequence, prompts: Sequence[Sequ
     def next_logits(cur, p):
         with autocast(dev, autocast_dtype): return dec.step(cur, p)
     first = torch.cat([f.repeat_interleave(k, 0) for f in first])
-    out, out_mask, dones, done = _sample_loop(first, next_logits, gens, pos, stop, pad, new, temperature, top_p, top_k)
+    rules = None if None in settings else LogitRules(settings.pop(), stop, ids, mask, new)
+    out, out_mask, dones, done = _sample_loop(first, next_logits, gens, pos, stop, pad, new, temperature, top_p, top_k,
+                                              rules)
     res, R = [], B * k
     for a, tok in enumerate(tokenizers):               # agent a stops where it would alone: all its rows done
         r = slice(a * R, (a + 1) * R)

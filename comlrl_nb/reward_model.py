@@ -75,26 +75,57 @@ def bradley_terry_widget(d: float = 0.0):
 
 # %% ../nbs/41_reward_model.ipynb #fc9adab9
 class JointRewardModel(torch.nn.Module):
-    "Backbone body + linear head on the last non-padding token's hidden state; scores joint texts."
+    """A language model (`backbone`) and a linear `reward_head` on the final hidden state at the last non-padding
+    token; scores joint texts. The parts carry the library's names, so state dicts have its keys."""
     def __init__(self, backbone, tokenizer=None, max_length: Optional[int] = None, freeze_backbone: bool = False,
-                 device=None, model_config: Optional[dict] = None, seed: int = 0):
+                 device=None, model_config: Optional[dict] = None, seed: int = 0, copy_backbone: bool = False):
         super().__init__()
-        if isinstance(backbone, torch.nn.Module): model = copy.deepcopy(backbone)   # no tokenizer: token ids only
+        given = isinstance(backbone, torch.nn.Module)                # no tokenizer with it: token ids only
+        if given: model = copy.deepcopy(backbone) if copy_backbone else backbone
         else: model = load_model(backbone, model_config)
-        preloaded = isinstance(backbone, torch.nn.Module) and tokenizer is None
-        self.tokenizer = None if preloaded else load_tokenizer(tokenizer if tokenizer is not None else backbone)
-        self.body = getattr(model, "base_model", model)          # the transformer without the LM head
+        self.tokenizer = None if given and tokenizer is None else \
+            load_tokenizer(tokenizer if tokenizer is not None else backbone)
+        self.backbone = model                                        # used as given (as the library), or its copy
         H = self.body.config.hidden_size
-        self.head = torch.nn.Linear(H, 1)
+        self.reward_head = torch.nn.Linear(H, 1)
         with torch.no_grad():
-            self.head.weight.copy_(torch.randn(1, H, generator=keyed_generator(seed, "reward_head")) / math.sqrt(H))
-            self.head.bias.zero_()
+            w = torch.randn(1, H, generator=keyed_generator(seed, "reward_head")) / math.sqrt(H)
+            self.reward_head.weight.copy_(w)
+            self.reward_head.bias.zero_()
         self.max_length, self.freeze_backbone, self.optimizer = max_length, freeze_backbone, None
-        if freeze_backbone: self.body.requires_grad_(False)
+        self._owns_backbone = copy_backbone or not given
+        if freeze_backbone: self.backbone.requires_grad_(False)
+        else: self._freeze_unread()
         self.to(resolve_device(device) if device is not None else next(model.parameters()).device).eval()
 
     @property
-    def device(self) -> torch.device: return self.head.weight.device
+    def body(self) -> torch.nn.Module:
+        "The backbone without its LM head (read-only): the transformer whose final hidden state is scored."
+        return getattr(self.backbone, "base_model", self.backbone)
+    @property
+    def head(self) -> torch.nn.Linear: return self.reward_head      # the old name, read-only
+    @property
+    def device(self) -> torch.device: return self.reward_head.weight.device
+
+    def requires_grad_(self, requires_grad: bool = True):
+        """`nn.Module.requires_grad_`; a backbone the model owns (loaded or copied) gets no gradient on what the score
+        never reads (an untied LM head): no optimizer state and no all-reduce for it either."""
+        super().requires_grad_(requires_grad)
+        if requires_grad: self._freeze_unread()
+        return self
+
+    def _freeze_unread(self) -> None:
+        if not self._owns_backbone: return                           # the caller's model keeps its own flags
+        read = {id(p) for p in self.body.parameters()}
+        for p in self.backbone.parameters():
+            if id(p) not in read: p.requires_grad_(False)
+
+    def __setattr__(self, name: str, value):
+        if name in ("body", "head"):                                 # nn.Module would register a second module
+            raise AttributeError(f"JointRewardModel.{name} is a read-only name of "
+                                 f"{'backbone.base_model' if name == 'body' else 'reward_head'}; set "
+                                 f"{'backbone' if name == 'body' else 'reward_head'} instead")
+        super().__setattr__(name, value)
 
 # %% ../nbs/41_reward_model.ipynb #787818f9
 @patch
@@ -142,9 +173,25 @@ def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask:
         else:
             h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
             h = h[torch.arange(len(last), device=h.device), last]
-    return self.head(h.float()).squeeze(-1)
+    return self.reward_head(h.float()).squeeze(-1)
 
 JointRewardModel.encode, JointRewardModel.forward = _rm_encode, _rm_forward
+
+# %% ../nbs/41_reward_model.ipynb #fb60c54d
+def _renamed_state(rm: JointRewardModel, state: dict) -> dict:
+    """A state dict of the old layout (`body.*`, `head.*`: the transformer and the head) in the library's names
+    (`backbone.*`, `reward_head.*`); what that layout did not hold (an LM head, never read) keeps `rm`'s values."""
+    if not any(k.startswith(("body.", "head.")) for k in state): return state
+    inner = next(n for n, m in rm.backbone.named_modules() if m is rm.body)       # "model" in a ...ForCausalLM
+    body = "backbone." + (inner + "." if inner else "")
+    new = lambda k: "reward_head." + k[5:] if k.startswith("head.") else body + k[5:] if k.startswith("body.") else k
+    out = {new(k): v for k, v in state.items()}
+    return {**{k: v for k, v in rm.state_dict().items() if not k.startswith((body, "reward_head."))}, **out}
+
+@patch
+def load_state_dict(self: JointRewardModel, state_dict, strict: bool = True, assign: bool = False):
+    "`nn.Module.load_state_dict`; a state dict saved before the parts took the library's names loads too."
+    return torch.nn.Module.load_state_dict(self, _renamed_state(self, state_dict), strict, assign)
 
 # %% ../nbs/41_reward_model.ipynb #52fd4f60
 @torch.no_grad()

@@ -195,7 +195,8 @@ def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents
     if isinstance(reward_model, JointRewardModel): return reward_model
     kw = dict(max_length=a.reward_max_length, freeze_backbone=a.reward_freeze_backbone, seed=a.seed,
               device=a.reward_model_device if a.reward_model_device is not None else owner.devices[0])
-    if reward_model is not None: return JointRewardModel(reward_model, reward_tokenizer or owner.tokenizers[0], **kw)
+    if reward_model is not None:        # a backbone object: fitted as a copy, often it is an agent's own model
+        return JointRewardModel(reward_model, reward_tokenizer or owner.tokenizers[0], copy_backbone=True, **kw)
     spec = agent_model if agent_model is not None else agents[0] if isinstance(agents, (list, tuple)) else None
     name = a.reward_model_name
     if name is None and isinstance(spec, (str, Path)): name = str(spec)
