@@ -18,7 +18,6 @@ from ..models import load_model, load_tokenizer
 from ..scoring import collate, completion_logprobs, k3_kl
 from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
-from ..porting import EvalLog
 from ..losses import check_finite_loss, reinforce_loss
 from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
@@ -774,30 +773,26 @@ def _update_full_buffers(self: ActorCriticTrainer, flush: bool = False) -> dict:
     return out
 
 # %% ../../nbs/31_actor_critic.ipynb #ecba296d
+from .evaluation import eval_samples, run_eval
+
 @patch
-def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None,
+             num_eval_samples: Optional[int] = None) -> dict:
     "Run episodes of the current policies on eval items: eval/ metrics (task reward per turn, lengths, logger output)."
+    num_samples = eval_samples(num_samples, num_eval_samples)             # comlrl's name, or ours
     if self.evaluator is not None: return self.evaluator(num_samples)           # given at construction
-    m = eval_count(self.eval_dataset, num_samples, self.args.eval_num_samples)
-    if m == 0: return {}
-    per_turn, lens, logged = {}, [[] for _ in range(self.n)], EvalLog()     # one eval_logger call, as the library
-    for s in range(0, m, self.args.eval_batch_size):
-        ids = list(range(s, min(m, s + self.args.eval_batch_size)))
-        items = [self.eval_dataset[j] for j in ids]
-        eps = self.rollout(items, ids, "eval", k=1, with_values=False).episodes
-        for e in eps:
-            for t, r in enumerate(e.rewards): per_turn.setdefault(t, []).append(r)
-        for i in range(self.n): lens[i] += [len(c) for e in eps for c in e.completion_ids[i]]
-        if self.eval_logger is not None:
-            turns = [[list(e.responses[i]) for e in eps] for i in range(self.n)]
-            logged.add(turns, items, [[e.inputs[i][0] for e in eps] for i in range(self.n)])
-    out = {}
-    for t, r in sorted(per_turn.items()):
-        out[f"eval/turn_{t + 1}/reward_mean"] = float(np.mean(r))
-        out[f"eval/turn_{t + 1}/reward_std"] = float(np.std(r))
-    out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, self.args.num_turns))
-    return out
+    return run_eval(self, num_samples, self._eval_batch, self.n)
+
+@patch
+def _eval_batch(self: ActorCriticTrainer, ids, items, st):
+    "One batch of eval items: an episode each (no critic values), every turn's task reward and each agent's lengths."
+    eps = self.rollout(items, ids, "eval", k=1, with_values=False).episodes
+    for e in eps:
+        for t, r in enumerate(e.rewards): st.add_turn(t, [r])
+    for i in range(self.n): st.lengths[i] += [len(c) for e in eps for c in e.completion_ids[i]]
+    if st.logging:
+        turns = [[list(e.responses[i]) for e in eps] for i in range(self.n)]
+        st.log.add(turns, items, [[e.inputs[i][0] for e in eps] for i in range(self.n)])
 
 # %% ../../nbs/31_actor_critic.ipynb #4f1689a4
 @patch

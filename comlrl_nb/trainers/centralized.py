@@ -24,7 +24,7 @@ from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, rest
 from ..config import CollaborationFields, TrainerConfig, compose
 from ..rollout import Sample, Turn, merge_turns, samples_from
 from .reinforce import MAGRPOConfig
-from .madpo import central_evaluate
+from .evaluation import central_evaluate, eval_samples
 
 # %% auto #0
 __all__ = ['CentralizedMAGRPOConfig', 'CentralizedMAGRPOTrainer', 'check_one_actor', 'JointRollout']
@@ -101,25 +101,22 @@ def _check_args(self: CentralizedMAGRPOTrainer, args, agents, num_agents, tokeni
     return args
 
 # %% ../../nbs/32_centralized.ipynb #7cad0a64
+from .central import JointActor
+
+@patch(as_prop=True)
+def actor(self: CentralizedMAGRPOTrainer) -> JointActor:
+    "The one actor: the team's agent 0 with the prompt builder and the parser (see the centralized actor notebook)."
+    return JointActor(self.team, self.n, self.build_prompt, self.parse)
+
 @patch
 def joint_prompt(self: CentralizedMAGRPOTrainer, item) -> tuple[list[str], str]:
     "The roles' formatted prompts of `item` and the actor's prompt built from them (chat-templated when on)."
-    roles = [self.team.format(item, i) for i in range(self.n)]
-    p = self.build_prompt(roles, item)
-    if not isinstance(p, str) or not p.strip():
-        raise ValueError(f"centralized_prompt_builder returned {p!r}; it must return the actor's prompt "
-                         "(a non-empty string)")
-    return roles, self.team.chat(0, p)
+    return self.actor.prompt(item)
 
 @patch
 def split(self: CentralizedMAGRPOTrainer, text: str) -> Optional[list[str]]:
     "The parser's role answers of one joint completion (checked), or None when it does not parse."
-    parts = self.parse(text, self.n)
-    if parts is not None and (isinstance(parts, (str, bytes)) or not isinstance(parts, (list, tuple))
-                              or len(parts) != self.n or not all(isinstance(x, str) for x in parts)):
-        raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings "
-                         "(one per role) or None")
-    return None if parts is None else list(parts)
+    return self.actor.split(text)
 
 # %% ../../nbs/32_centralized.ipynb #54275d65
 @patch
@@ -156,20 +153,16 @@ def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: 
     """Role prompts, actor prompts, k actor completions per item, their role answers and unparsed count (row b*k+j);
     rewards by `reward`: 'task' (reward_func on the roles), 'train' (`train_reward` on the joint text when given),
     or None (unscored)."""
-    roles, prompts = zip(*[self.joint_prompt(it) for it in items])
-    c = self.team.generate(0, list(prompts), k, list(keys))
+    roles, prompts, c = self.actor.generate(items, keys, k)
     rep = lambda xs: [x for x in xs for _ in range(k)]
-    role_prompts = [rep([r[i] for r in roles]) for i in range(self.n)]
     t0 = time.perf_counter()
-    learned = reward == "train" and self.train_reward is not None        # MARLHF's frozen reward model
-    if reward is None or learned:
-        parts = [self.split(t) for t in c.texts]
-        texts, unparsed = [[p[i] if p is not None else "" for p in parts] for i in range(self.n)], parts.count(None)
-        rewards = None if not learned else \
-            [float(r) for r in self.train_reward(rep(list(prompts)), list(c.texts), rep(items))]
-    else: rewards, texts, unparsed = self.score(c.texts, rep(items), role_prompts)
-    return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
-            "texts": texts, "rewards": rewards, "unparsed": unparsed, "time_reward": time.perf_counter() - t0}
+    texts, unparsed = self.actor.split_all(c.texts, items, k)
+    if reward == "train" and self.train_reward is not None:              # MARLHF's frozen reward model
+        rewards = [float(r) for r in self.train_reward(rep(prompts), list(c.texts), rep(items))]
+    elif reward is None: rewards = None
+    else: rewards = [float(r) for r in self.reward_fn(texts, rep(items), [rep(p) for p in roles])]
+    return {"prompts": roles, "actor_prompts": prompts, "comps": c, "texts": texts, "rewards": rewards,
+            "unparsed": unparsed, "time_reward": time.perf_counter() - t0}
 
 # %% ../../nbs/32_centralized.ipynb #7b37bc7f
 @patch
@@ -234,9 +227,11 @@ def _joint_loss(self: CentralizedMAGRPOTrainer, model, prompts, comps, adv, rows
 
 # %% ../../nbs/32_centralized.ipynb #9fedd2b0
 @patch
-def evaluate(self: CentralizedMAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: CentralizedMAGRPOTrainer, num_samples: Optional[int] = None,
+             num_eval_samples: Optional[int] = None) -> dict:
     "One joint answer per eval item: task reward of the parsed roles, lengths, unparsed rate, eval_logger output."
-    return central_evaluate(self, num_samples, lambda x, items: x["rewards"])     # scored while sampling
+    return central_evaluate(self, eval_samples(num_samples, num_eval_samples),
+                            lambda x, items: x["rewards"])                        # scored while sampling
 
 # %% ../../nbs/32_centralized.ipynb #362631f6
 @patch

@@ -115,6 +115,8 @@ class MARLHFIterConfig(TrainerConfig):
     __repr__ = _config_repr
 
 # %% ../../nbs/53_iterative.ipynb #d7a0b002
+from .evaluation import eval_samples, evaluate_team
+
 class PreferenceRounds:
     "Rounds of iterative preference training: collect against a comparator, store, select, train on the selection."
     agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
@@ -136,7 +138,8 @@ class PreferenceRounds:
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
-    def evaluate(self, num_samples: Optional[int] = None) -> dict: return MAGRPOTrainer.evaluate(self, num_samples)
+    def evaluate(self, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
+        return evaluate_team(self, eval_samples(num_samples, num_eval_samples))
     def save_model(self, output_dir) -> Path:
         "Write each trained agent and its tokenizer to output_dir/agent_<i>/."
         return self.team.save_pretrained(output_dir)
@@ -196,23 +199,28 @@ class MADPOIterTrainer(PreferenceRounds):
         self._tokens = None
 
 # %% ../../nbs/53_iterative.ipynb #bc2fe657
+from .central import JointActor
+from .madpo import central_setup, evaluate_pairs, pair_actor, pair_tokens
+from .marlhf import evaluate_task
+
 @patch
 def _setup_centralized(self: MADPOIterTrainer, builder=None, parser=None, adapter=None):
     "One actor writes every role, with MADPO's hooks: its prompt builder, its parser (text, n, item), `central_sample`."
-    MADPOTrainer._setup_centralized(self, builder, parser, adapter)
+    central_setup(self, builder, parser, adapter)
+
+@patch(as_prop=True)
+def actor(self: MADPOIterTrainer) -> JointActor: return pair_actor(self)
+@patch
+def _central_prompt(self: MADPOIterTrainer, item) -> tuple: return self.actor.prompt(item)
+@patch
+def _split(self: MADPOIterTrainer, text: str, item=None): return self.actor.split(text, item)
+@patch
+def central_sample(self: MADPOIterTrainer, items, keys, k: int) -> dict: return self.actor.sample(items, keys, k)
 
 @patch
-def _central_prompt(self: MADPOIterTrainer, item) -> tuple: return MADPOTrainer._central_prompt(self, item)
-@patch
-def _split(self: MADPOIterTrainer, text: str, item=None): return MADPOTrainer._split(self, text, item)
-@patch
-def central_sample(self: MADPOIterTrainer, items, keys, k: int) -> dict:
-    return MADPOTrainer.central_sample(self, items, keys, k)
-
-@patch
-def evaluate(self: MADPOIterTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: MADPOIterTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "MADPO's evaluation: MAGRPO's when decentralized; centralized, the actor answers for every role (task reward)."
-    return MADPOTrainer.evaluate(self, num_samples)
+    return evaluate_pairs(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/53_iterative.ipynb #4170bee6
 @patch
@@ -593,7 +601,8 @@ def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLo
     if not records:
         logger.warning(f"round {nu}: no training pairs; the agents are not updated this round")
         return {"train/batches": 0}
-    self.pairs, self._tokens = list(records), MADPOTrainer._tokenize(self, records)     # per agent, or the actor
+    central = a.collaboration_mode == "centralized"
+    self.pairs, self._tokens = list(records), pair_tokens(records, self.tokenizers, self.n, central)  # or the actor's
     P, bs, rows = len(self.pairs), a.train_batch_size, []
     for epoch in range(a.num_train_epochs):
         order = np.random.default_rng(derive_seed(a.seed, "pair_order", nu, epoch)).permutation(P)
@@ -653,10 +662,9 @@ class MARLHFIterTrainer(PreferenceRounds):
         "Centralized: the actor's k joint completions per item, split into role answers, not scored."
         return self.central.central_sample(items, keys, k, reward=None)
 
-    def evaluate(self, num_samples: Optional[int] = None) -> dict:
+    def evaluate(self, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
         "Evaluation with the task reward: centralized, the one actor's (parsed roles); else MAGRPO's."
-        if self.central is not None: return self.central.evaluate(num_samples)
-        return MAGRPOTrainer.evaluate(self, num_samples)
+        return evaluate_task(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/53_iterative.ipynb #7dec4254
 @patch

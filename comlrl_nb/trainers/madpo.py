@@ -20,7 +20,6 @@ from ..preference import (build_pair_dataset, check_preference_config, collect_p
                                   resolve_oracle, save_pairs, side_ids, text_ids, tokenize_pairs)
 from ..distributed import DistContext
 from ..rewards import RewardFunction
-from ..porting import EvalLog
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..team import Team
 from ..engine import MetricsLogger, Run, eval_count, plot_run
@@ -29,8 +28,9 @@ from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 # %% auto #0
 __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'check_adapter',
            'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'UpdateModes', 'madpo_update', 'madpo_share_loss',
-           'madpo_update_shared', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry', 'merge_collection_stats',
-           'shared_pair_dataset', 'central_candidates', 'central_evaluate']
+           'madpo_update_shared', 'tokenize_centralized', 'pair_tokens', 'dpo_metrics', 'PairsEntry',
+           'merge_collection_stats', 'shared_pair_dataset', 'central_setup', 'pair_actor', 'central_candidates',
+           'evaluate_pairs', 'central_evaluate']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
@@ -302,11 +302,15 @@ def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> li
         out.append((p, w, l))
     return out
 
+def pair_tokens(records, tokenizers, n: int, centralized: bool = False) -> list[list[tuple]]:
+    "Per trained model, the token ids of every record: one list per agent, or (centralized) the actor's one list."
+    if centralized: return [tokenize_centralized(records, tokenizers[0])]
+    return [tokenize_pairs(records, i, tokenizers[i]) for i in range(n)]
+
 @patch
 def _tokenize(self: MADPOTrainer, records) -> list[list[tuple]]:
     "Per trained model, the token ids of every record (one list per agent, or the actor's one list)."
-    if self.args.collaboration_mode == "centralized": return [tokenize_centralized(records, self.tokenizers[0])]
-    return [tokenize_pairs(records, i, self.tokenizers[i]) for i in range(self.n)]
+    return pair_tokens(records, self.tokenizers, self.n, self.args.collaboration_mode == "centralized")
 
 # %% ../../nbs/42_madpo.ipynb #49288714
 @patch
@@ -465,46 +469,40 @@ def save_model(self: MADPOTrainer, output_dir) -> Path:
     return self.team.save_pretrained(output_dir)
 
 # %% ../../nbs/42_madpo.ipynb #480e5585
+from .central import JointActor, PAIR_CHECKS
+
+def central_setup(trainer, builder=None, parser=None, adapter=None):
+    """Centralized mode of a MADPO-style trainer (MADPO, MADPOIter): one actor (agents[0]) writes every role; sets its
+    prompt builder, its parsers (text, n, item) and (text, n), the adapter, and the collection's sampler."""
+    if adapter is not None: builder, trainer.parse_item = adapter_hooks(adapter)       # (text, n, item)
+    else: trainer.parse_item = (lambda p: lambda text, n, item=None: p(text, n))(parser or parse_agent_sections)
+    trainer.build_prompt, trainer.centralized_comparator_adapter = builder or centralized_prompt, adapter
+    trainer.parse = lambda text, n: trainer.parse_item(text, n)                        # (text, n), item unknown
+    trainer.preference_sampler = central_candidates                       # the collection samples with it
+
+def pair_actor(trainer) -> JointActor:
+    "The one actor of a centralized MADPO-style trainer: its team, builder and item-aware parser, MADPO's checks."
+    parse_item = getattr(trainer, "parse_item", None)
+    return JointActor(trainer.team, trainer.n, trainer.build_prompt, trainer.parse, parse_item, PAIR_CHECKS)
+
+# %% ../../nbs/42_madpo.ipynb #827880c8
 @patch
 def _setup_centralized(self: MADPOTrainer, builder=None, parser=None, adapter=None):
     "One actor (agents[0]) writes every role: the builder makes its prompt, the parser splits its answers."
-    if adapter is not None: builder, self.parse_item = adapter_hooks(adapter)       # (text, n, item)
-    else: self.parse_item = (lambda p: lambda text, n, item=None: p(text, n))(parser or parse_agent_sections)
-    self.build_prompt, self.centralized_comparator_adapter = builder or centralized_prompt, adapter
-    self.parse = lambda text, n: self.parse_item(text, n)                            # (text, n), item unknown
-    self.preference_sampler = central_candidates                       # the collection samples with it
+    central_setup(self, builder, parser, adapter)
 
+@patch(as_prop=True)
+def actor(self: MADPOTrainer) -> JointActor: return pair_actor(self)
 @patch
-def _central_prompt(self: MADPOTrainer, item) -> tuple[list[str], str]:
-    "The roles' formatted prompts and the actor's prompt built from them (chat-templated when use_chat_template)."
-    roles = [self.team.format(item, i) for i in range(self.n)]
-    p = self.build_prompt(roles, item)
-    if not isinstance(p, str):
-        raise TypeError(f"centralized_prompt_builder returned {type(p).__name__}; it must return the actor's prompt "
-                        "(a string)")
-    return roles, self.team.chat(0, p)
-
+def _central_prompt(self: MADPOTrainer, item) -> tuple[list[str], str]: return self.actor.prompt(item)
 @patch
-def _split(self: MADPOTrainer, text: str, item=None) -> Optional[list[str]]:
-    "The parser's role responses of one joint completion of `item` (checked), or None when it does not parse."
-    f = getattr(self, "parse_item", None)
-    parts = f(text, self.n, item) if f is not None else self.parse(text, self.n)
-    strings = isinstance(parts, (list, tuple)) and len(parts) == self.n and all(isinstance(x, str) for x in parts)
-    if parts is not None and not strings:
-        raise ValueError(f"the centralized parser returned {parts!r}; it must return exactly {self.n} outputs "
-                         "(strings, one per role) or None (centralized_parser=, or the adapter's parse_completion)")
-    return None if parts is None else list(parts)
+def _split(self: MADPOTrainer, text: str, item=None) -> Optional[list[str]]: return self.actor.split(text, item)
 
 # %% ../../nbs/42_madpo.ipynb #bfd5e6a1
 @patch
 def central_sample(self: MADPOTrainer, items, keys, k: int) -> dict:
     "Role prompts, actor prompts, k actor completions per item and their role responses (unparsed: empty roles)."
-    roles, prompts = zip(*[self._central_prompt(it) for it in items])
-    c = self.team.generate(0, list(prompts), k, keys)
-    parts = [self._split(t, items[r // k]) for r, t in enumerate(c.texts)]
-    return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
-            "texts": [[p[i] if p is not None else "" for p in parts] for i in range(self.n)],
-            "unparsed": sum(p is None for p in parts)}
+    return self.actor.sample(items, keys, k)
 
 def central_candidates(trainer: MADPOTrainer, chunk, ids, K: int, round_key) -> dict:
     "The collection sampler of centralized mode (the decentralized one's contract, plus the records' extra field)."
@@ -518,31 +516,15 @@ def central_candidates(trainer: MADPOTrainer, chunk, ids, K: int, round_key) -> 
             "unparsed": s["unparsed"]}
 
 # %% ../../nbs/42_madpo.ipynb #d16a7057
-def central_evaluate(trainer, num_samples: Optional[int], rewards_of: Callable) -> dict:
-    """One joint answer of the actor per eval item (`trainer.central_sample`), scored by `rewards_of(x, items)`:
-    task reward, lengths, unparsed rate and eval_logger output. Centralized MADPO and centralized MAGRPO share it."""
-    a, n = trainer.args, trainer.n
-    m = eval_count(trainer.eval_dataset, num_samples, a.eval_num_samples)
-    if m == 0: return {}
-    rewards, lens, unparsed, logged = [], [], 0, EvalLog()     # one eval_logger call, as the library
-    for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size)))
-        items = [trainer.eval_dataset[j] for j in ids]
-        x = trainer.central_sample(items, [(a.seed, "eval", j, "actor") for j in ids], 1)
-        rewards += rewards_of(x, items)
-        lens += x["comps"].lengths.tolist()
-        unparsed += x["unparsed"]
-        if trainer.eval_logger is not None:
-            turns = [[[t] for t in x["texts"][i]] for i in range(n)]            # [role][item][turn]
-            logged.add(turns, items, x["prompts"])
-    r = np.asarray(rewards)
-    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
-           "eval/agent_0/completion_len": float(np.mean(lens)), "eval/unparsed_rate": unparsed / m}
-    out.update(logged.metrics(trainer.eval_logger, trainer.eval_aggregator, 1))
-    return out
+from .evaluation import central_evaluate, eval_samples, evaluate_roles, evaluate_team
+_all_ = ["central_evaluate"]            # the shared centralized evaluation, importable from here as before
+
+def evaluate_pairs(trainer, num_samples: Optional[int] = None) -> dict:
+    "MADPO's evaluation (MADPOIter's too): the team's when decentralized; centralized, the actor answers every role."
+    if trainer.args.collaboration_mode != "centralized": return evaluate_team(trainer, num_samples)
+    return evaluate_roles(trainer, num_samples)
 
 @patch
-def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores them."
-    if self.args.collaboration_mode != "centralized": return MAGRPOTrainer.evaluate(self, num_samples)
-    return central_evaluate(self, num_samples, lambda x, items: self.reward_fn(x["texts"], items, x["prompts"]))
+    return evaluate_pairs(self, eval_samples(num_samples, num_eval_samples))

@@ -28,9 +28,9 @@ from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, chec
 
 # %% auto #0
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
-           'backend_config', 'make_policy_trainer', 'make_reward_model', 'make_central_trainer', 'reward_texts',
-           'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer', 'fit_summary',
-           'ranked', 'RL_ALGORITHMS']
+           'backend_config', 'make_policy_trainer', 'evaluate_task', 'make_reward_model', 'make_central_trainer',
+           'reward_texts', 'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer',
+           'fit_summary', 'ranked', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -182,11 +182,17 @@ def _rm_fast(self: MARLHFTrainer) -> bool:
     if seen is None or seen[0] is not rm: seen = self._rm_fast_path = (rm, fast_decodable(rm.body))
     return seen[1]
 
+from .evaluation import eval_samples, evaluate_roles, evaluate_team
+
+def evaluate_task(owner, num_samples: Optional[int] = None) -> dict:
+    "MARLHF's (and MARLHFIter's) evaluation by the task reward: centralized, the actor's parsed roles; else the team's."
+    if owner.central is not None: return owner.central.evaluate(num_samples)
+    return evaluate_team(owner, num_samples)
+
 @patch
-def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "Evaluation with the task reward (never the learned one): centralized, the one actor's parsed roles; else MAGRPO's."
-    if self.central is not None: return self.central.evaluate(num_samples)
-    return MAGRPOTrainer.evaluate(self, num_samples)
+    return evaluate_task(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/43_marlhf.ipynb #17d3b6b6
 def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config) -> JointRewardModel:
@@ -272,6 +278,8 @@ class ActorRoles:
     def check_dataset(self, ds, name: str): return validate_dataset(ds, name, self.formatters)
 
 # %% ../../nbs/43_marlhf.ipynb #e7a1c004
+from .central import JointActor, check_prompt
+
 class CentralActor:
     """Centralized MARLHF's one actor under an actor-critic backend: its prompt (the backend's formatter), its parser,
     its joint samples (pair collection) and evaluation with the task reward on the parsed roles."""
@@ -290,46 +298,41 @@ class CentralActor:
         return self
 
 @patch
-def _build(self: CentralActor, roles: list, item) -> str:
-    p = self.build_prompt(roles, item)
-    if not isinstance(p, str) or not p.strip():
-        raise ValueError(f"centralized_prompt_builder returned {p!r}; it must return the actor's prompt "
-                         "(a non-empty string)")
-    return p
+def _build(self: CentralActor, roles: list, item) -> str: return check_prompt(self.build_prompt(roles, item))
 
 @patch
 def actor_text(self: CentralActor, item) -> str:
     "The actor's prompt before any chat template (the backend's one formatter): the builder over the roles' prompts."
     return self._build([format_prompt(f, item, i) for i, f in enumerate(self.formatters)], item)
 
+@patch(as_prop=True)
+def actor(self: CentralActor) -> JointActor:
+    "The one actor: the backend's agent seen as the roles, the builder and the parser, checked as centralized MAGRPO."
+    return JointActor(self.team, self.n, self.build_prompt, self.parse)
+
 @patch
 def joint_prompt(self: CentralActor, item) -> tuple[list[str], str]:
     "The roles' formatted prompts and the actor's input (chat-templated when on), built as centralized MAGRPO does."
-    return CentralizedMAGRPOTrainer.joint_prompt(self, item)
+    return self.actor.prompt(item)
 
 # %% ../../nbs/43_marlhf.ipynb #e7a1c005
 @patch
 def split(self: CentralActor, text: str) -> Optional[list[str]]:
     "The parser's role answers of one joint completion (checked as centralized MAGRPO checks them), or None."
-    return CentralizedMAGRPOTrainer.split(self, text)
+    return self.actor.split(text)
 
 @patch
 def central_sample(self: CentralActor, items, keys, k: int, reward: Optional[str] = None) -> dict:
     "Role prompts, actor prompts, k joint completions per item, their role answers (row b*k+j); task rewards if asked."
-    roles, prompts = zip(*[self.joint_prompt(it) for it in items])
-    c = self.team.generate(0, list(prompts), k, list(keys))
-    parts = [self.split(t) for t in c.texts]
-    texts = [[p[i] if p is not None else "" for p in parts] for i in range(self.n)]
-    role_prompts = [[r[i] for r in roles] for i in range(self.n)]
+    s = self.actor.sample(items, keys, k)
     rep = lambda xs: [x for x in xs for _ in range(k)]
-    rewards = None if reward is None else self.reward_fn(texts, rep(items), [rep(p) for p in role_prompts])
-    return {"prompts": role_prompts, "actor_prompts": list(prompts), "comps": c, "texts": texts, "rewards": rewards,
-            "unparsed": parts.count(None)}
+    rewards = None if reward is None else self.reward_fn(s["texts"], rep(items), [rep(p) for p in s["prompts"]])
+    return {**s, "rewards": rewards}
 
 @patch
-def evaluate(self: CentralActor, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: CentralActor, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "One joint answer per eval item, the task reward on its parsed roles (as centralized MAGRPO and MADPO evaluate)."
-    return central_evaluate(self, num_samples, lambda x, items: self.reward_fn(x["texts"], items, x["prompts"]))
+    return evaluate_roles(self, eval_samples(num_samples, num_eval_samples))
 
 @patch
 def learned_reward(self: CentralActor, *completions, agent_prompts=None, batch_items=None) -> list[float]:

@@ -17,7 +17,6 @@ from ..core import (as_list, autocast, check_bool, check_choice, check_number, c
 from ..generation import check_joint_mode, per_agent_returns
 from ..scoring import collate, completion_logprobs, k3_kl
 from ..rewards import RewardFunction, resolve_formatters
-from ..porting import EvalLog
 from ..advantages import advantage_stats, check_advantage_mode, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
@@ -266,60 +265,15 @@ def _update_full_buffers(self: MAGRPOTrainer, flush: bool = False) -> dict:
     return {i: r for i, r in enumerate(res) if r is not None}
 
 # %% ../../nbs/30_reinforce.ipynb #b1c662c9
-@patch
-def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
-    "Sample the current policies on eval items and return eval/ metrics (task reward, lengths, custom logger output)."
-    if getattr(self, "evaluator", None) is not None: return self.evaluator(num_samples)   # getattr: MADPO reuses this
-    a, team = self.args, self.team
-    m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
-    if m == 0: return {}
-    if a.num_turns > 1: return self._evaluate_turns(m)          # every turn, the transitions included
-    rewards, lens, logged = [], [[] for _ in range(self.n)], EvalLog()     # one eval_logger call, as the library
-    for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size)))
-        items = [self.eval_dataset[j] for j in ids]
-        prompts = team.prompts(items)
-        comps = team.generate_all(prompts, 1, [[(a.seed, "eval", j, i) for j in ids] for i in range(len(team.agents))])
-        texts = [c.texts for c in comps]
-        rewards += self.reward_fn(texts, items, prompts)
-        for i, c in enumerate(comps): lens[i] += c.lengths.tolist()
-        if self.eval_logger is not None:
-            logged.add([[[t] for t in texts[i]] for i in range(self.n)], items, prompts)
-    r = np.asarray(rewards)
-    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
-           "eval/turn_1/expected_return": float(r.mean())}               # one turn: the return is the reward
-    out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, a.num_turns))
-    return out
+from .evaluation import eval_samples, evaluate_team
 
-# %% ../../nbs/30_reinforce.ipynb #0bb5b26a
 @patch
-def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
-    "Multi-turn evaluation of the first `m` eval items: one episode each (k=1), every turn with its transition."
-    a, rew, ret, lens, logged = self.args, {}, {}, [[] for _ in range(self.n)], EvalLog()
-    for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size)))
-        items = [self.eval_dataset[j] for j in ids]
-        ro = self.rollout(items, ids, "eval", k=1)
-        for t, st in enumerate(ro.turns):
-            rew.setdefault(t, []).extend(st.rewards.flatten().tolist())
-            ret.setdefault(t, []).append(float(st.returns.mean()) * st.rewards.numel())
-            for i in range(self.n): lens[i] += st.lengths[i].tolist()
-        if self.eval_logger is not None:
-            chains = [[[] for _ in items] for _ in range(self.n)]        # [agent][item][turn] completion texts
-            for level in ro.levels:
-                for nd in level:
-                    for i in range(self.n): chains[i][nd.item].append(nd.completions[i][0])
-            logged.add(chains, items, ro.prompts)
-    out = {}
-    for t in sorted(rew):
-        k = f"eval/turn_{t + 1}"
-        out.update({f"{k}/reward_mean": float(np.mean(rew[t])), f"{k}/reward_std": float(np.std(rew[t])),
-                    f"{k}/expected_return": sum(ret[t]) / len(rew[t])})
-    out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, a.num_turns))
-    return out
-
+def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
+    """Sample the current policies on eval items and return eval/ metrics (task reward, lengths, custom logger output);
+    `num_eval_samples` is comlrl's name for `num_samples`."""
+    num_samples = eval_samples(num_samples, num_eval_samples)
+    if self.evaluator is not None: return self.evaluator(num_samples)      # given at construction (MARLHF's)
+    return evaluate_team(self, num_samples)          # several turns: one episode per item, its transitions included
 
 # %% ../../nbs/30_reinforce.ipynb #c2c37bcd
 @patch
