@@ -21,7 +21,7 @@ __all__ = ['minibatches', 'SampleBuffer', 'adamw', 'read_metrics', 'MetricsLogge
            'keep_ahead', 'Sampler', 'new_figure', 'plot_run', 'plot_run_background', 'wait_for_plots', 'Run',
            'SampleBuffers', 'check_checkpoint_options', 'run_options', 'callback_metrics', 'claim_output_dir',
            'release_output_dir', 'config_json', 'restart_phase', 'trainer_run', 'save_trainer_checkpoint',
-           'load_trainer_checkpoint']
+           'load_trainer_checkpoint', 'shuffled']
 
 # %% ../nbs/25_engine.ipynb #19fc8d62
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -882,3 +882,15 @@ def load_trainer_checkpoint(trainer, checkpoint) -> dict:
     run.restore(which)
     return dict(run.state)
 
+
+# %% ../nbs/25_engine.ipynb #a66a87af
+from .core import derive_seed
+
+def shuffled(seed: int, size: int, *key) -> np.ndarray:
+    "A permutation of range(size) seeded by (seed, *key): the same on every process and machine, and after a resume."
+    return np.random.default_rng(derive_seed(seed, *key)).permutation(size)
+
+@patch
+def epoch_order(self: Run, size: int, tag: str = "order") -> Callable[[int], np.ndarray]:
+    "The order function of `batches` / `item_batches` over `size` items: epoch e's permutation, seeded (seed, tag, e)."
+    return lambda epoch: shuffled(self.args.seed, size, tag, epoch)

@@ -847,7 +847,8 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
                          checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
-        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+        each_epoch = run.epoch_order(len(self.train_dataset))               # the items' seeded order, per epoch
+        for order, b, ids, key in run.item_batches(each_epoch, lambda: self._update_full_buffers(flush=True)):
             t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
             ro = self._rollout_batch(ids, key, self._batches_ahead(order, b, run.per_epoch, len(ids)))  # in order
             self.buffers.add_each(ro.samples)                                # per agent: a Sample per step
@@ -869,10 +870,6 @@ def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = (
     pos = {int(j): k for k, j in enumerate(ids)}
     eps = sorted((e for p in parts for e in p[0]), key=lambda e: (pos[e.item_id], e.candidate))
     return self._as_rollout(eps, {k: max(p[1][k] for p in parts) for k in parts[0][1]})
-
-@patch
-def _epoch_order(self: ActorCriticTrainer, epoch: int) -> np.ndarray:
-    return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
 
 # %% ../../nbs/31_actor_critic.ipynb #045be82a
 @patch

@@ -248,7 +248,8 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
     with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch,
                          checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes,
                          desc=f"{self.algo} (1 actor, {self.n} roles)") as run:   # Ctrl-C: a checkpoint, then exit
-        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_buffer(flush=True)):
+        each_epoch = run.epoch_order(len(self.train_dataset))               # the items' seeded order, per epoch
+        for order, b, ids, key in run.item_batches(each_epoch, lambda: self._update_buffer(flush=True)):
             t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
             ro = self._rollout_batch(ids, key)
             self.buffers.add_each([ro.samples])
@@ -260,10 +261,6 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/32_centralized.ipynb #ec0432b8
-@patch
-def _epoch_order(self: CentralizedMAGRPOTrainer, epoch: int) -> np.ndarray:
-    return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
-
 @patch
 def _update_buffer(self: CentralizedMAGRPOTrainer, flush: bool = False) -> list[float]:
     "Update the actor when its buffer is full (or non-empty, when flushing); the losses of the steps."
@@ -313,3 +310,8 @@ def start_phase(self: CentralizedMAGRPOTrainer, output_dir, seed: int) -> Centra
     """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
     keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it)."""
     return restart_phase(self, output_dir, seed, self.buffers)
+
+# %% ../../nbs/32_centralized.ipynb #139d5a5c
+from . import reinforce as _reinforce
+_reinforce.CentralizedMAGRPOConfig = CentralizedMAGRPOConfig
+_reinforce.CentralizedMAGRPOTrainer = CentralizedMAGRPOTrainer

@@ -587,6 +587,8 @@ def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
     return fig
 
 # %% ../../nbs/53_iterative.ipynb #4dc074db
+from ..engine import shuffled
+
 @patch
 def _update(self: MADPOIterTrainer, idx) -> dict:
     "One MADPO step of every agent on the round's pairs `idx`."
@@ -605,7 +607,7 @@ def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLo
     self.pairs, self._tokens = list(records), pair_tokens(records, self.tokenizers, self.n, central)  # or the actor's
     P, bs, rows = len(self.pairs), a.train_batch_size, []
     for epoch in range(a.num_train_epochs):
-        order = np.random.default_rng(derive_seed(a.seed, "pair_order", nu, epoch)).permutation(P)
+        order = shuffled(a.seed, P, "pair_order", nu, epoch)
         for s in range(0, P, bs):
             t0, idx = time.perf_counter(), [int(j) for j in order[s:s + bs]]
             out = self._update(idx)
@@ -667,26 +669,17 @@ class MARLHFIterTrainer(PreferenceRounds):
         return evaluate_task(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/53_iterative.ipynb #7dec4254
+from .marlhf import fit_reward
+
 @patch
 def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> dict:
     "Reset the reward model to its initial state, fit it on the round's pairs, freeze it."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
     rm.load_state_dict(self._rm_initial)
-    rm.requires_grad_(True)
-    if rm.freeze_backbone: rm.body.requires_grad_(False)
-    ml = MetricsLogger(d, a.logging_steps)
-    if ml.path.exists(): ml.path.unlink()
-    log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "iteration": nu, "reward_model/loss": r["loss"],
-                            "reward_model/accuracy": r["accuracy"]}, r["step"], console=False)
-    central = a.collaboration_mode == "centralized"              # the roles' text, or the actor's joint text
-    hist = fit_on_pairs(rm, records, central, num_train_epochs=a.reward_num_train_epochs,
-                        batch_size=a.reward_train_batch_size, learning_rate=a.reward_learning_rate,
-                        seed=derive_seed(a.seed, "reward_model_round", nu), autocast_dtype=a.autocast_dtype,
-                        callback=log)
-    ml.close()
-    rm.freeze()
+    summary = fit_reward(rm, records, a, d, derive_seed(a.seed, "reward_model_round", nu), {"iteration": nu},
+                         console=False)
     self._rm_fitted = True
-    return fit_summary(rm, hist, records, central, a.reward_final_accuracy)
+    return summary
 
 # %% ../../nbs/53_iterative.ipynb #3371dcf4
 @patch

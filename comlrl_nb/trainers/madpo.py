@@ -347,10 +347,12 @@ def dpo_metrics(records: list, idx, out: dict, wall: float, steps: list) -> dict
     return m
 
 # %% ../../nbs/42_madpo.ipynb #928dbaf1
+from ..engine import shuffled
+
 @patch
 def _pair_order(self: MADPOTrainer, epoch: int) -> np.ndarray:
     "The shuffled order of the pairs in `epoch` (seeded: a resumed run sees the same order)."
-    return np.random.default_rng(derive_seed(self.args.seed, "pair_order", epoch)).permutation(len(self.pairs))
+    return shuffled(self.args.seed, len(self.pairs), "pair_order", epoch)
 
 @patch
 def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:

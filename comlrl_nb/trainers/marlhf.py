@@ -30,7 +30,7 @@ from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, chec
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
            'backend_config', 'make_policy_trainer', 'evaluate_task', 'make_reward_model', 'make_central_trainer',
            'reward_texts', 'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer',
-           'fit_summary', 'ranked', 'RL_ALGORITHMS']
+           'fit_summary', 'ranked', 'fit_reward', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -392,34 +392,44 @@ def ranked(summary: dict) -> str:
         return f"it ranks {summary['reward_model/train_accuracy']:.0%} of them right"
     return f"it ranked {summary['reward_model/running_accuracy']:.0%} of them right just before training on each"
 
+# %% ../../nbs/43_marlhf.ipynb #c8056ce6
+def fit_reward(rm: JointRewardModel, records, args, out_dir, seed: int, row: dict, dist=None,
+               console: Optional[bool] = None, summary_line: bool = False) -> dict:
+    """Bradley-Terry fit of `rm` on `records` (the roles' text, or the actor's joint text when centralized), then
+    freeze; one line per step in out_dir/metrics.jsonl (`row` added), the summary line when asked; the fit's summary.
+    Under data parallel (`dist`) each process fits on its share of each batch and the main one writes the file."""
+    ml = MetricsLogger(out_dir, args.logging_steps) if dist is None or dist.is_main else None
+    if ml is not None and ml.path.exists(): ml.path.unlink()
+    rm.requires_grad_(True)
+    if rm.freeze_backbone: rm.body.requires_grad_(False)
+    log = lambda r: ml and ml.log({"step": r["step"], "epoch": r["epoch"], **row, "reward_model/loss": r["loss"],
+                                   "reward_model/accuracy": r["accuracy"]}, r["step"], console=console)
+    central = args.collaboration_mode == "centralized"               # the roles' text, or the actor's joint text
+    hist = fit_on_pairs(rm, records, central, num_train_epochs=args.reward_num_train_epochs,
+                        batch_size=args.reward_train_batch_size, learning_rate=args.reward_learning_rate, seed=seed,
+                        autocast_dtype=args.autocast_dtype, callback=log, dist=dist)
+    summary = fit_summary(rm, hist, records, central, args.reward_final_accuracy)
+    if ml is not None and summary_line:
+        ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
+    if ml is not None: ml.close()
+    rm.freeze()
+    return summary
+
+# %% ../../nbs/43_marlhf.ipynb #bb1a2e55
 @patch
 def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model"
     dist = self.policy_trainer.dist                     # data parallel: each process fits on its share of each batch
-    ml = MetricsLogger(d, a.logging_steps) if dist.is_main else None       # the main process writes the files
-    if ml is not None and ml.path.exists(): ml.path.unlink()
-    rm.requires_grad_(True)
-    if rm.freeze_backbone: rm.body.requires_grad_(False)
-    log = lambda r: ml and ml.log({"step": r["step"], "epoch": r["epoch"], "phase": "reward_model",
-                            "reward_model/loss": r["loss"], "reward_model/accuracy": r["accuracy"]}, r["step"])
-    central = a.collaboration_mode == "centralized"
-    hist = fit_on_pairs(rm, self.pairs, central, num_train_epochs=a.reward_num_train_epochs,
-                        batch_size=a.reward_train_batch_size, learning_rate=a.reward_learning_rate, seed=a.seed,
-                        autocast_dtype=a.autocast_dtype, callback=log, dist=dist)
-    summary = fit_summary(rm, hist, self.pairs, central, a.reward_final_accuracy)
-    if ml is not None:
-        ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
-        ml.close()
+    summary = fit_reward(rm, self.pairs, a, d, a.seed, {"phase": "reward_model"}, dist, summary_line=True)
     if a.save_steps >= 0 and dist.is_main:
         buf = io.BytesIO()
         torch.save(rm.state_dict(), buf)
         atomic_write_bytes(d / "state.pt", buf.getvalue())
     dist.barrier()
-    rm.freeze()
     self._rm_fast_path = None                            # the policy phase decides the fast path again
-    logger.info(f"reward model fitted on {len(self.pairs)} pairs in {len(hist)} steps; {ranked(summary)}; frozen "
-                "for the policy phase")
+    logger.info(f"reward model fitted on {len(self.pairs)} pairs in {summary['reward_model/steps']} steps; "
+                f"{ranked(summary)}; frozen for the policy phase")
     return summary
 
 # %% ../../nbs/43_marlhf.ipynb #74536699

@@ -289,7 +289,8 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
                          checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
-        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+        each_epoch = run.epoch_order(len(self.train_dataset))               # the items' seeded order, per epoch
+        for order, b, ids, key in run.item_batches(each_epoch, lambda: self._update_full_buffers(flush=True)):
             t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
             ahead = self._batches_ahead(order, b, run.per_epoch, len(ids))    # sampled with this batch, cached
             ro = self._rollout_batch(ids, key, ahead)                          # all processes' samples, in order
@@ -300,10 +301,6 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/30_reinforce.ipynb #64472d21
-@patch
-def _epoch_order(self: MAGRPOTrainer, epoch: int) -> np.ndarray:
-    return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
-
 @patch
 def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "The later batches of this epoch that no update separates from batch b (single-turn, one process): [(items, ids)]."
@@ -375,17 +372,6 @@ def save_model(self: MAGRPOTrainer, output_dir) -> Path:
     "Write each agent's model and tokenizer to output_dir/agent_<i>/."
     return self.team.save_pretrained(output_dir)
 
-@patch
-def _finish(self: MAGRPOTrainer, metrics, bar, stopped: bool = False) -> dict:
-    "For the preference trainers' own loops (until they run on `Run`): close, plot, the final state."
-    bar.close()
-    metrics.close()
-    if self.dist.is_main and self.args.save_plot:
-        try: plot_run(metrics.path, self.output_dir / "training_curves.png", f"{self.algo}: reward per batch")
-        except Exception as e: logger.warning(f"could not draw the run plot: {e}")
-    self.dist.barrier()
-    return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path)}
-
 # %% ../../nbs/30_reinforce.ipynb #d1c0e302
 @patch
 def start_phase(self: MAGRPOTrainer, output_dir, seed: int) -> MAGRPOTrainer:
@@ -405,11 +391,3 @@ class MARLOOTrainer(MAGRPOTrainer):
 class MAReMaxTrainer(MAGRPOTrainer):
     "MAGRPOTrainer with MAReMaxConfig (max baseline) as the default config."
     config_class, algo = MAReMaxConfig, "maremax"
-
-# %% ../../nbs/30_reinforce.ipynb #8c3161ab
-def __getattr__(name: str):
-    "Module attribute fallback: the centralized MAGRPO names, imported on first use (no import cycle)."
-    if name in ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"):
-        from comlrl_nb.trainers import centralized
-        return getattr(centralized, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
