@@ -43,10 +43,12 @@ def _centralized_relations(c, owner: str):
                                   "set num_turns=1 (MAGRPOConfig runs several turns)")
     if c.rollout_batch_size is None: c.rollout_batch_size = c.rollout_buffer_size
 
+# %% ../../nbs/32_centralized.ipynb #2157550a
 @compose(*MAGRPOConfig.config_groups, CollaborationFields, order=(MAGRPOConfig,),
          defaults={"collaboration_mode": "centralized"}, checks=(_centralized_relations,),
          unused={"joint_mode": _ONE_ACTOR, "discount": _SINGLE_TURN, "early_termination_threshold": _SINGLE_TURN,
                  "external_prompt_passthrough": _SINGLE_TURN})
+
 class CentralizedMAGRPOConfig(TrainerConfig):
     "Settings of centralized MAGRPO: MAGRPOConfig's fields (one turn) plus collaboration_mode='centralized'."
 
@@ -82,6 +84,7 @@ def check_one_actor(who: str, n: int, agents, tokenizer):
     if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
         raise ValueError(f"{len(tokenizer)} tokenizers were given; the one actor needs one: pass tokenizer=tok")
 
+# %% ../../nbs/32_centralized.ipynb #4dbaee0f
 @patch
 def _check_args(self: CentralizedMAGRPOTrainer, args, agents, num_agents, tokenizer, reward_func, eval_logger,
                 eval_aggregator) -> CentralizedMAGRPOConfig:
@@ -113,6 +116,7 @@ def joint_prompt(self: CentralizedMAGRPOTrainer, item) -> tuple[list[str], str]:
     "The roles' formatted prompts of `item` and the actor's prompt built from them (chat-templated when on)."
     return self.actor.prompt(item)
 
+# %% ../../nbs/32_centralized.ipynb #7cad0a13
 @patch
 def split(self: CentralizedMAGRPOTrainer, text: str) -> Optional[list[str]]:
     "The parser's role answers of one joint completion (checked), or None when it does not parse."
@@ -147,6 +151,7 @@ class JointRollout:
             return None if v is None else v[0]
         raise AttributeError(f"'JointRollout' object has no attribute '{name}'")
 
+# %% ../../nbs/32_centralized.ipynb #64ad9d19
 @patch
 def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: Sequence[tuple], k: int,
                    reward: Optional[str] = "task") -> dict:
@@ -240,6 +245,7 @@ def new_run(self: CentralizedMAGRPOTrainer) -> Run:
     return Run(self.args, self.algo, self.output_dir, {"team": self.team, "buffers": self.buffers},
                self.wandb_config, self.dist, self.n, self.state)
 
+# %% ../../nbs/32_centralized.ipynb #36263124
 @patch
 def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
@@ -299,6 +305,7 @@ def _batch_metrics(self: CentralizedMAGRPOTrainer, ro: JointRollout, losses: lis
         m.update({"agent_0/loss": float(np.mean(losses)), "agent_0/optimizer_steps": self.state["optimizer_steps"][0]})
     return m
 
+# %% ../../nbs/32_centralized.ipynb #a8366928
 @patch
 def save_model(self: CentralizedMAGRPOTrainer, output_dir) -> Path:
     "Write the actor's model and tokenizer to output_dir/agent_0/."

@@ -108,6 +108,7 @@ def default_args(config_class, args, num_agents: Optional[int], agents):
         raise ValueError(f"num_agents={num_agents} but args.num_agents={args.num_agents}; make them agree")
     return args
 
+# %% ../../nbs/42_madpo.ipynb #b1c0a010
 def check_agents(args, agents, num_policies: int):
     "The agent arguments against the config: a list holds one model per trained policy; an adapter spec fits."
     n = args.num_agents
@@ -123,6 +124,7 @@ def check_agents(args, agents, num_policies: int):
         raise ValueError("adapter agents share one base model and cannot run concurrently: "
                          "use parallel_training='none'")
 
+# %% ../../nbs/42_madpo.ipynb #b1c0a011
 def check_task(reward_func, eval_logger, eval_aggregator):
     "A reward function is required; the evaluation logger and aggregator come together."
     if reward_func is None:
@@ -169,6 +171,7 @@ def check_adapter(args, adapter, builder=None, parser=None):
                         "parse_completion(completion, batch_item, num_agents) -> list of strings, e.g. "
                         "TaggedCentralizedComparatorAdapter()")
 
+# %% ../../nbs/42_madpo.ipynb #bed1b915
 def adapter_hooks(adapter) -> tuple[Callable, Callable]:
     "An adapter as (builder(role_prompts, item), parser(text, n, item)); its parse error means 'does not parse'."
     from comlrl_nb.porting import CentralizedComparatorParseError
@@ -187,6 +190,7 @@ def pair_margins(model, tokenizer, tokens: list, idx, autocast_dtype=None, fast:
     _, seq = completion_logprobs(model, *batch, autocast_dtype=autocast_dtype, fast=fast)
     return seq[:B] - seq[B:]
 
+# %% ../../nbs/42_madpo.ipynb #079bec1a
 def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: float, steps: list,
                      max_grad_norm: Optional[float] = None) -> float:
     "Model i's loss with its own margin differentiable (the others' detached), and one step of its optimizer."
@@ -200,6 +204,7 @@ def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: 
     steps[i] += 1
     return float(loss.detach())
 
+# %% ../../nbs/42_madpo.ipynb #079bec1b
 class UpdateModes:
     """A team's models in train mode for a run of updates: `train()` and `eval()` walk the modules (about 50 us per
     model each way) only when the mode changes; `fast[i]` is `fast_decodable(agents[i])`, decided once in train mode."""
@@ -218,6 +223,7 @@ class UpdateModes:
             self.training = False
         return self
 
+# %% ../../nbs/42_madpo.ipynb #079bec1c
 def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_norm: Optional[float] = None,
                  autocast_dtype=None, dist: Optional[DistContext] = None,
                  modes: Optional[UpdateModes] = None) -> dict:
@@ -236,6 +242,7 @@ def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_nor
     if own_modes: modes.eval()
     return out
 
+# %% ../../nbs/42_madpo.ipynb #079bec1d
 @patch
 def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
     "Agent i's margins on the collected pairs `idx`."
@@ -255,6 +262,7 @@ def madpo_share_loss(margin: torch.Tensor, M: torch.Tensor, i: int, rows: list, 
     ms = [margin if j == i else M[j, rows].to(margin.device) for j in range(len(M))]
     return madpo_loss(ms, beta, agent=i) * (len(rows) / total)
 
+# %% ../../nbs/42_madpo.ipynb #d2a42021
 def _shared_step(team, i: int, margin, M, rows: list, total: int, beta: float, steps: list, max_grad_norm,
                  dist) -> float:
     "Model i's step under data parallel: its share's loss, the gradients summed over processes; the batch's loss."
@@ -302,6 +310,7 @@ def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> li
         out.append((p, w, l))
     return out
 
+# %% ../../nbs/42_madpo.ipynb #67a76426
 def pair_tokens(records, tokenizers, n: int, centralized: bool = False) -> list[list[tuple]]:
     "Per trained model, the token ids of every record: one list per agent, or (centralized) the actor's one list."
     if centralized: return [tokenize_centralized(records, tokenizers[0])]
@@ -354,6 +363,7 @@ def _pair_order(self: MADPOTrainer, epoch: int) -> np.ndarray:
     "The shuffled order of the pairs in `epoch` (seeded: a resumed run sees the same order)."
     return shuffled(self.args.seed, len(self.pairs), "pair_order", epoch)
 
+# %% ../../nbs/42_madpo.ipynb #928dba30
 @patch
 def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:
     "The team's pairs over the training set, stored in pairs.json and read back; logs the collection statistics."
@@ -368,6 +378,7 @@ def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:
     if self.dist.is_main: metrics.log(row, 0, console=False)
     return stats
 
+# %% ../../nbs/42_madpo.ipynb #928dba31
 class PairsEntry:
     "A trainer's pairs as a run component (checkpoint entry 'pairs'): a resumed run trains on the same stored text."
     def __init__(self, trainer): self.trainer = trainer
@@ -384,6 +395,7 @@ def merge_collection_stats(parts: list[dict]) -> dict:
                                     if n else float("nan"))
     return out
 
+# %% ../../nbs/42_madpo.ipynb #d2a42035
 def shared_pair_dataset(team, dataset, args, path, oracle, dist: DistContext, round_key: Any = "collect",
                         sampler: Optional[Callable] = None) -> tuple[list[dict], dict]:
     "`build_pair_dataset` under data parallel: this process collects its block; all get every record, in item order."
@@ -446,6 +458,7 @@ def new_run(self: MADPOTrainer) -> Run:
     return Run(self.args, self.algo, self.output_dir, {"team": self.team, "pairs": PairsEntry(self)},
                self.wandb_config, self.dist, self.n, self.state)
 
+# %% ../../nbs/42_madpo.ipynb #2d86b13a
 @patch
 def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **opts) -> Run:
     "The run, started (or resumed) with an empty bar: the batches are counted once the pairs are known."
@@ -455,6 +468,7 @@ def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **o
     run.metrics_callback = getattr(self, "metrics_callback", None)
     return run
 
+# %% ../../nbs/42_madpo.ipynb #2d86b13b
 @patch
 def _no_pairs(self: MADPOTrainer, run: Run) -> dict:
     "Every comparison tied: say so and end the run without an update."
@@ -482,6 +496,7 @@ def central_setup(trainer, builder=None, parser=None, adapter=None):
     trainer.parse = lambda text, n: trainer.parse_item(text, n)                        # (text, n), item unknown
     trainer.preference_sampler = central_candidates                       # the collection samples with it
 
+# %% ../../nbs/42_madpo.ipynb #480e5544
 def pair_actor(trainer) -> JointActor:
     "The one actor of a centralized MADPO-style trainer: its team, builder and item-aware parser, MADPO's checks."
     parse_item = getattr(trainer, "parse_item", None)
@@ -506,6 +521,7 @@ def central_sample(self: MADPOTrainer, items, keys, k: int) -> dict:
     "Role prompts, actor prompts, k actor completions per item and their role responses (unparsed: empty roles)."
     return self.actor.sample(items, keys, k)
 
+# %% ../../nbs/42_madpo.ipynb #bfd5e648
 def central_candidates(trainer: MADPOTrainer, chunk, ids, K: int, round_key) -> dict:
     "The collection sampler of centralized mode (the decentralized one's contract, plus the records' extra field)."
     s = trainer.central_sample(chunk, [(trainer.args.seed, "preference", round_key, j, "actor") for j in ids], K)
@@ -526,6 +542,7 @@ def evaluate_pairs(trainer, num_samples: Optional[int] = None) -> dict:
     if trainer.args.collaboration_mode != "centralized": return evaluate_team(trainer, num_samples)
     return evaluate_roles(trainer, num_samples)
 
+# %% ../../nbs/42_madpo.ipynb #d16a704b
 @patch
 def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores them."

@@ -50,6 +50,7 @@ def _marlhf_backend_fields(c, owner: str):
         raise config_error(owner, f"{f.name}={v!r} is not used with rl_algorithm={c.rl_algorithm!r} (only "
                                   f"{', '.join(users)} read it); remove it or pick one of those backends")
 
+# %% ../../nbs/43_marlhf.ipynb #0e52ae08
 def _marlhf_collaboration(c, owner: str):
     """collaboration_mode='centralized': one actor, single-turn; every rl_algorithm trains it (the group baselines with
     centralized MAGRPO, maac/iac with their trainer over a one-agent team)."""
@@ -64,6 +65,7 @@ _MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_a
                   "use_environment_step": "MARLHF logs its policy phase by the backend's batches, not by pairs",
                   "environment_steps_per_pair": "MARLHF logs its policy phase by the backend's batches, not by pairs"}
 
+# %% ../../nbs/43_marlhf.ipynb #0e52ae09
 @compose(*MAGRPOConfig.config_groups, PreferenceFields, RLBackendFields, RewardModelFields, CriticFields,
          ValueHeadFields, DPOFields, CollaborationFields, EnvStepFields, like=(MAGRPOConfig,), unused=_MARLHF_UNUSED,
          checks=(*MAGRPOConfig.config_checks, _marlhf_backend_fields, _marlhf_collaboration),
@@ -71,6 +73,7 @@ _MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_a
                 "collection_batch_size",
                 RLBackendFields, RewardModelFields, "critic_type critic_learning_rate value_loss_coef critic_devices "
                 "critic_model_name critic_value_head_hidden_dim critic_max_length", ValueHeadFields))
+
 class MARLHFConfig(TrainerConfig):
     "MARLHF settings: the MAGRPO groups, preference collection, the reward model, the policy backend and its critic."
     min_generations = property(lambda c: 1 if c.rl_algorithm in ("maac", "iac") else 2)   # actor-critic: 1 episode
@@ -103,6 +106,7 @@ def central_backend_config(args) -> CentralizedMAGRPOConfig:
     base = {f.name: f.default for f in fields(rl_backend(args.rl_algorithm).config_class)}["advantage_mode"]
     return replace(map_backend_config(args, CentralizedMAGRPOConfig), advantage_mode=base)
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e012
 def central_hooks(args, builder=None, parser=None, adapter=None) -> dict:
     "The actor's prompt builder and parser (given, or an adapter's); refused unless collaboration_mode='centralized'."
     check_adapter(args, adapter, builder, parser)
@@ -154,6 +158,7 @@ def backend_config(backend, args):
     "The backend's config from this config's field groups (`map_backend_config`; the backend sets the baseline)."
     return map_backend_config(args, backend.config_class)
 
+# %% ../../nbs/43_marlhf.ipynb #c4a1b018
 def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model_config,
                         backend_kwargs: Optional[dict] = None, hooks: Optional[dict] = None) -> tuple:
     """The `rl_algorithm` backend over the models as given, rewarded by `owner.learned_reward`, evaluated by `owner`;
@@ -169,11 +174,13 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
                  evaluator=owner.evaluate, **(backend_kwargs or {}))     # evaluation: the owner's, by the task reward
     return pt, None
 
+# %% ../../nbs/43_marlhf.ipynb #c4a1b019
 @patch
 def learned_reward(self: MARLHFTrainer, *completions, agent_prompts=None, **_) -> list[float]:
     "The policy phase's reward: the frozen reward model's score of each joint response."
     return self.reward_model.score(agent_prompts, completions, self.args.reward_score_batch_size, fast=self._rm_fast())
 
+# %% ../../nbs/43_marlhf.ipynb #c4a1b01a
 @patch
 def _rm_fast(self: MARLHFTrainer) -> bool:
     """Whether the reward model scores through `fast_hidden`: decided once per reward model and phase (the frozen model
@@ -184,6 +191,7 @@ def _rm_fast(self: MARLHFTrainer) -> bool:
 
 from .evaluation import eval_samples, evaluate_roles, evaluate_team
 
+# %% ../../nbs/43_marlhf.ipynb #c4a1b01b
 def evaluate_task(owner, num_samples: Optional[int] = None) -> dict:
     "MARLHF's (and MARLHFIter's) evaluation by the task reward: centralized, the actor's parsed roles; else the team's."
     if owner.central is not None: return owner.central.evaluate(num_samples)
@@ -228,6 +236,7 @@ def make_central_trainer(owner, agent_model, agents, tokenizer, formatters, mode
         train_reward=owner.learned_joint_reward, **(hooks or {}), **(backend_kwargs or {}))
     return pt, pt
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e021
 def reward_texts(records, centralized: bool = False) -> tuple[list[str], list[str]]:
     "The winner and loser texts the reward model reads: every role's prompt and answer, or the actor's joint text."
     if not centralized: return _pair_texts(records)
@@ -238,6 +247,7 @@ def reward_texts(records, centralized: bool = False) -> tuple[list[str], list[st
     side = lambda r, s: joint_text([r["centralized"]["prompt"]], [r["centralized"][s]])
     return [side(r, "winner") for r in records], [side(r, "loser") for r in records]
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e022
 def fit_on_pairs(rm: JointRewardModel, records, centralized: bool = False, **kw) -> list[dict]:
     "Bradley-Terry on the pairs (`rm.fit` on the roles' text), or on the actor's joint text when centralized."
     return rm.fit_texts(*reward_texts(records, True), **kw) if centralized else rm.fit(records, **kw)
@@ -254,6 +264,7 @@ def central_sample(self: MARLHFTrainer, items, keys, k: int) -> dict:
     "Centralized: the actor's k joint completions per item, split into role answers, not scored (collection, CLI)."
     return self.central.central_sample(items, keys, k, reward=None)
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e024
 @patch
 def _pair_sampler(self: MARLHFTrainer) -> Optional[Callable]:
     "The collection's sampler: centralized, the actor's joint candidates (as centralized MADPO); else the team's."
@@ -297,6 +308,7 @@ class CentralActor:
         self.team, self.eval_dataset = ActorRoles(backend.team, self.formatters, self.n), backend.eval_dataset
         return self
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c02a
 @patch
 def _build(self: CentralActor, roles: list, item) -> str: return check_prompt(self.build_prompt(roles, item))
 
@@ -305,6 +317,7 @@ def actor_text(self: CentralActor, item) -> str:
     "The actor's prompt before any chat template (the backend's one formatter): the builder over the roles' prompts."
     return self._build([format_prompt(f, item, i) for i, f in enumerate(self.formatters)], item)
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c02b
 @patch(as_prop=True)
 def actor(self: CentralActor) -> JointActor:
     "The one actor: the backend's agent seen as the roles, the builder and the parser, checked as centralized MAGRPO."
@@ -321,6 +334,7 @@ def split(self: CentralActor, text: str) -> Optional[list[str]]:
     "The parser's role answers of one joint completion (checked as centralized MAGRPO checks them), or None."
     return self.actor.split(text)
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c02e
 @patch
 def central_sample(self: CentralActor, items, keys, k: int, reward: Optional[str] = None) -> dict:
     "Role prompts, actor prompts, k joint completions per item, their role answers (row b*k+j); task rewards if asked."
@@ -329,6 +343,7 @@ def central_sample(self: CentralActor, items, keys, k: int, reward: Optional[str
     rewards = None if reward is None else self.reward_fn(s["texts"], rep(items), [rep(p) for p in s["prompts"]])
     return {**s, "rewards": rewards}
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c02f
 @patch
 def evaluate(self: CentralActor, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "One joint answer per eval item, the task reward on its parsed roles (as centralized MAGRPO and MADPO evaluate)."
@@ -351,6 +366,7 @@ def central_ac_config(args, backend):
     first = lambda d: d[0] if isinstance(d, (list, tuple)) else d
     return replace(cfg, num_agents=1, **{f: first(getattr(cfg, f)) for f in _ONE_ACTOR_DEVICES})
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c032
 def _check_one_actor(args, agents, tokenizer, backend_kwargs: dict):
     "Centralized MARLHF's model arguments: one actor, one tokenizer, and (IAC) one critic, named when not."
     n = args.num_agents
@@ -386,6 +402,7 @@ def fit_summary(rm: JointRewardModel, hist: list, records, central: bool, final_
     if final_accuracy: out["reward_model/train_accuracy"] = rm.preference_accuracy(*reward_texts(records, central))
     return out
 
+# %% ../../nbs/43_marlhf.ipynb #75e54438
 def ranked(summary: dict) -> str:
     "How the fitted reward model ranks its pairs, in words (the final pass's share when made, else the running one)."
     if "reward_model/train_accuracy" in summary:
@@ -452,6 +469,7 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     try: return self._train_phases(resume_from_checkpoint, stop_after_batch, opts)
     finally: release_output_dir(lock)
 
+# %% ../../nbs/43_marlhf.ipynb #7453663e
 @patch
 def _train_phases(self: MARLHFTrainer, resume_from_checkpoint, stop_after_batch, opts: dict) -> dict:
     "The collection and reward fit (unless resumed past them), then the policy phase."
@@ -475,6 +493,7 @@ def _train_phases(self: MARLHFTrainer, resume_from_checkpoint, stop_after_batch,
                                     **opts)
     return {**out, "num_pairs": len(self.pairs)}
 
+# %% ../../nbs/43_marlhf.ipynb #7453663f
 @patch
 def _resume_reward_phase(self: MARLHFTrainer, resume_from_checkpoint):
     "Resuming past the reward fit: reload the pairs and the frozen reward model; what the backend should resume from."

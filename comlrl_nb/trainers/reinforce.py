@@ -88,6 +88,7 @@ def _check_agent_spec(args, agents):
         raise ValueError("adapter agents share one base model and cannot run concurrently: "
                          "use parallel_training='none'")
 
+# %% ../../nbs/30_reinforce.ipynb #e4ce3213
 def _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition):
     "The reward is required; the eval hooks go in pairs; several turns need a transition."
     if reward_func is None:
@@ -185,6 +186,7 @@ def _level_turn(self: MAGRPOTrainer, level, K: int, timers: dict) -> Turn:
                            a.advantage_mode, a.advantage_normalization) for i in range(self.n)]
     return Turn(torch.stack([nd.rewards for nd in level]), R, adv, kl, [c.lengths.cpu() for c in comps], comps)
 
+# %% ../../nbs/30_reinforce.ipynb #4e18b51f
 @patch
 @torch.no_grad()
 def _reference_kl(self: MAGRPOTrainer, comps) -> list[torch.Tensor]:
@@ -256,6 +258,7 @@ def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[fl
     model.eval()
     return losses
 
+# %% ../../nbs/30_reinforce.ipynb #e15a3928
 @patch
 def _update_full_buffers(self: MAGRPOTrainer, flush: bool = False) -> dict:
     "Update every agent whose buffer is full (or non-empty, when flushing); returns {i: [losses]}."
@@ -282,6 +285,7 @@ def new_run(self: MAGRPOTrainer) -> Run:
     parts = {"team": self.team, "buffers": self.buffers, "sampler": self.sampler}
     return Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
 
+# %% ../../nbs/30_reinforce.ipynb #c2c37b30
 @patch
 def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
@@ -318,6 +322,7 @@ def _rollout_batch(self: MAGRPOTrainer, ids, round_key, ahead: Sequence = ()) ->
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
         return self._gather_rollouts(ro, ids)
 
+# %% ../../nbs/30_reinforce.ipynb #3e1f3b35
 @patch
 def _timed_update(self: MAGRPOTrainer) -> tuple[dict, dict]:
     "Update the full buffers: ({agent: losses}, the time of the update, of its forwards and of backward + step)."
