@@ -271,7 +271,7 @@ def local_context(device=None) -> DistributedContext:
 def unwrap_model(model): return getattr(model, "module", model)
 
 # %% ../nbs/90_porting.ipynb #a022236e
-from .trainers.evaluation import EvalLog     # moved to the trainers' shared evaluation; importable here as before
+from .trainers.evaluation import EvalLog     # the trainers' shared evaluation; importable here as before
 _all_ = ["EvalLog"]
 
 # %% ../nbs/90_porting.ipynb #56bb1287

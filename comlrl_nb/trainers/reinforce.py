@@ -275,7 +275,7 @@ def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None, num_eval_sa
     """Sample the current policies on eval items and return eval/ metrics (task reward, lengths, custom logger output);
     `num_eval_samples` is comlrl's name for `num_samples`."""
     num_samples = eval_samples(num_samples, num_eval_samples)
-    if self.evaluator is not None: return self.evaluator(num_samples)      # given at construction (MARLHF's)
+    if getattr(self, "evaluator", None) is not None: return self.evaluator(num_samples)   # given at construction
     return evaluate_team(self, num_samples)          # several turns: one episode per item, its transitions included
 
 # %% ../../nbs/30_reinforce.ipynb #c2c37bcd
