@@ -15,7 +15,8 @@ from .runs import RunLock, check_resume_config, prepare_output_dir, sigterm_as_i
 
 # %% auto #0
 __all__ = ['end_of_batch', 'stop_after', 'eval_count', 'Run', 'check_checkpoint_options', 'run_options', 'claim_output_dir',
-           'release_output_dir', 'restart_phase', 'trainer_run', 'save_trainer_checkpoint', 'load_trainer_checkpoint']
+           'release_output_dir', 'restart_phase', 'trainer_run', 'save_trainer_checkpoint', 'load_trainer_checkpoint',
+           'shuffled']
 
 # %% ../nbs/25_engine.ipynb #2596e673
 # the pieces in their own notebooks, also importable from here (their old home)
@@ -465,3 +466,16 @@ def load_trainer_checkpoint(trainer, checkpoint) -> dict:
     run.ckpt = CheckpointManager(root, None, run.algo, run.num_agents)
     run.restore(which)
     return dict(run.state)
+
+# %% ../nbs/25_engine.ipynb #a66a87af
+import numpy as np
+from .core import derive_seed
+
+def shuffled(seed: int, size: int, *key) -> np.ndarray:
+    "A permutation of range(size) seeded by (seed, *key): the same on every process and machine, and after a resume."
+    return np.random.default_rng(derive_seed(seed, *key)).permutation(size)
+
+@patch
+def epoch_order(self: Run, size: int, tag: str = "order") -> Callable[[int], np.ndarray]:
+    "The order function of `batches` / `item_batches` over `size` items: epoch e's permutation, seeded (seed, tag, e)."
+    return lambda epoch: shuffled(self.args.seed, size, tag, epoch)

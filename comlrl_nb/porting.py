@@ -17,13 +17,13 @@ __all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_K
            'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts', 'call_reward_function',
            'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
            'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'takes_external_prompts',
-           'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'EvalLog',
-           'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules', 'resolve_reference_devices',
-           'reference_kl_for_sequence', 'validate_reference_kl_config', 'clone_reference_models',
-           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer',
-           'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources', 'normalize_reward_lengths',
-           'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
-           'adapter_callables', 'install_round_callbacks', 'install_trainer_wrappers', 'reference_kl_enabled',
+           'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
+           'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
+           'validate_reference_kl_config', 'clone_reference_models', 'load_reference_models_from_sources',
+           'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials',
+           'resolve_model_sources', 'normalize_reward_lengths', 'CentralizedComparatorParseError',
+           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables',
+           'install_round_callbacks', 'install_trainer_wrappers', 'EvalLog', 'reference_kl_enabled',
            'reference_kl_coef']
 
 # %% ../nbs/90_porting.ipynb #0d74ce59
@@ -231,28 +231,8 @@ def local_context(device=None) -> DistributedContext:
 def unwrap_model(model): return getattr(model, "module", model)
 
 # %% ../nbs/90_porting.ipynb #a022236e
-class EvalLog:
-    "The eval_logger's inputs gathered over the eval batches, for one call at the end (as the library makes it)."
-    def __init__(self): self.turns, self.items, self.prompts = [], [], []
-
-    def add(self, agent_completions_turns, batch_items, prompts=None) -> None:
-        "One eval batch: per-agent [item][turn] completions, its items, per-agent (or per-role) prompt lists."
-        if not self.turns: self.turns = [[] for _ in agent_completions_turns]
-        for acc, t in zip(self.turns, agent_completions_turns): acc += list(t)
-        self.items += list(batch_items)
-        if prompts is not None:
-            if not self.prompts: self.prompts = [[] for _ in prompts]
-            for acc, p in zip(self.prompts, prompts): acc += list(p)
-
-    def metrics(self, eval_logger, eval_aggregator, num_turns: int) -> dict:
-        "Call eval_logger once; its return value goes unchanged to eval_aggregator; the aggregate, 'eval/'-prefixed."
-        if eval_logger is None or not self.items: return {}
-        logged = eval_logger(agent_completions_turns=self.turns, batch_items=self.items, prompts=self.prompts)
-        if eval_aggregator is None: return {}
-        agg = eval_aggregator(logged, num_turns=num_turns)
-        if not isinstance(agg, dict):
-            raise TypeError(f"eval_aggregator must return a dict of metric name -> number, got {type(agg).__name__}")
-        return {f"eval/{k}": v for k, v in agg.items()}
+from .trainers.evaluation import EvalLog     # the trainers' shared evaluation; importable here as before
+_all_ = ["EvalLog"]
 
 # %% ../nbs/90_porting.ipynb #56bb1287
 CHECKPOINT_VERSION = 1

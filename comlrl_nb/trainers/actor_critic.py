@@ -18,7 +18,6 @@ from ..models import load_model, load_tokenizer
 from ..scoring import collate, completion_logprobs, k3_kl
 from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
-from ..porting import EvalLog
 from ..losses import check_finite_loss, reinforce_loss
 from ..distributed import DistContext
 from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
@@ -39,6 +38,7 @@ def _as_float(x, name: str) -> torch.Tensor:
         raise ValueError(f"{name} needs at least one turn on its last axis, got shape {tuple(t.shape)}")
     return t
 
+# %% ../../nbs/31_actor_critic.ipynb #0b249408
 def td_targets(rewards, values=None, next_values=None, dones=None, discount: float = 1.0) -> torch.Tensor:
     "One-step TD targets `r_t + discount * (1 - done_t) * V(h_{t+1})` along the last axis (turns)."
     r = _as_float(rewards, "rewards")
@@ -67,12 +67,14 @@ def td_advantages(targets, values) -> torch.Tensor:
         raise ValueError(f"targets shape {tuple(y.shape)} does not match values shape {tuple(v.shape)}")
     return y - v
 
+# %% ../../nbs/31_actor_critic.ipynb #8a6bee0b
 def normalize_advantages(advantages, eps: float = 1e-6) -> torch.Tensor:
     "Centre and divide by the population std (floor `eps`); fewer than 2 values are returned unchanged."
     a = torch.as_tensor(advantages, dtype=torch.float32)
     if a.numel() < 2: return a.clone()
     return (a - a.mean()) / a.std(unbiased=False).clamp(min=eps)
 
+# %% ../../nbs/31_actor_critic.ipynb #8a6bee0c
 def discounted_returns(rewards, discount: float = 1.0) -> torch.Tensor:
     "Monte-Carlo returns-to-go `G_t = r_t + discount * G_{t+1}` along the last axis (nothing after the last turn)."
     r = _as_float(rewards, "rewards")
@@ -280,6 +282,7 @@ class Episode:
     @property
     def num_turns(self) -> int: return len(self.rewards)
 
+# %% ../../nbs/31_actor_critic.ipynb #1acd642f
 class ActorSample(Sample):
     "One agent's turn, `ActorSample(prompt ids, completion ids (EOS included), advantage)`: a Sample of 1 completion."
     def __init__(self, prompt: torch.Tensor, completion: torch.Tensor, advantage: float, key: tuple = ()):
@@ -291,6 +294,7 @@ class ActorSample(Sample):
                      "advantages": torch.tensor([float(state["advantage"])]), "key": ()}
         self.__dict__.update(state)
 
+# %% ../../nbs/31_actor_critic.ipynb #1acd6430
 @dataclass
 class ValueSample:
     "One critic's turn: the ids of its text, the TD target, and the value at collection time."
@@ -344,6 +348,7 @@ def _init_loop_state(self: ActorCriticTrainer):
                     f"{a.early_termination_threshold}; with non-negative rewards and the default -0.2 every episode "
                     "stops after turn 1 (set it to None to never stop early)")
 
+# %% ../../nbs/31_actor_critic.ipynb #ffd77837
 @patch
 def _check_args(self: ActorCriticTrainer, args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                 external_transition):
@@ -381,6 +386,7 @@ def _hidden_size(model) -> int:
                          "(config.hidden_size)")
     return h
 
+# %% ../../nbs/31_actor_critic.ipynb #fd10cf3d
 @patch
 def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim, agents, tag, cache: dict) -> Critic:
     "A separate critic from a model object or an id/path (loaded once per id, copied for repeats)."
@@ -416,6 +422,7 @@ class Critics(list):
         for o, sd in zip(self.optimizers, state["critic_optimizers"]):
             if o is not None and sd is not None: o.load_state_dict(sd)
 
+# %% ../../nbs/31_actor_critic.ipynb #57baf741
 @patch
 def _make_optimizers(self: ActorCriticTrainer):
     "A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW."
@@ -512,6 +519,7 @@ def _new_episodes(self: ActorCriticTrainer, items, item_ids, K: int) -> list:
             eps.append(e)
     return eps
 
+# %% ../../nbs/31_actor_critic.ipynb #6ec6c349
 @patch
 def _batches_ahead(self: ActorCriticTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "Later batches of this epoch that no update separates from batch b (single-turn: K samples per item and buffer)."
@@ -531,6 +539,7 @@ def _sample_turn(self: ActorCriticTrainer, live: list, t: int, round_key, K: int
     return team.generate_all([[e.inputs[i][-1] for e in live] for i in range(len(team.agents))], 1,
                              [[(seed, round_key, e.item_id, i, t) for e in live] for i in range(len(team.agents))])
 
+# %% ../../nbs/31_actor_critic.ipynb #b150d84c
 @patch
 def _record_turn(self: ActorCriticTrainer, live: list, comps: list):
     "Append each live episode's prompt ids, completion ids (EOS included) and text, per agent."
@@ -553,6 +562,7 @@ def _score_turn(self: ActorCriticTrainer, live: list, t: int):
         elif a.early_termination_threshold is not None and r > a.early_termination_threshold:
             e.done = e.early_stop = True
 
+# %% ../../nbs/31_actor_critic.ipynb #af32334f
 @patch
 def _transition(self: ActorCriticTrainer, e: Episode, t: int):
     "Next prompts of an unfinished episode (through the agents' formatters unless external_prompt_passthrough)."
@@ -573,6 +583,7 @@ def _critic_text(self: ActorCriticTrainer, c: int, e: Episode, t: int) -> str:
     q = 1 if self.args.critic_type == "q" else 0
     return history_text([p[:t + 1] for p in e.prompts], [r[:t + q] for r in e.responses], self.critics[c].agents)
 
+# %% ../../nbs/31_actor_critic.ipynb #101e5852
 @patch
 def _score_episodes(self: ActorCriticTrainer, eps: list):
     "Every critic's value of every turn (one pass per critic), then TD targets (per critic) and advantages (per agent)."
@@ -606,6 +617,7 @@ def _turn_kl(self: ActorCriticTrainer, live: list, comps: list):
         kl = k3_kl(lr.to(lp.device), lp, c.completion_mask.to(lp.device)).float().cpu()
         for e, x in zip(live, kl.tolist()): e.kl.setdefault(i, []).append(x)
 
+# %% ../../nbs/31_actor_critic.ipynb #a55df554
 @patch(as_prop=True)
 def reference_models(self: ActorCriticTrainer) -> Optional[list]:
     "The frozen reference copies (the team's `ref_agents`; None when reference KL is off)."
@@ -677,6 +689,7 @@ def _actor_loss(self: ActorCriticTrainer, i: int, mb: list, adv: torch.Tensor) -
                                  autocast_dtype=self.args.autocast_dtype)
     return reinforce_loss(seq, adv.to(seq.device))
 
+# %% ../../nbs/31_actor_critic.ipynb #486dae60
 @patch
 def _critic_loss(self: ActorCriticTrainer, c: int, mb: list, clip: Optional[float]) -> torch.Tensor:
     V = self.critics[c].values([s.ids for s in mb], self.args.autocast_dtype)
@@ -691,6 +704,7 @@ def _local(self: ActorCriticTrainer, loss_fn: Callable[[list], torch.Tensor], n:
     loss = loss_fn(rows)
     return loss if len(rows) == n else loss * (len(rows) / n)
 
+# %% ../../nbs/31_actor_critic.ipynb #23eae363
 @patch
 def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> list[float]:
     "One step on the sum of the local `parts`: backward; their values summed over processes and checked; grads summed."
@@ -705,6 +719,7 @@ def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> lis
     opt.step()
     return values
 
+# %% ../../nbs/31_actor_critic.ipynb #23eae364
 @patch
 def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples: Optional[list] = None) -> tuple:
     "Optimizer steps for agent i (its value head too, when it has one); returns (policy losses, value losses)."
@@ -736,6 +751,7 @@ def _critic_name(self: ActorCriticTrainer, c: int) -> str:
     central = len(self.critics) == 1 and len(self.critics[0].agents) == self.n
     return "critic" if central else f"critic of agent {self.critics[c].agents[0]}"
 
+# %% ../../nbs/31_actor_critic.ipynb #9160f267
 @patch
 def _update_critic(self: ActorCriticTrainer, c: int, samples: list) -> list:
     "Optimizer steps of a separate critic over its drained buffer; returns the loss of each step."
@@ -756,6 +772,7 @@ def _value_samples(self: ActorCriticTrainer, eps: list) -> list:
     return [[ValueSample(e.critic_ids[c][t], float(e.targets[c][t]), float(e.values[c][t]))
              for e in eps for t in range(e.num_turns)] for c in range(len(self.critics))]
 
+# %% ../../nbs/31_actor_critic.ipynb #30ea426a
 @patch
 def _update_full_buffers(self: ActorCriticTrainer, flush: bool = False) -> dict:
     "Update every agent/critic whose buffer is full (or non-empty when flushing): {'policy': {i:..}, 'value': {c:..}}."
@@ -774,30 +791,27 @@ def _update_full_buffers(self: ActorCriticTrainer, flush: bool = False) -> dict:
     return out
 
 # %% ../../nbs/31_actor_critic.ipynb #ecba296d
+from .evaluation import eval_samples, run_eval
+
 @patch
-def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: ActorCriticTrainer, num_samples: Optional[int] = None,
+             num_eval_samples: Optional[int] = None) -> dict:
     "Run episodes of the current policies on eval items: eval/ metrics (task reward per turn, lengths, logger output)."
+    num_samples = eval_samples(num_samples, num_eval_samples)             # comlrl's name, or ours
     if self.evaluator is not None: return self.evaluator(num_samples)           # given at construction
-    m = eval_count(self.eval_dataset, num_samples, self.args.eval_num_samples)
-    if m == 0: return {}
-    per_turn, lens, logged = {}, [[] for _ in range(self.n)], EvalLog()     # one eval_logger call, as the library
-    for s in range(0, m, self.args.eval_batch_size):
-        ids = list(range(s, min(m, s + self.args.eval_batch_size)))
-        items = [self.eval_dataset[j] for j in ids]
-        eps = self.rollout(items, ids, "eval", k=1, with_values=False).episodes
-        for e in eps:
-            for t, r in enumerate(e.rewards): per_turn.setdefault(t, []).append(r)
-        for i in range(self.n): lens[i] += [len(c) for e in eps for c in e.completion_ids[i]]
-        if self.eval_logger is not None:
-            turns = [[list(e.responses[i]) for e in eps] for i in range(self.n)]
-            logged.add(turns, items, [[e.inputs[i][0] for e in eps] for i in range(self.n)])
-    out = {}
-    for t, r in sorted(per_turn.items()):
-        out[f"eval/turn_{t + 1}/reward_mean"] = float(np.mean(r))
-        out[f"eval/turn_{t + 1}/reward_std"] = float(np.std(r))
-    out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, self.args.num_turns))
-    return out
+    return run_eval(self, num_samples, self._eval_batch, self.n)
+
+# %% ../../nbs/31_actor_critic.ipynb #ecba2970
+@patch
+def _eval_batch(self: ActorCriticTrainer, ids, items, st):
+    "One batch of eval items: an episode each (no critic values), every turn's task reward and each agent's lengths."
+    eps = self.rollout(items, ids, "eval", k=1, with_values=False).episodes
+    for e in eps:
+        for t, r in enumerate(e.rewards): st.add_turn(t, [r])
+    for i in range(self.n): st.lengths[i] += [len(c) for e in eps for c in e.completion_ids[i]]
+    if st.logging:
+        turns = [[list(e.responses[i]) for e in eps] for i in range(self.n)]
+        st.log.add(turns, items, [[e.inputs[i][0] for e in eps] for i in range(self.n)])
 
 # %% ../../nbs/31_actor_critic.ipynb #4f1689a4
 @patch
@@ -845,6 +859,7 @@ def new_run(self: ActorCriticTrainer) -> Run:
              "sampler": self.sampler}
     return Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
 
+# %% ../../nbs/31_actor_critic.ipynb #f88efb79
 @patch
 def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
@@ -852,7 +867,8 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
                          checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
-        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+        each_epoch = run.epoch_order(len(self.train_dataset))               # the items' seeded order, per epoch
+        for order, b, ids, key in run.item_batches(each_epoch, lambda: self._update_full_buffers(flush=True)):
             t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
             ro = self._rollout_batch(ids, key, self._batches_ahead(order, b, run.per_epoch, len(ids)))  # in order
             self.buffers.add_each(ro.samples)                                # per agent: a Sample per step
@@ -874,10 +890,6 @@ def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = (
     pos = {int(j): k for k, j in enumerate(ids)}
     eps = sorted((e for p in parts for e in p[0]), key=lambda e: (pos[e.item_id], e.candidate))
     return self._as_rollout(eps, {k: max(p[1][k] for p in parts) for k in parts[0][1]})
-
-@patch
-def _epoch_order(self: ActorCriticTrainer, epoch: int) -> np.ndarray:
-    return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
 
 # %% ../../nbs/31_actor_critic.ipynb #045be82a
 @patch

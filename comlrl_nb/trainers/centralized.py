@@ -24,7 +24,7 @@ from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, rest
 from ..config import CollaborationFields, TrainerConfig, compose
 from ..rollout import Sample, Turn, merge_turns, samples_from
 from .reinforce import MAGRPOConfig
-from .madpo import central_evaluate
+from .evaluation import central_evaluate, eval_samples
 
 # %% auto #0
 __all__ = ['CentralizedMAGRPOConfig', 'CentralizedMAGRPOTrainer', 'check_one_actor', 'JointRollout']
@@ -43,10 +43,12 @@ def _centralized_relations(c, owner: str):
                                   "set num_turns=1 (MAGRPOConfig runs several turns)")
     if c.rollout_batch_size is None: c.rollout_batch_size = c.rollout_buffer_size
 
+# %% ../../nbs/32_centralized.ipynb #2157550a
 @compose(*MAGRPOConfig.config_groups, CollaborationFields, order=(MAGRPOConfig,),
          defaults={"collaboration_mode": "centralized"}, checks=(_centralized_relations,),
          unused={"joint_mode": _ONE_ACTOR, "discount": _SINGLE_TURN, "early_termination_threshold": _SINGLE_TURN,
                  "external_prompt_passthrough": _SINGLE_TURN})
+
 class CentralizedMAGRPOConfig(TrainerConfig):
     "Settings of centralized MAGRPO: MAGRPOConfig's fields (one turn) plus collaboration_mode='centralized'."
 
@@ -82,6 +84,7 @@ def check_one_actor(who: str, n: int, agents, tokenizer):
     if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
         raise ValueError(f"{len(tokenizer)} tokenizers were given; the one actor needs one: pass tokenizer=tok")
 
+# %% ../../nbs/32_centralized.ipynb #4dbaee0f
 @patch
 def _check_args(self: CentralizedMAGRPOTrainer, args, agents, num_agents, tokenizer, reward_func, eval_logger,
                 eval_aggregator) -> CentralizedMAGRPOConfig:
@@ -101,25 +104,23 @@ def _check_args(self: CentralizedMAGRPOTrainer, args, agents, num_agents, tokeni
     return args
 
 # %% ../../nbs/32_centralized.ipynb #7cad0a64
+from .central import JointActor
+
+@patch(as_prop=True)
+def actor(self: CentralizedMAGRPOTrainer) -> JointActor:
+    "The one actor: the team's agent 0 with the prompt builder and the parser (see the centralized actor notebook)."
+    return JointActor(self.team, self.n, self.build_prompt, self.parse)
+
 @patch
 def joint_prompt(self: CentralizedMAGRPOTrainer, item) -> tuple[list[str], str]:
     "The roles' formatted prompts of `item` and the actor's prompt built from them (chat-templated when on)."
-    roles = [self.team.format(item, i) for i in range(self.n)]
-    p = self.build_prompt(roles, item)
-    if not isinstance(p, str) or not p.strip():
-        raise ValueError(f"centralized_prompt_builder returned {p!r}; it must return the actor's prompt "
-                         "(a non-empty string)")
-    return roles, self.team.chat(0, p)
+    return self.actor.prompt(item)
 
+# %% ../../nbs/32_centralized.ipynb #7cad0a13
 @patch
 def split(self: CentralizedMAGRPOTrainer, text: str) -> Optional[list[str]]:
     "The parser's role answers of one joint completion (checked), or None when it does not parse."
-    parts = self.parse(text, self.n)
-    if parts is not None and (isinstance(parts, (str, bytes)) or not isinstance(parts, (list, tuple))
-                              or len(parts) != self.n or not all(isinstance(x, str) for x in parts)):
-        raise ValueError(f"centralized_parser returned {parts!r}; it must return {self.n} strings "
-                         "(one per role) or None")
-    return None if parts is None else list(parts)
+    return self.actor.split(text)
 
 # %% ../../nbs/32_centralized.ipynb #54275d65
 @patch
@@ -150,26 +151,23 @@ class JointRollout:
             return None if v is None else v[0]
         raise AttributeError(f"'JointRollout' object has no attribute '{name}'")
 
+# %% ../../nbs/32_centralized.ipynb #64ad9d19
 @patch
 def central_sample(self: CentralizedMAGRPOTrainer, items: Sequence[dict], keys: Sequence[tuple], k: int,
                    reward: Optional[str] = "task") -> dict:
     """Role prompts, actor prompts, k actor completions per item, their role answers and unparsed count (row b*k+j);
     rewards by `reward`: 'task' (reward_func on the roles), 'train' (`train_reward` on the joint text when given),
     or None (unscored)."""
-    roles, prompts = zip(*[self.joint_prompt(it) for it in items])
-    c = self.team.generate(0, list(prompts), k, list(keys))
+    roles, prompts, c = self.actor.generate(items, keys, k)
     rep = lambda xs: [x for x in xs for _ in range(k)]
-    role_prompts = [rep([r[i] for r in roles]) for i in range(self.n)]
     t0 = time.perf_counter()
-    learned = reward == "train" and self.train_reward is not None        # MARLHF's frozen reward model
-    if reward is None or learned:
-        parts = [self.split(t) for t in c.texts]
-        texts, unparsed = [[p[i] if p is not None else "" for p in parts] for i in range(self.n)], parts.count(None)
-        rewards = None if not learned else \
-            [float(r) for r in self.train_reward(rep(list(prompts)), list(c.texts), rep(items))]
-    else: rewards, texts, unparsed = self.score(c.texts, rep(items), role_prompts)
-    return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
-            "texts": texts, "rewards": rewards, "unparsed": unparsed, "time_reward": time.perf_counter() - t0}
+    texts, unparsed = self.actor.split_all(c.texts, items, k)
+    if reward == "train" and self.train_reward is not None:              # MARLHF's frozen reward model
+        rewards = [float(r) for r in self.train_reward(rep(prompts), list(c.texts), rep(items))]
+    elif reward is None: rewards = None
+    else: rewards = [float(r) for r in self.reward_fn(texts, rep(items), [rep(p) for p in roles])]
+    return {"prompts": roles, "actor_prompts": prompts, "comps": c, "texts": texts, "rewards": rewards,
+            "unparsed": unparsed, "time_reward": time.perf_counter() - t0}
 
 # %% ../../nbs/32_centralized.ipynb #7b37bc7f
 @patch
@@ -234,9 +232,11 @@ def _joint_loss(self: CentralizedMAGRPOTrainer, model, prompts, comps, adv, rows
 
 # %% ../../nbs/32_centralized.ipynb #9fedd2b0
 @patch
-def evaluate(self: CentralizedMAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: CentralizedMAGRPOTrainer, num_samples: Optional[int] = None,
+             num_eval_samples: Optional[int] = None) -> dict:
     "One joint answer per eval item: task reward of the parsed roles, lengths, unparsed rate, eval_logger output."
-    return central_evaluate(self, num_samples, lambda x, items: x["rewards"])     # scored while sampling
+    return central_evaluate(self, eval_samples(num_samples, num_eval_samples),
+                            lambda x, items: x["rewards"])                        # scored while sampling
 
 # %% ../../nbs/32_centralized.ipynb #362631f6
 @patch
@@ -245,6 +245,7 @@ def new_run(self: CentralizedMAGRPOTrainer) -> Run:
     return Run(self.args, self.algo, self.output_dir, {"team": self.team, "buffers": self.buffers},
                self.wandb_config, self.dist, self.n, self.state)
 
+# %% ../../nbs/32_centralized.ipynb #36263124
 @patch
 def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
@@ -253,7 +254,8 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
     with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch,
                          checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes,
                          desc=f"{self.algo} (1 actor, {self.n} roles)") as run:   # Ctrl-C: a checkpoint, then exit
-        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_buffer(flush=True)):
+        each_epoch = run.epoch_order(len(self.train_dataset))               # the items' seeded order, per epoch
+        for order, b, ids, key in run.item_batches(each_epoch, lambda: self._update_buffer(flush=True)):
             t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
             ro = self._rollout_batch(ids, key)
             self.buffers.add_each([ro.samples])
@@ -265,10 +267,6 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/32_centralized.ipynb #ec0432b8
-@patch
-def _epoch_order(self: CentralizedMAGRPOTrainer, epoch: int) -> np.ndarray:
-    return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
-
 @patch
 def _update_buffer(self: CentralizedMAGRPOTrainer, flush: bool = False) -> list[float]:
     "Update the actor when its buffer is full (or non-empty, when flushing); the losses of the steps."
@@ -307,6 +305,7 @@ def _batch_metrics(self: CentralizedMAGRPOTrainer, ro: JointRollout, losses: lis
         m.update({"agent_0/loss": float(np.mean(losses)), "agent_0/optimizer_steps": self.state["optimizer_steps"][0]})
     return m
 
+# %% ../../nbs/32_centralized.ipynb #a8366928
 @patch
 def save_model(self: CentralizedMAGRPOTrainer, output_dir) -> Path:
     "Write the actor's model and tokenizer to output_dir/agent_0/."
@@ -318,3 +317,8 @@ def start_phase(self: CentralizedMAGRPOTrainer, output_dir, seed: int) -> Centra
     """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
     keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it)."""
     return restart_phase(self, output_dir, seed, self.buffers)
+
+# %% ../../nbs/32_centralized.ipynb #139d5a5c
+from . import reinforce as _reinforce
+_reinforce.CentralizedMAGRPOConfig = CentralizedMAGRPOConfig
+_reinforce.CentralizedMAGRPOTrainer = CentralizedMAGRPOTrainer

@@ -57,6 +57,7 @@ def _madpo_iter_relations(c, owner: str):
                                   "MARLHFIterConfig has; MADPO scores comparisons with the task reward: use 'task'")
     centralized_comparator(c, owner)
 
+# %% ../../nbs/53_iterative.ipynb #3842ea0a
 def centralized_comparator(c, owner: str):
     "collaboration_mode='centralized': the comparator writes joint responses too, with the one actor's index 0."
     if c.collaboration_mode != "centralized": return
@@ -79,6 +80,7 @@ def config_record(cfg) -> dict:
     from comlrl_nb.api import scrub_secrets
     return scrub_secrets({f.name: _plain(getattr(cfg, f.name)) for f in fields(cfg)})
 
+# %% ../../nbs/53_iterative.ipynb #7396c60d
 def _config_repr(self) -> str:
     return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in config_record(self).items())})"
 
@@ -115,6 +117,8 @@ class MARLHFIterConfig(TrainerConfig):
     __repr__ = _config_repr
 
 # %% ../../nbs/53_iterative.ipynb #d7a0b002
+from .evaluation import eval_samples, evaluate_team
+
 class PreferenceRounds:
     "Rounds of iterative preference training: collect against a comparator, store, select, train on the selection."
     agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
@@ -136,7 +140,8 @@ class PreferenceRounds:
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
-    def evaluate(self, num_samples: Optional[int] = None) -> dict: return MAGRPOTrainer.evaluate(self, num_samples)
+    def evaluate(self, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
+        return evaluate_team(self, eval_samples(num_samples, num_eval_samples))
     def save_model(self, output_dir) -> Path:
         "Write each trained agent and its tokenizer to output_dir/agent_<i>/."
         return self.team.save_pretrained(output_dir)
@@ -196,23 +201,33 @@ class MADPOIterTrainer(PreferenceRounds):
         self._tokens = None
 
 # %% ../../nbs/53_iterative.ipynb #bc2fe657
+from .central import JointActor
+from .madpo import central_setup, evaluate_pairs, pair_actor, pair_tokens
+from .marlhf import evaluate_task
+
 @patch
 def _setup_centralized(self: MADPOIterTrainer, builder=None, parser=None, adapter=None):
     "One actor writes every role, with MADPO's hooks: its prompt builder, its parser (text, n, item), `central_sample`."
-    MADPOTrainer._setup_centralized(self, builder, parser, adapter)
+    central_setup(self, builder, parser, adapter)
+
+@patch(as_prop=True)
+def actor(self: MADPOIterTrainer) -> JointActor: return pair_actor(self)
+
+# %% ../../nbs/53_iterative.ipynb #bc2fe61a
+@patch
+def _central_prompt(self: MADPOIterTrainer, item) -> tuple: return self.actor.prompt(item)
 
 @patch
-def _central_prompt(self: MADPOIterTrainer, item) -> tuple: return MADPOTrainer._central_prompt(self, item)
-@patch
-def _split(self: MADPOIterTrainer, text: str, item=None): return MADPOTrainer._split(self, text, item)
-@patch
-def central_sample(self: MADPOIterTrainer, items, keys, k: int) -> dict:
-    return MADPOTrainer.central_sample(self, items, keys, k)
+def _split(self: MADPOIterTrainer, text: str, item=None): return self.actor.split(text, item)
 
 @patch
-def evaluate(self: MADPOIterTrainer, num_samples: Optional[int] = None) -> dict:
+def central_sample(self: MADPOIterTrainer, items, keys, k: int) -> dict: return self.actor.sample(items, keys, k)
+
+# %% ../../nbs/53_iterative.ipynb #bc2fe61b
+@patch
+def evaluate(self: MADPOIterTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "MADPO's evaluation: MAGRPO's when decentralized; centralized, the actor answers for every role (task reward)."
-    return MADPOTrainer.evaluate(self, num_samples)
+    return evaluate_pairs(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/53_iterative.ipynb #4170bee6
 @patch
@@ -227,6 +242,7 @@ def _comparator_hooks(self: PreferenceRounds, builder=None, parser=None, adapter
         builder, parser = builder or self.build_prompt, parser or self.parse_item
     return builder, parser
 
+# %% ../../nbs/53_iterative.ipynb #4170be1d
 @patch
 def _item_parser(self: PreferenceRounds, chunk: list, Kc: int) -> Optional[Callable]:
     "The comparator's parser for one batch: an item-aware one (text, n, item) gets the item of each response in turn."
@@ -247,6 +263,7 @@ class RecordingGenerator:
         self.ended += [True] * len(texts) if ended is None else [bool(e) for e in ended]
         return out
 
+# %% ../../nbs/53_iterative.ipynb #d447961f
 @patch
 def _actor_candidates(self: PreferenceRounds, nu: int, chunk: list, ids: list, K: int) -> tuple[list, list]:
     "Centralized: the roles' prompts and, per role, the actor's K joint candidates split into that role's answers."
@@ -255,6 +272,7 @@ def _actor_candidates(self: PreferenceRounds, nu: int, chunk: list, ids: list, K
     return s["prompts"], [SimpleNamespace(texts=s["texts"][i], ended=c.ended, raw=c.texts, unparsed=s["unparsed"],
                                           actor_prompts=s["actor_prompts"]) for i in range(self.n)]
 
+# %% ../../nbs/53_iterative.ipynb #d4479620
 @patch
 def _joint_texts(self: PreferenceRounds, b: int, k: int, agents_win: bool, comps, cs, K: int, Kc: int) -> dict:
     "Centralized: a record's `centralized` field (the actor's prompt, both sides' raw joint texts); else nothing."
@@ -280,6 +298,7 @@ def _process(self: PreferenceRounds, raw: list) -> list:
         out.append(float(x))
     return out
 
+# %% ../../nbs/53_iterative.ipynb #c638ff24
 @patch
 def _round_scorer(self: PreferenceRounds) -> Callable:
     "score(per-agent lists, items, prompts) -> (raw, processed) for this round."
@@ -297,6 +316,7 @@ def _agent_candidates(self: PreferenceRounds, nu: int, prompts, ids, K: int) -> 
     keys = lambda i: [(self.args.seed, "preference", nu, j, i) for j in ids]
     return self.team.generate_all(prompts, K, [keys(i) for i in range(len(self.team.agents))])
 
+# %% ../../nbs/53_iterative.ipynb #b638a727
 @patch
 def _score_comparisons(self: PreferenceRounds, comps, cs, chunk, prompts, K: int, Kc: int, score) -> tuple:
     "Compared (b, k) indices and the raw/processed scores of the agents' (first half) and comparator's joint responses."
@@ -371,6 +391,7 @@ def _accumulate(acc: dict, st: dict):
     "Add a batch's (or a process') counts and score lists to the round's."
     for k, v in st.items(): acc[k] = acc.get(k, 0 if not isinstance(v, list) else []) + v
 
+# %% ../../nbs/53_iterative.ipynb #ef09ff2e
 def _round_stats(acc: dict, items: int, pairs: int) -> dict:
     "A round's summary from its batches' accumulated counts and scores."
     mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")
@@ -430,6 +451,7 @@ def _register(self: PreferenceRounds, nu: int, records: list):
     if records: data[nu] = list(records)
     self.replay.load_state_dict({"index": index, "data": data}, rewrite_files=False)
 
+# %% ../../nbs/53_iterative.ipynb #d3a53035
 @patch
 def _snapshot(self: PreferenceRounds, j: int):
     "The agents as S_j for the history comparator: the main process writes it, the others take its index."
@@ -494,6 +516,7 @@ def _extra_state(self: PreferenceRounds) -> dict:
     "A trainer's own checkpoint entries (none by default: MADPOIter keeps nothing beyond the driver's)."
     return {}
 
+# %% ../../nbs/53_iterative.ipynb #acb06b3e
 @patch
 def _load_extra_state(self: PreferenceRounds, s: dict): pass
 
@@ -503,6 +526,7 @@ def _round_entries(self: PreferenceRounds) -> dict:
     return {"rounds": copy.deepcopy(self.rounds), "replay": self.replay.state_dict(),
             "comparator": self.comparator.state_dict(), **self._extra_state()}
 
+# %% ../../nbs/53_iterative.ipynb #acb06b3f
 @patch
 def _load_round_entries(self: PreferenceRounds, s: dict):
     self.rounds = s["rounds"]
@@ -523,6 +547,7 @@ def new_run(self: PreferenceRounds) -> Run:
     run.on_dir = self._use_dir                       # the replay and snapshot directories follow the claimed one
     return run
 
+# %% ../../nbs/53_iterative.ipynb #8148ce42
 @patch
 def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round: Optional[int], **opts) -> Run:
     "The run, counting rounds; a fresh one warns about another run's replay files, snapshots S_0, evaluates round 0."
@@ -579,6 +604,8 @@ def plot_rounds(metrics, out_png=None, title: str = "iterative training"):
     return fig
 
 # %% ../../nbs/53_iterative.ipynb #4dc074db
+from ..engine import shuffled
+
 @patch
 def _update(self: MADPOIterTrainer, idx) -> dict:
     "One MADPO step of every agent on the round's pairs `idx`."
@@ -586,6 +613,7 @@ def _update(self: MADPOIterTrainer, idx) -> dict:
     return madpo_update(self.team, self._tokens, idx, a.dpo_beta, self.state["optimizer_steps"], a.max_grad_norm,
                         a.autocast_dtype, self.dist)
 
+# %% ../../nbs/53_iterative.ipynb #4dc07449
 @patch
 def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLogger) -> dict:
     "num_train_epochs of MADPO on the round's selected pairs; one metrics line per batch."
@@ -593,10 +621,11 @@ def _train_on(self: MADPOIterTrainer, nu: int, records: list, metrics: MetricsLo
     if not records:
         logger.warning(f"round {nu}: no training pairs; the agents are not updated this round")
         return {"train/batches": 0}
-    self.pairs, self._tokens = list(records), MADPOTrainer._tokenize(self, records)     # per agent, or the actor
+    central = a.collaboration_mode == "centralized"
+    self.pairs, self._tokens = list(records), pair_tokens(records, self.tokenizers, self.n, central)  # or the actor's
     P, bs, rows = len(self.pairs), a.train_batch_size, []
     for epoch in range(a.num_train_epochs):
-        order = np.random.default_rng(derive_seed(a.seed, "pair_order", nu, epoch)).permutation(P)
+        order = shuffled(a.seed, P, "pair_order", nu, epoch)
         for s in range(0, P, bs):
             t0, idx = time.perf_counter(), [int(j) for j in order[s:s + bs]]
             out = self._update(idx)
@@ -653,32 +682,22 @@ class MARLHFIterTrainer(PreferenceRounds):
         "Centralized: the actor's k joint completions per item, split into role answers, not scored."
         return self.central.central_sample(items, keys, k, reward=None)
 
-    def evaluate(self, num_samples: Optional[int] = None) -> dict:
+    def evaluate(self, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
         "Evaluation with the task reward: centralized, the one actor's (parsed roles); else MAGRPO's."
-        if self.central is not None: return self.central.evaluate(num_samples)
-        return MAGRPOTrainer.evaluate(self, num_samples)
+        return evaluate_task(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/53_iterative.ipynb #7dec4254
+from .marlhf import fit_reward
+
 @patch
 def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> dict:
     "Reset the reward model to its initial state, fit it on the round's pairs, freeze it."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
     rm.load_state_dict(self._rm_initial)
-    rm.requires_grad_(True)
-    if rm.freeze_backbone: rm.body.requires_grad_(False)
-    ml = MetricsLogger(d, a.logging_steps)
-    if ml.path.exists(): ml.path.unlink()
-    log = lambda r: ml.log({"step": r["step"], "epoch": r["epoch"], "iteration": nu, "reward_model/loss": r["loss"],
-                            "reward_model/accuracy": r["accuracy"]}, r["step"], console=False)
-    central = a.collaboration_mode == "centralized"              # the roles' text, or the actor's joint text
-    hist = fit_on_pairs(rm, records, central, num_train_epochs=a.reward_num_train_epochs,
-                        batch_size=a.reward_train_batch_size, learning_rate=a.reward_learning_rate,
-                        seed=derive_seed(a.seed, "reward_model_round", nu), autocast_dtype=a.autocast_dtype,
-                        callback=log)
-    ml.close()
-    rm.freeze()
+    summary = fit_reward(rm, records, a, d, derive_seed(a.seed, "reward_model_round", nu), {"iteration": nu},
+                         console=False)
     self._rm_fitted = True
-    return fit_summary(rm, hist, records, central, a.reward_final_accuracy)
+    return summary
 
 # %% ../../nbs/53_iterative.ipynb #3371dcf4
 @patch
@@ -694,6 +713,7 @@ def _policy_round(self: MARLHFIterTrainer, nu: int) -> dict:
             "policy/learned_reward_first": rew[0] if rew else nan,
             "policy/learned_reward_last": rew[-1] if rew else nan}
 
+# %% ../../nbs/53_iterative.ipynb #3371dc53
 @patch
 def _train_on(self: MARLHFIterTrainer, nu: int, records: list, metrics) -> dict:
     "A fresh reward model fitted on the round's pairs, then the policy phase on it."
@@ -716,6 +736,7 @@ def _extra_state(self: MARLHFIterTrainer) -> dict:
         out["reward_model"] = self.reward_model.state_dict()
     return out
 
+# %% ../../nbs/53_iterative.ipynb #db6c0756
 @patch
 def _load_extra_state(self: MARLHFIterTrainer, s: dict):
     pt = self.policy_trainer

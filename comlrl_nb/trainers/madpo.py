@@ -20,7 +20,6 @@ from ..preference import (build_pair_dataset, check_preference_config, collect_p
                                   resolve_oracle, save_pairs, side_ids, text_ids, tokenize_pairs)
 from ..distributed import DistContext
 from ..rewards import RewardFunction
-from ..porting import EvalLog
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..team import Team
 from ..engine import MetricsLogger, Run, eval_count, plot_run
@@ -29,8 +28,9 @@ from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 # %% auto #0
 __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'check_adapter',
            'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'UpdateModes', 'madpo_update', 'madpo_share_loss',
-           'madpo_update_shared', 'tokenize_centralized', 'dpo_metrics', 'PairsEntry', 'merge_collection_stats',
-           'shared_pair_dataset', 'central_candidates', 'central_evaluate']
+           'madpo_update_shared', 'tokenize_centralized', 'pair_tokens', 'dpo_metrics', 'PairsEntry',
+           'merge_collection_stats', 'shared_pair_dataset', 'central_setup', 'pair_actor', 'central_candidates',
+           'evaluate_pairs', 'central_evaluate']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
@@ -108,6 +108,7 @@ def default_args(config_class, args, num_agents: Optional[int], agents):
         raise ValueError(f"num_agents={num_agents} but args.num_agents={args.num_agents}; make them agree")
     return args
 
+# %% ../../nbs/42_madpo.ipynb #b1c0a010
 def check_agents(args, agents, num_policies: int):
     "The agent arguments against the config: a list holds one model per trained policy; an adapter spec fits."
     n = args.num_agents
@@ -123,6 +124,7 @@ def check_agents(args, agents, num_policies: int):
         raise ValueError("adapter agents share one base model and cannot run concurrently: "
                          "use parallel_training='none'")
 
+# %% ../../nbs/42_madpo.ipynb #b1c0a011
 def check_task(reward_func, eval_logger, eval_aggregator):
     "A reward function is required; the evaluation logger and aggregator come together."
     if reward_func is None:
@@ -169,6 +171,7 @@ def check_adapter(args, adapter, builder=None, parser=None):
                         "parse_completion(completion, batch_item, num_agents) -> list of strings, e.g. "
                         "TaggedCentralizedComparatorAdapter()")
 
+# %% ../../nbs/42_madpo.ipynb #bed1b915
 def adapter_hooks(adapter) -> tuple[Callable, Callable]:
     "An adapter as (builder(role_prompts, item), parser(text, n, item)); its parse error means 'does not parse'."
     from comlrl_nb.porting import CentralizedComparatorParseError
@@ -187,6 +190,7 @@ def pair_margins(model, tokenizer, tokens: list, idx, autocast_dtype=None, fast:
     _, seq = completion_logprobs(model, *batch, autocast_dtype=autocast_dtype, fast=fast)
     return seq[:B] - seq[B:]
 
+# %% ../../nbs/42_madpo.ipynb #079bec1a
 def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: float, steps: list,
                      max_grad_norm: Optional[float] = None) -> float:
     "Model i's loss with its own margin differentiable (the others' detached), and one step of its optimizer."
@@ -200,6 +204,7 @@ def madpo_agent_step(team, i: int, margin: torch.Tensor, M: torch.Tensor, beta: 
     steps[i] += 1
     return float(loss.detach())
 
+# %% ../../nbs/42_madpo.ipynb #079bec1b
 class UpdateModes:
     """A team's models in train mode for a run of updates: `train()` and `eval()` walk the modules (about 50 us per
     model each way) only when the mode changes; `fast[i]` is `fast_decodable(agents[i])`, decided once in train mode."""
@@ -218,6 +223,7 @@ class UpdateModes:
             self.training = False
         return self
 
+# %% ../../nbs/42_madpo.ipynb #079bec1c
 def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_norm: Optional[float] = None,
                  autocast_dtype=None, dist: Optional[DistContext] = None,
                  modes: Optional[UpdateModes] = None) -> dict:
@@ -236,6 +242,7 @@ def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_nor
     if own_modes: modes.eval()
     return out
 
+# %% ../../nbs/42_madpo.ipynb #079bec1d
 @patch
 def _margins(self: MADPOTrainer, i: int, idx) -> torch.Tensor:
     "Agent i's margins on the collected pairs `idx`."
@@ -255,6 +262,7 @@ def madpo_share_loss(margin: torch.Tensor, M: torch.Tensor, i: int, rows: list, 
     ms = [margin if j == i else M[j, rows].to(margin.device) for j in range(len(M))]
     return madpo_loss(ms, beta, agent=i) * (len(rows) / total)
 
+# %% ../../nbs/42_madpo.ipynb #d2a42021
 def _shared_step(team, i: int, margin, M, rows: list, total: int, beta: float, steps: list, max_grad_norm,
                  dist) -> float:
     "Model i's step under data parallel: its share's loss, the gradients summed over processes; the batch's loss."
@@ -302,11 +310,16 @@ def tokenize_centralized(records, tokenizer, eos_id: Optional[int] = None) -> li
         out.append((p, w, l))
     return out
 
+# %% ../../nbs/42_madpo.ipynb #67a76426
+def pair_tokens(records, tokenizers, n: int, centralized: bool = False) -> list[list[tuple]]:
+    "Per trained model, the token ids of every record: one list per agent, or (centralized) the actor's one list."
+    if centralized: return [tokenize_centralized(records, tokenizers[0])]
+    return [tokenize_pairs(records, i, tokenizers[i]) for i in range(n)]
+
 @patch
 def _tokenize(self: MADPOTrainer, records) -> list[list[tuple]]:
     "Per trained model, the token ids of every record (one list per agent, or the actor's one list)."
-    if self.args.collaboration_mode == "centralized": return [tokenize_centralized(records, self.tokenizers[0])]
-    return [tokenize_pairs(records, i, self.tokenizers[i]) for i in range(self.n)]
+    return pair_tokens(records, self.tokenizers, self.n, self.args.collaboration_mode == "centralized")
 
 # %% ../../nbs/42_madpo.ipynb #49288714
 @patch
@@ -343,11 +356,14 @@ def dpo_metrics(records: list, idx, out: dict, wall: float, steps: list) -> dict
     return m
 
 # %% ../../nbs/42_madpo.ipynb #928dbaf1
+from ..engine import shuffled
+
 @patch
 def _pair_order(self: MADPOTrainer, epoch: int) -> np.ndarray:
     "The shuffled order of the pairs in `epoch` (seeded: a resumed run sees the same order)."
-    return np.random.default_rng(derive_seed(self.args.seed, "pair_order", epoch)).permutation(len(self.pairs))
+    return shuffled(self.args.seed, len(self.pairs), "pair_order", epoch)
 
+# %% ../../nbs/42_madpo.ipynb #928dba30
 @patch
 def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:
     "The team's pairs over the training set, stored in pairs.json and read back; logs the collection statistics."
@@ -362,6 +378,7 @@ def _collect(self: MADPOTrainer, metrics: MetricsLogger) -> dict:
     if self.dist.is_main: metrics.log(row, 0, console=False)
     return stats
 
+# %% ../../nbs/42_madpo.ipynb #928dba31
 class PairsEntry:
     "A trainer's pairs as a run component (checkpoint entry 'pairs'): a resumed run trains on the same stored text."
     def __init__(self, trainer): self.trainer = trainer
@@ -378,6 +395,7 @@ def merge_collection_stats(parts: list[dict]) -> dict:
                                     if n else float("nan"))
     return out
 
+# %% ../../nbs/42_madpo.ipynb #d2a42035
 def shared_pair_dataset(team, dataset, args, path, oracle, dist: DistContext, round_key: Any = "collect",
                         sampler: Optional[Callable] = None) -> tuple[list[dict], dict]:
     "`build_pair_dataset` under data parallel: this process collects its block; all get every record, in item order."
@@ -440,6 +458,7 @@ def new_run(self: MADPOTrainer) -> Run:
     return Run(self.args, self.algo, self.output_dir, {"team": self.team, "pairs": PairsEntry(self)},
                self.wandb_config, self.dist, self.n, self.state)
 
+# %% ../../nbs/42_madpo.ipynb #2d86b13a
 @patch
 def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **opts) -> Run:
     "The run, started (or resumed) with an empty bar: the batches are counted once the pairs are known."
@@ -449,6 +468,7 @@ def _start_run(self: MADPOTrainer, resume_from_checkpoint, stop_after_batch, **o
     run.metrics_callback = getattr(self, "metrics_callback", None)
     return run
 
+# %% ../../nbs/42_madpo.ipynb #2d86b13b
 @patch
 def _no_pairs(self: MADPOTrainer, run: Run) -> dict:
     "Every comparison tied: say so and end the run without an update."
@@ -465,47 +485,43 @@ def save_model(self: MADPOTrainer, output_dir) -> Path:
     return self.team.save_pretrained(output_dir)
 
 # %% ../../nbs/42_madpo.ipynb #480e5585
+from .central import JointActor, PAIR_CHECKS
+
+def central_setup(trainer, builder=None, parser=None, adapter=None):
+    """Centralized mode of a MADPO-style trainer (MADPO, MADPOIter): one actor (agents[0]) writes every role; sets its
+    prompt builder, its parsers (text, n, item) and (text, n), the adapter, and the collection's sampler."""
+    if adapter is not None: builder, trainer.parse_item = adapter_hooks(adapter)       # (text, n, item)
+    else: trainer.parse_item = (lambda p: lambda text, n, item=None: p(text, n))(parser or parse_agent_sections)
+    trainer.build_prompt, trainer.centralized_comparator_adapter = builder or centralized_prompt, adapter
+    trainer.parse = lambda text, n: trainer.parse_item(text, n)                        # (text, n), item unknown
+    trainer.preference_sampler = central_candidates                       # the collection samples with it
+
+# %% ../../nbs/42_madpo.ipynb #480e5544
+def pair_actor(trainer) -> JointActor:
+    "The one actor of a centralized MADPO-style trainer: its team, builder and item-aware parser, MADPO's checks."
+    parse_item = getattr(trainer, "parse_item", None)
+    return JointActor(trainer.team, trainer.n, trainer.build_prompt, trainer.parse, parse_item, PAIR_CHECKS)
+
+# %% ../../nbs/42_madpo.ipynb #827880c8
 @patch
 def _setup_centralized(self: MADPOTrainer, builder=None, parser=None, adapter=None):
     "One actor (agents[0]) writes every role: the builder makes its prompt, the parser splits its answers."
-    if adapter is not None: builder, self.parse_item = adapter_hooks(adapter)       # (text, n, item)
-    else: self.parse_item = (lambda p: lambda text, n, item=None: p(text, n))(parser or parse_agent_sections)
-    self.build_prompt, self.centralized_comparator_adapter = builder or centralized_prompt, adapter
-    self.parse = lambda text, n: self.parse_item(text, n)                            # (text, n), item unknown
-    self.preference_sampler = central_candidates                       # the collection samples with it
+    central_setup(self, builder, parser, adapter)
 
+@patch(as_prop=True)
+def actor(self: MADPOTrainer) -> JointActor: return pair_actor(self)
 @patch
-def _central_prompt(self: MADPOTrainer, item) -> tuple[list[str], str]:
-    "The roles' formatted prompts and the actor's prompt built from them (chat-templated when use_chat_template)."
-    roles = [self.team.format(item, i) for i in range(self.n)]
-    p = self.build_prompt(roles, item)
-    if not isinstance(p, str):
-        raise TypeError(f"centralized_prompt_builder returned {type(p).__name__}; it must return the actor's prompt "
-                        "(a string)")
-    return roles, self.team.chat(0, p)
-
+def _central_prompt(self: MADPOTrainer, item) -> tuple[list[str], str]: return self.actor.prompt(item)
 @patch
-def _split(self: MADPOTrainer, text: str, item=None) -> Optional[list[str]]:
-    "The parser's role responses of one joint completion of `item` (checked), or None when it does not parse."
-    f = getattr(self, "parse_item", None)
-    parts = f(text, self.n, item) if f is not None else self.parse(text, self.n)
-    strings = isinstance(parts, (list, tuple)) and len(parts) == self.n and all(isinstance(x, str) for x in parts)
-    if parts is not None and not strings:
-        raise ValueError(f"the centralized parser returned {parts!r}; it must return exactly {self.n} outputs "
-                         "(strings, one per role) or None (centralized_parser=, or the adapter's parse_completion)")
-    return None if parts is None else list(parts)
+def _split(self: MADPOTrainer, text: str, item=None) -> Optional[list[str]]: return self.actor.split(text, item)
 
 # %% ../../nbs/42_madpo.ipynb #bfd5e6a1
 @patch
 def central_sample(self: MADPOTrainer, items, keys, k: int) -> dict:
     "Role prompts, actor prompts, k actor completions per item and their role responses (unparsed: empty roles)."
-    roles, prompts = zip(*[self._central_prompt(it) for it in items])
-    c = self.team.generate(0, list(prompts), k, keys)
-    parts = [self._split(t, items[r // k]) for r, t in enumerate(c.texts)]
-    return {"prompts": [[r[i] for r in roles] for i in range(self.n)], "actor_prompts": list(prompts), "comps": c,
-            "texts": [[p[i] if p is not None else "" for p in parts] for i in range(self.n)],
-            "unparsed": sum(p is None for p in parts)}
+    return self.actor.sample(items, keys, k)
 
+# %% ../../nbs/42_madpo.ipynb #bfd5e648
 def central_candidates(trainer: MADPOTrainer, chunk, ids, K: int, round_key) -> dict:
     "The collection sampler of centralized mode (the decentralized one's contract, plus the records' extra field)."
     s = trainer.central_sample(chunk, [(trainer.args.seed, "preference", round_key, j, "actor") for j in ids], K)
@@ -518,31 +534,16 @@ def central_candidates(trainer: MADPOTrainer, chunk, ids, K: int, round_key) -> 
             "unparsed": s["unparsed"]}
 
 # %% ../../nbs/42_madpo.ipynb #d16a7057
-def central_evaluate(trainer, num_samples: Optional[int], rewards_of: Callable) -> dict:
-    """One joint answer of the actor per eval item (`trainer.central_sample`), scored by `rewards_of(x, items)`:
-    task reward, lengths, unparsed rate and eval_logger output. Centralized MADPO and centralized MAGRPO share it."""
-    a, n = trainer.args, trainer.n
-    m = eval_count(trainer.eval_dataset, num_samples, a.eval_num_samples)
-    if m == 0: return {}
-    rewards, lens, unparsed, logged = [], [], 0, EvalLog()     # one eval_logger call, as the library
-    for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size)))
-        items = [trainer.eval_dataset[j] for j in ids]
-        x = trainer.central_sample(items, [(a.seed, "eval", j, "actor") for j in ids], 1)
-        rewards += rewards_of(x, items)
-        lens += x["comps"].lengths.tolist()
-        unparsed += x["unparsed"]
-        if trainer.eval_logger is not None:
-            turns = [[[t] for t in x["texts"][i]] for i in range(n)]            # [role][item][turn]
-            logged.add(turns, items, x["prompts"])
-    r = np.asarray(rewards)
-    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
-           "eval/agent_0/completion_len": float(np.mean(lens)), "eval/unparsed_rate": unparsed / m}
-    out.update(logged.metrics(trainer.eval_logger, trainer.eval_aggregator, 1))
-    return out
+from .evaluation import central_evaluate, eval_samples, evaluate_roles, evaluate_team
+_all_ = ["central_evaluate"]            # the shared centralized evaluation, importable from here as before
 
+def evaluate_pairs(trainer, num_samples: Optional[int] = None) -> dict:
+    "MADPO's evaluation (MADPOIter's too): the team's when decentralized; centralized, the actor answers every role."
+    if trainer.args.collaboration_mode != "centralized": return evaluate_team(trainer, num_samples)
+    return evaluate_roles(trainer, num_samples)
+
+# %% ../../nbs/42_madpo.ipynb #d16a704b
 @patch
-def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: MADPOTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "Decentralized: MAGRPO's evaluation. Centralized: the actor answers for every role; the task reward scores them."
-    if self.args.collaboration_mode != "centralized": return MAGRPOTrainer.evaluate(self, num_samples)
-    return central_evaluate(self, num_samples, lambda x, items: self.reward_fn(x["texts"], items, x["prompts"]))
+    return evaluate_pairs(self, eval_samples(num_samples, num_eval_samples))

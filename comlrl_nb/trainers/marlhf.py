@@ -28,9 +28,9 @@ from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, chec
 
 # %% auto #0
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
-           'backend_config', 'make_policy_trainer', 'make_reward_model', 'make_central_trainer', 'reward_texts',
-           'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer', 'fit_summary',
-           'ranked', 'RL_ALGORITHMS']
+           'backend_config', 'make_policy_trainer', 'evaluate_task', 'make_reward_model', 'make_central_trainer',
+           'reward_texts', 'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer',
+           'fit_summary', 'ranked', 'fit_reward', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -50,6 +50,7 @@ def _marlhf_backend_fields(c, owner: str):
         raise config_error(owner, f"{f.name}={v!r} is not used with rl_algorithm={c.rl_algorithm!r} (only "
                                   f"{', '.join(users)} read it); remove it or pick one of those backends")
 
+# %% ../../nbs/43_marlhf.ipynb #0e52ae08
 def _marlhf_collaboration(c, owner: str):
     """collaboration_mode='centralized': one actor, single-turn; every rl_algorithm trains it (the group baselines with
     centralized MAGRPO, maac/iac with their trainer over a one-agent team)."""
@@ -64,6 +65,7 @@ _MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_a
                   "use_environment_step": "MARLHF logs its policy phase by the backend's batches, not by pairs",
                   "environment_steps_per_pair": "MARLHF logs its policy phase by the backend's batches, not by pairs"}
 
+# %% ../../nbs/43_marlhf.ipynb #0e52ae09
 @compose(*MAGRPOConfig.config_groups, PreferenceFields, RLBackendFields, RewardModelFields, CriticFields,
          ValueHeadFields, DPOFields, CollaborationFields, EnvStepFields, like=(MAGRPOConfig,), unused=_MARLHF_UNUSED,
          checks=(*MAGRPOConfig.config_checks, _marlhf_backend_fields, _marlhf_collaboration),
@@ -71,6 +73,7 @@ _MARLHF_UNUSED = {"advantage_mode": "the policy phase's baseline comes from rl_a
                 "collection_batch_size",
                 RLBackendFields, RewardModelFields, "critic_type critic_learning_rate value_loss_coef critic_devices "
                 "critic_model_name critic_value_head_hidden_dim critic_max_length", ValueHeadFields))
+
 class MARLHFConfig(TrainerConfig):
     "MARLHF settings: the MAGRPO groups, preference collection, the reward model, the policy backend and its critic."
     min_generations = property(lambda c: 1 if c.rl_algorithm in ("maac", "iac") else 2)   # actor-critic: 1 episode
@@ -103,6 +106,7 @@ def central_backend_config(args) -> CentralizedMAGRPOConfig:
     base = {f.name: f.default for f in fields(rl_backend(args.rl_algorithm).config_class)}["advantage_mode"]
     return replace(map_backend_config(args, CentralizedMAGRPOConfig), advantage_mode=base)
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e012
 def central_hooks(args, builder=None, parser=None, adapter=None) -> dict:
     "The actor's prompt builder and parser (given, or an adapter's); refused unless collaboration_mode='centralized'."
     check_adapter(args, adapter, builder, parser)
@@ -154,6 +158,7 @@ def backend_config(backend, args):
     "The backend's config from this config's field groups (`map_backend_config`; the backend sets the baseline)."
     return map_backend_config(args, backend.config_class)
 
+# %% ../../nbs/43_marlhf.ipynb #c4a1b018
 def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model_config,
                         backend_kwargs: Optional[dict] = None, hooks: Optional[dict] = None) -> tuple:
     """The `rl_algorithm` backend over the models as given, rewarded by `owner.learned_reward`, evaluated by `owner`;
@@ -169,11 +174,13 @@ def make_policy_trainer(owner, agent_model, agents, tokenizer, formatters, model
                  evaluator=owner.evaluate, **(backend_kwargs or {}))     # evaluation: the owner's, by the task reward
     return pt, None
 
+# %% ../../nbs/43_marlhf.ipynb #c4a1b019
 @patch
 def learned_reward(self: MARLHFTrainer, *completions, agent_prompts=None, **_) -> list[float]:
     "The policy phase's reward: the frozen reward model's score of each joint response."
     return self.reward_model.score(agent_prompts, completions, self.args.reward_score_batch_size, fast=self._rm_fast())
 
+# %% ../../nbs/43_marlhf.ipynb #c4a1b01a
 @patch
 def _rm_fast(self: MARLHFTrainer) -> bool:
     """Whether the reward model scores through `fast_hidden`: decided once per reward model and phase (the frozen model
@@ -182,11 +189,18 @@ def _rm_fast(self: MARLHFTrainer) -> bool:
     if seen is None or seen[0] is not rm: seen = self._rm_fast_path = (rm, fast_decodable(rm.body))
     return seen[1]
 
+from .evaluation import eval_samples, evaluate_roles, evaluate_team
+
+# %% ../../nbs/43_marlhf.ipynb #c4a1b01b
+def evaluate_task(owner, num_samples: Optional[int] = None) -> dict:
+    "MARLHF's (and MARLHFIter's) evaluation by the task reward: centralized, the actor's parsed roles; else the team's."
+    if owner.central is not None: return owner.central.evaluate(num_samples)
+    return evaluate_team(owner, num_samples)
+
 @patch
-def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "Evaluation with the task reward (never the learned one): centralized, the one actor's parsed roles; else MAGRPO's."
-    if self.central is not None: return self.central.evaluate(num_samples)
-    return MAGRPOTrainer.evaluate(self, num_samples)
+    return evaluate_task(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/43_marlhf.ipynb #17d3b6b6
 def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config) -> JointRewardModel:
@@ -223,6 +237,7 @@ def make_central_trainer(owner, agent_model, agents, tokenizer, formatters, mode
         train_reward=owner.learned_joint_reward, **(hooks or {}), **(backend_kwargs or {}))
     return pt, pt
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e021
 def reward_texts(records, centralized: bool = False) -> tuple[list[str], list[str]]:
     "The winner and loser texts the reward model reads: every role's prompt and answer, or the actor's joint text."
     if not centralized: return _pair_texts(records)
@@ -233,6 +248,7 @@ def reward_texts(records, centralized: bool = False) -> tuple[list[str], list[st
     side = lambda r, s: joint_text([r["centralized"]["prompt"]], [r["centralized"][s]])
     return [side(r, "winner") for r in records], [side(r, "loser") for r in records]
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e022
 def fit_on_pairs(rm: JointRewardModel, records, centralized: bool = False, **kw) -> list[dict]:
     "Bradley-Terry on the pairs (`rm.fit` on the roles' text), or on the actor's joint text when centralized."
     return rm.fit_texts(*reward_texts(records, True), **kw) if centralized else rm.fit(records, **kw)
@@ -249,6 +265,7 @@ def central_sample(self: MARLHFTrainer, items, keys, k: int) -> dict:
     "Centralized: the actor's k joint completions per item, split into role answers, not scored (collection, CLI)."
     return self.central.central_sample(items, keys, k, reward=None)
 
+# %% ../../nbs/43_marlhf.ipynb #d1c0e024
 @patch
 def _pair_sampler(self: MARLHFTrainer) -> Optional[Callable]:
     "The collection's sampler: centralized, the actor's joint candidates (as centralized MADPO); else the team's."
@@ -273,6 +290,8 @@ class ActorRoles:
     def check_dataset(self, ds, name: str): return validate_dataset(ds, name, self.formatters)
 
 # %% ../../nbs/43_marlhf.ipynb #e7a1c004
+from .central import JointActor, check_prompt
+
 class CentralActor:
     """Centralized MARLHF's one actor under an actor-critic backend: its prompt (the backend's formatter), its parser,
     its joint samples (pair collection) and evaluation with the task reward on the parsed roles."""
@@ -290,47 +309,46 @@ class CentralActor:
         self.team, self.eval_dataset = ActorRoles(backend.team, self.formatters, self.n), backend.eval_dataset
         return self
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c02a
 @patch
-def _build(self: CentralActor, roles: list, item) -> str:
-    p = self.build_prompt(roles, item)
-    if not isinstance(p, str) or not p.strip():
-        raise ValueError(f"centralized_prompt_builder returned {p!r}; it must return the actor's prompt "
-                         "(a non-empty string)")
-    return p
+def _build(self: CentralActor, roles: list, item) -> str: return check_prompt(self.build_prompt(roles, item))
 
 @patch
 def actor_text(self: CentralActor, item) -> str:
     "The actor's prompt before any chat template (the backend's one formatter): the builder over the roles' prompts."
     return self._build([format_prompt(f, item, i) for i, f in enumerate(self.formatters)], item)
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c02b
+@patch(as_prop=True)
+def actor(self: CentralActor) -> JointActor:
+    "The one actor: the backend's agent seen as the roles, the builder and the parser, checked as centralized MAGRPO."
+    return JointActor(self.team, self.n, self.build_prompt, self.parse)
+
 @patch
 def joint_prompt(self: CentralActor, item) -> tuple[list[str], str]:
     "The roles' formatted prompts and the actor's input (chat-templated when on), built as centralized MAGRPO does."
-    return CentralizedMAGRPOTrainer.joint_prompt(self, item)
+    return self.actor.prompt(item)
 
 # %% ../../nbs/43_marlhf.ipynb #e7a1c005
 @patch
 def split(self: CentralActor, text: str) -> Optional[list[str]]:
     "The parser's role answers of one joint completion (checked as centralized MAGRPO checks them), or None."
-    return CentralizedMAGRPOTrainer.split(self, text)
+    return self.actor.split(text)
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c02e
 @patch
 def central_sample(self: CentralActor, items, keys, k: int, reward: Optional[str] = None) -> dict:
     "Role prompts, actor prompts, k joint completions per item, their role answers (row b*k+j); task rewards if asked."
-    roles, prompts = zip(*[self.joint_prompt(it) for it in items])
-    c = self.team.generate(0, list(prompts), k, list(keys))
-    parts = [self.split(t) for t in c.texts]
-    texts = [[p[i] if p is not None else "" for p in parts] for i in range(self.n)]
-    role_prompts = [[r[i] for r in roles] for i in range(self.n)]
+    s = self.actor.sample(items, keys, k)
     rep = lambda xs: [x for x in xs for _ in range(k)]
-    rewards = None if reward is None else self.reward_fn(texts, rep(items), [rep(p) for p in role_prompts])
-    return {"prompts": role_prompts, "actor_prompts": list(prompts), "comps": c, "texts": texts, "rewards": rewards,
-            "unparsed": parts.count(None)}
+    rewards = None if reward is None else self.reward_fn(s["texts"], rep(items), [rep(p) for p in s["prompts"]])
+    return {**s, "rewards": rewards}
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c02f
 @patch
-def evaluate(self: CentralActor, num_samples: Optional[int] = None) -> dict:
+def evaluate(self: CentralActor, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
     "One joint answer per eval item, the task reward on its parsed roles (as centralized MAGRPO and MADPO evaluate)."
-    return central_evaluate(self, num_samples, lambda x, items: self.reward_fn(x["texts"], items, x["prompts"]))
+    return evaluate_roles(self, eval_samples(num_samples, num_eval_samples))
 
 @patch
 def learned_reward(self: CentralActor, *completions, agent_prompts=None, batch_items=None) -> list[float]:
@@ -349,6 +367,7 @@ def central_ac_config(args, backend):
     first = lambda d: d[0] if isinstance(d, (list, tuple)) else d
     return replace(cfg, num_agents=1, **{f: first(getattr(cfg, f)) for f in _ONE_ACTOR_DEVICES})
 
+# %% ../../nbs/43_marlhf.ipynb #e7a1c032
 def _check_one_actor(args, agents, tokenizer, backend_kwargs: dict):
     "Centralized MARLHF's model arguments: one actor, one tokenizer, and (IAC) one critic, named when not."
     n = args.num_agents
@@ -384,40 +403,51 @@ def fit_summary(rm: JointRewardModel, hist: list, records, central: bool, final_
     if final_accuracy: out["reward_model/train_accuracy"] = rm.preference_accuracy(*reward_texts(records, central))
     return out
 
+# %% ../../nbs/43_marlhf.ipynb #75e54438
 def ranked(summary: dict) -> str:
     "How the fitted reward model ranks its pairs, in words (the final pass's share when made, else the running one)."
     if "reward_model/train_accuracy" in summary:
         return f"it ranks {summary['reward_model/train_accuracy']:.0%} of them right"
     return f"it ranked {summary['reward_model/running_accuracy']:.0%} of them right just before training on each"
 
+# %% ../../nbs/43_marlhf.ipynb #c8056ce6
+def fit_reward(rm: JointRewardModel, records, args, out_dir, seed: int, row: dict, dist=None,
+               console: Optional[bool] = None, summary_line: bool = False) -> dict:
+    """Bradley-Terry fit of `rm` on `records` (the roles' text, or the actor's joint text when centralized), then
+    freeze; one line per step in out_dir/metrics.jsonl (`row` added), the summary line when asked; the fit's summary.
+    Under data parallel (`dist`) each process fits on its share of each batch and the main one writes the file."""
+    ml = MetricsLogger(out_dir, args.logging_steps) if dist is None or dist.is_main else None
+    if ml is not None and ml.path.exists(): ml.path.unlink()
+    rm.requires_grad_(True)
+    if rm.freeze_backbone: rm.body.requires_grad_(False)
+    log = lambda r: ml and ml.log({"step": r["step"], "epoch": r["epoch"], **row, "reward_model/loss": r["loss"],
+                                   "reward_model/accuracy": r["accuracy"]}, r["step"], console=console)
+    central = args.collaboration_mode == "centralized"               # the roles' text, or the actor's joint text
+    hist = fit_on_pairs(rm, records, central, num_train_epochs=args.reward_num_train_epochs,
+                        batch_size=args.reward_train_batch_size, learning_rate=args.reward_learning_rate, seed=seed,
+                        autocast_dtype=args.autocast_dtype, callback=log, dist=dist)
+    summary = fit_summary(rm, hist, records, central, args.reward_final_accuracy)
+    if ml is not None and summary_line:
+        ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
+    if ml is not None: ml.close()
+    rm.freeze()
+    return summary
+
+# %% ../../nbs/43_marlhf.ipynb #bb1a2e55
 @patch
 def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model"
     dist = self.policy_trainer.dist                     # data parallel: each process fits on its share of each batch
-    ml = MetricsLogger(d, a.logging_steps) if dist.is_main else None       # the main process writes the files
-    if ml is not None and ml.path.exists(): ml.path.unlink()
-    rm.requires_grad_(True)
-    if rm.freeze_backbone: rm.body.requires_grad_(False)
-    log = lambda r: ml and ml.log({"step": r["step"], "epoch": r["epoch"], "phase": "reward_model",
-                            "reward_model/loss": r["loss"], "reward_model/accuracy": r["accuracy"]}, r["step"])
-    central = a.collaboration_mode == "centralized"
-    hist = fit_on_pairs(rm, self.pairs, central, num_train_epochs=a.reward_num_train_epochs,
-                        batch_size=a.reward_train_batch_size, learning_rate=a.reward_learning_rate, seed=a.seed,
-                        autocast_dtype=a.autocast_dtype, callback=log, dist=dist)
-    summary = fit_summary(rm, hist, self.pairs, central, a.reward_final_accuracy)
-    if ml is not None:
-        ml.log({"step": len(hist), "phase": "reward_model_summary", **summary}, len(hist), console=False)
-        ml.close()
+    summary = fit_reward(rm, self.pairs, a, d, a.seed, {"phase": "reward_model"}, dist, summary_line=True)
     if a.save_steps >= 0 and dist.is_main:
         buf = io.BytesIO()
         torch.save(rm.state_dict(), buf)
         atomic_write_bytes(d / "state.pt", buf.getvalue())
     dist.barrier()
-    rm.freeze()
     self._rm_fast_path = None                            # the policy phase decides the fast path again
-    logger.info(f"reward model fitted on {len(self.pairs)} pairs in {len(hist)} steps; {ranked(summary)}; frozen "
-                "for the policy phase")
+    logger.info(f"reward model fitted on {len(self.pairs)} pairs in {summary['reward_model/steps']} steps; "
+                f"{ranked(summary)}; frozen for the policy phase")
     return summary
 
 # %% ../../nbs/43_marlhf.ipynb #74536699
@@ -440,6 +470,7 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     try: return self._train_phases(resume_from_checkpoint, stop_after_batch, opts)
     finally: release_output_dir(lock)
 
+# %% ../../nbs/43_marlhf.ipynb #7453663e
 @patch
 def _train_phases(self: MARLHFTrainer, resume_from_checkpoint, stop_after_batch, opts: dict) -> dict:
     "The collection and reward fit (unless resumed past them), then the policy phase."
@@ -463,6 +494,7 @@ def _train_phases(self: MARLHFTrainer, resume_from_checkpoint, stop_after_batch,
                                     **opts)
     return {**out, "num_pairs": len(self.pairs)}
 
+# %% ../../nbs/43_marlhf.ipynb #7453663f
 @patch
 def _resume_reward_phase(self: MARLHFTrainer, resume_from_checkpoint):
     "Resuming past the reward fit: reload the pairs and the frozen reward model; what the backend should resume from."

@@ -17,7 +17,6 @@ from ..core import (as_list, autocast, check_bool, check_choice, check_number, c
 from ..generation import check_joint_mode, per_agent_returns
 from ..scoring import collate, completion_logprobs, k3_kl
 from ..rewards import RewardFunction, resolve_formatters
-from ..porting import EvalLog
 from ..advantages import advantage_stats, check_advantage_mode, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
@@ -89,6 +88,7 @@ def _check_agent_spec(args, agents):
         raise ValueError("adapter agents share one base model and cannot run concurrently: "
                          "use parallel_training='none'")
 
+# %% ../../nbs/30_reinforce.ipynb #e4ce3213
 def _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition):
     "The reward is required; the eval hooks go in pairs; several turns need a transition."
     if reward_func is None:
@@ -186,6 +186,7 @@ def _level_turn(self: MAGRPOTrainer, level, K: int, timers: dict) -> Turn:
                            a.advantage_mode, a.advantage_normalization) for i in range(self.n)]
     return Turn(torch.stack([nd.rewards for nd in level]), R, adv, kl, [c.lengths.cpu() for c in comps], comps)
 
+# %% ../../nbs/30_reinforce.ipynb #4e18b51f
 @patch
 @torch.no_grad()
 def _reference_kl(self: MAGRPOTrainer, comps) -> list[torch.Tensor]:
@@ -257,6 +258,7 @@ def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[fl
     model.eval()
     return losses
 
+# %% ../../nbs/30_reinforce.ipynb #e15a3928
 @patch
 def _update_full_buffers(self: MAGRPOTrainer, flush: bool = False) -> dict:
     "Update every agent whose buffer is full (or non-empty, when flushing); returns {i: [losses]}."
@@ -266,60 +268,15 @@ def _update_full_buffers(self: MAGRPOTrainer, flush: bool = False) -> dict:
     return {i: r for i, r in enumerate(res) if r is not None}
 
 # %% ../../nbs/30_reinforce.ipynb #b1c662c9
-@patch
-def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None) -> dict:
-    "Sample the current policies on eval items and return eval/ metrics (task reward, lengths, custom logger output)."
-    if getattr(self, "evaluator", None) is not None: return self.evaluator(num_samples)   # getattr: MADPO reuses this
-    a, team = self.args, self.team
-    m = eval_count(self.eval_dataset, num_samples, a.eval_num_samples)
-    if m == 0: return {}
-    if a.num_turns > 1: return self._evaluate_turns(m)          # every turn, the transitions included
-    rewards, lens, logged = [], [[] for _ in range(self.n)], EvalLog()     # one eval_logger call, as the library
-    for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size)))
-        items = [self.eval_dataset[j] for j in ids]
-        prompts = team.prompts(items)
-        comps = team.generate_all(prompts, 1, [[(a.seed, "eval", j, i) for j in ids] for i in range(len(team.agents))])
-        texts = [c.texts for c in comps]
-        rewards += self.reward_fn(texts, items, prompts)
-        for i, c in enumerate(comps): lens[i] += c.lengths.tolist()
-        if self.eval_logger is not None:
-            logged.add([[[t] for t in texts[i]] for i in range(self.n)], items, prompts)
-    r = np.asarray(rewards)
-    out = {"eval/turn_1/reward_mean": float(r.mean()), "eval/turn_1/reward_std": float(r.std()),
-           "eval/turn_1/expected_return": float(r.mean())}               # one turn: the return is the reward
-    out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, a.num_turns))
-    return out
+from .evaluation import eval_samples, evaluate_team
 
-# %% ../../nbs/30_reinforce.ipynb #0bb5b26a
 @patch
-def _evaluate_turns(self: MAGRPOTrainer, m: int) -> dict:
-    "Multi-turn evaluation of the first `m` eval items: one episode each (k=1), every turn with its transition."
-    a, rew, ret, lens, logged = self.args, {}, {}, [[] for _ in range(self.n)], EvalLog()
-    for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size)))
-        items = [self.eval_dataset[j] for j in ids]
-        ro = self.rollout(items, ids, "eval", k=1)
-        for t, st in enumerate(ro.turns):
-            rew.setdefault(t, []).extend(st.rewards.flatten().tolist())
-            ret.setdefault(t, []).append(float(st.returns.mean()) * st.rewards.numel())
-            for i in range(self.n): lens[i] += st.lengths[i].tolist()
-        if self.eval_logger is not None:
-            chains = [[[] for _ in items] for _ in range(self.n)]        # [agent][item][turn] completion texts
-            for level in ro.levels:
-                for nd in level:
-                    for i in range(self.n): chains[i][nd.item].append(nd.completions[i][0])
-            logged.add(chains, items, ro.prompts)
-    out = {}
-    for t in sorted(rew):
-        k = f"eval/turn_{t + 1}"
-        out.update({f"{k}/reward_mean": float(np.mean(rew[t])), f"{k}/reward_std": float(np.std(rew[t])),
-                    f"{k}/expected_return": sum(ret[t]) / len(rew[t])})
-    out.update({f"eval/agent_{i}/completion_len": float(np.mean(lens[i])) for i in range(self.n)})
-    out.update(logged.metrics(self.eval_logger, self.eval_aggregator, a.num_turns))
-    return out
-
+def evaluate(self: MAGRPOTrainer, num_samples: Optional[int] = None, num_eval_samples: Optional[int] = None) -> dict:
+    """Sample the current policies on eval items and return eval/ metrics (task reward, lengths, custom logger output);
+    `num_eval_samples` is comlrl's name for `num_samples`."""
+    num_samples = eval_samples(num_samples, num_eval_samples)
+    if getattr(self, "evaluator", None) is not None: return self.evaluator(num_samples)   # given at construction
+    return evaluate_team(self, num_samples)          # several turns: one episode per item, its transitions included
 
 # %% ../../nbs/30_reinforce.ipynb #c2c37bcd
 @patch
@@ -328,6 +285,7 @@ def new_run(self: MAGRPOTrainer) -> Run:
     parts = {"team": self.team, "buffers": self.buffers, "sampler": self.sampler}
     return Run(self.args, self.algo, self.output_dir, parts, self.wandb_config, self.dist, self.n, self.state)
 
+# %% ../../nbs/30_reinforce.ipynb #c2c37b30
 @patch
 def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
           checkpoint_dir=None, checkpoint_interval: int = 1, checkpoint_total_limit: Optional[int] = None,
@@ -335,7 +293,8 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     "Run training (or continue it from a checkpoint: a path, or True for the newest); returns the final state."
     with Run.for_trainer(self, resume_from_checkpoint, stop_after_batch, checkpoint_dir, checkpoint_interval,
                          checkpoint_total_limit, allow_config_changes) as run:     # Ctrl-C: a checkpoint, then exit
-        for order, b, ids, key in run.item_batches(self._epoch_order, lambda: self._update_full_buffers(flush=True)):
+        each_epoch = run.epoch_order(len(self.train_dataset))               # the items' seeded order, per epoch
+        for order, b, ids, key in run.item_batches(each_epoch, lambda: self._update_full_buffers(flush=True)):
             t0, ev = time.perf_counter(), run.evaluation(self.evaluate, b)
             ahead = self._batches_ahead(order, b, run.per_epoch, len(ids))    # sampled with this batch, cached
             ro = self._rollout_batch(ids, key, ahead)                          # all processes' samples, in order
@@ -346,10 +305,6 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/30_reinforce.ipynb #64472d21
-@patch
-def _epoch_order(self: MAGRPOTrainer, epoch: int) -> np.ndarray:
-    return np.random.default_rng(derive_seed(self.args.seed, "order", epoch)).permutation(len(self.train_dataset))
-
 @patch
 def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: int) -> list:
     "The later batches of this epoch that no update separates from batch b (single-turn, one process): [(items, ids)]."
@@ -367,6 +322,7 @@ def _rollout_batch(self: MAGRPOTrainer, ids, round_key, ahead: Sequence = ()) ->
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
         return self._gather_rollouts(ro, ids)
 
+# %% ../../nbs/30_reinforce.ipynb #3e1f3b35
 @patch
 def _timed_update(self: MAGRPOTrainer) -> tuple[dict, dict]:
     "Update the full buffers: ({agent: losses}, the time of the update, of its forwards and of backward + step)."
@@ -421,17 +377,6 @@ def save_model(self: MAGRPOTrainer, output_dir) -> Path:
     "Write each agent's model and tokenizer to output_dir/agent_<i>/."
     return self.team.save_pretrained(output_dir)
 
-@patch
-def _finish(self: MAGRPOTrainer, metrics, bar, stopped: bool = False) -> dict:
-    "For the preference trainers' own loops (until they run on `Run`): close, plot, the final state."
-    bar.close()
-    metrics.close()
-    if self.dist.is_main and self.args.save_plot:
-        try: plot_run(metrics.path, self.output_dir / "training_curves.png", f"{self.algo}: reward per batch")
-        except Exception as e: logger.warning(f"could not draw the run plot: {e}")
-    self.dist.barrier()
-    return {**self.state, "stopped": stopped, "metrics_path": str(metrics.path)}
-
 # %% ../../nbs/30_reinforce.ipynb #d1c0e302
 @patch
 def start_phase(self: MAGRPOTrainer, output_dir, seed: int) -> MAGRPOTrainer:
@@ -451,11 +396,3 @@ class MARLOOTrainer(MAGRPOTrainer):
 class MAReMaxTrainer(MAGRPOTrainer):
     "MAGRPOTrainer with MAReMaxConfig (max baseline) as the default config."
     config_class, algo = MAReMaxConfig, "maremax"
-
-# %% ../../nbs/30_reinforce.ipynb #8c3161ab
-def __getattr__(name: str):
-    "Module attribute fallback: the centralized MAGRPO names, imported on first use (no import cycle)."
-    if name in ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"):
-        from comlrl_nb.trainers import centralized
-        return getattr(centralized, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
