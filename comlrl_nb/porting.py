@@ -11,75 +11,32 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from .core import logger
+# the core contracts the library's names point at, importable from here as before (each lives at its own floor)
+from .rewards import (REWARD_FORMS, VAR_KW, OWN_KW, PROMPT_LAYOUTS, reward_call_form, library_groups,
+                               library_prompts, takes_external_prompts, resolve_reward_range, set_reward_range)
+from .models import (MODEL_CONFIG_KEYS, check_model_config, from_pretrained_kwargs,
+                              critic_value_head_hidden_dim, apply_special_tokens)
+from .centralized_text import (CentralizedComparatorParseError, CentralizedComparatorAdapter,
+                                        TaggedCentralizedComparatorAdapter, adapter_callables)
+_all_ = ["REWARD_FORMS", "VAR_KW", "OWN_KW", "PROMPT_LAYOUTS", "reward_call_form", "library_groups",
+         "library_prompts", "takes_external_prompts", "resolve_reward_range", "set_reward_range", "MODEL_CONFIG_KEYS",
+         "check_model_config", "from_pretrained_kwargs", "critic_value_head_hidden_dim", "apply_special_tokens",
+         "CentralizedComparatorParseError", "CentralizedComparatorAdapter", "TaggedCentralizedComparatorAdapter",
+         "adapter_callables"]
 
 # %% auto #0
-__all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION',
-           'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts',
-           'call_reward_function', 'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
-           'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'wandb_init_kwargs',
-           'takes_external_prompts', 'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model',
-           'EvalLog', 'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules',
+__all__ = ['WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION', 'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'call_reward_function',
+           'RewardProcessors', 'wandb_init_kwargs', 'build_formatters', 'DistributedContext', 'local_context',
+           'unwrap_model', 'EvalLog', 'read_checkpoint_metadata', 'LibraryModule', 'install_library_modules',
            'resolve_reference_devices', 'reference_kl_for_sequence', 'reference_kl_enabled', 'reference_kl_coef',
            'validate_reference_kl_config', 'clone_reference_models', 'load_reference_models_from_sources',
            'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials',
-           'resolve_model_sources', 'normalize_reward_lengths', 'CentralizedComparatorParseError',
-           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables',
-           'install_round_callbacks', 'install_trainer_wrappers']
-
-# %% ../nbs/90_porting.ipynb #0d74ce59
-REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
-_KW = ("batch_items", "prompts")          # the library's keywords
-VAR_KW = ("batch_items",)                  # the ones **kwargs receives (prompts= only when named, see below)
-OWN_KW = ("agent_prompts",)                # this package's: passed only when named
-
-def reward_call_form(fn: Callable, num_agents: int) -> tuple[str, frozenset]:
-    "How to call `fn` for `num_agents` agents: (form, the keywords among batch_items/prompts/agent_prompts it accepts)."
-    try: params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError): return "unknown", frozenset()
-    var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
-    named = {p.name for p in params if p.kind != p.POSITIONAL_ONLY}
-    takes = frozenset([k for k in _KW if k in named or (var_kw and k in VAR_KW)] + [k for k in OWN_KW if k in named])
-    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if any(p.kind == p.VAR_POSITIONAL for p in params): return "varargs", takes
-    core = [p for i, p in enumerate(pos)
-            if p.name not in ("batch_items", *OWN_KW) and not (p.name == "prompts" and i > 0)]
-    need = [p for p in core if p.default is p.empty]
-    n = num_agents
-    first_named = bool(core) and core[0].name == "prompts"
-    if len(need) == n + 1 or (first_named and len(need) <= n + 1 <= len(core)):
-        return "prompts_first", takes - {"prompts"}
-    if len(need) <= n <= len(core): return "agents", takes
-    if n > 1 and len(need) <= 1 <= len(core): return "lists", takes
-    raise TypeError(f"reward function '{getattr(fn, '__name__', fn)}' takes {len(core)} positional parameters "
-                    f"({len(need)} required) but there are {n} agents; take {n} (one list of completions per agent), "
-                    f"{n + 1} (prompts first, then one list per agent) or 1 (the list of the {n} lists)")
-
-# %% ../nbs/90_porting.ipynb #24a69567
-PROMPT_LAYOUTS = ("first", "agents")
-
-def library_groups(batch_items, prompts, batched: bool = True) -> list[list[int]]:
-    "Index runs of consecutive joint responses with the same item and prompts (one each when not batched)."
-    if batch_items is None or prompts is None:
-        raise ValueError("a reward that takes prompts (f(prompts, c1, ..., cn) or prompts=) needs the trainer to pass "
-                         "batch_items and prompts, and this call has none; take the completions only (f(c1, ..., cn)) "
-                         "for this caller")
-    J = len(batch_items)
-    if any(len(p) != J for p in prompts):
-        raise ValueError(f"prompts must hold one entry per joint response ({J}), got lengths "
-                         f"{[len(p) for p in prompts]}")
-    groups: list[list[int]] = []
-    for j in range(J):
-        same = batched and groups and (batch_items[j] is batch_items[j - 1] or batch_items[j] == batch_items[j - 1]) \
-            and all(p[j] == p[j - 1] for p in prompts)
-        if same: groups[-1].append(j)
-        else: groups.append([j])
-    return groups
-
-def library_prompts(prompts, j: int, layout: str = "first") -> list[str]:
-    "The library's `prompts` for joint response j: [agent 1's prompt] ('first') or every agent's prompt ('agents')."
-    if layout not in PROMPT_LAYOUTS:
-        raise ValueError(f"prompt layout {layout!r} is invalid: use one of {PROMPT_LAYOUTS}")
-    return [prompts[0][j]] if layout == "first" else [p[j] for p in prompts]
+           'resolve_model_sources', 'normalize_reward_lengths', 'install_round_callbacks', 'install_trainer_wrappers',
+           'REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'reward_call_form', 'library_groups',
+           'library_prompts', 'takes_external_prompts', 'resolve_reward_range', 'set_reward_range', 'MODEL_CONFIG_KEYS',
+           'check_model_config', 'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens',
+           'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
+           'adapter_callables']
 
 # %% ../nbs/90_porting.ipynb #a48d706c
 def _floats(raw) -> list[float]:
@@ -110,23 +67,6 @@ def call_reward_function(reward_func, prompts, agent_completions, *, num_agents:
         except TypeError: raise e from None
 
 # %% ../nbs/90_porting.ipynb #b7f02354
-def resolve_reward_range(reward_func) -> Optional[tuple[float, float]]:
-    "The (min, max) a reward function declares with `set_reward_range`, checked; None when it declares none."
-    r = getattr(reward_func, "reward_range", None)
-    if r is None: return None
-    if isinstance(r, (str, bytes)) or not isinstance(r, Sequence) or len(r) != 2:
-        raise ValueError(f"reward_range must be a pair (minimum, maximum), got {r!r}; use set_reward_range(f, lo, hi)")
-    lo, hi = float(r[0]), float(r[1])
-    if not (torch.isfinite(torch.tensor([lo, hi])).all() and lo < hi):
-        raise ValueError(f"reward_range {r!r} must be finite with minimum < maximum")
-    return lo, hi
-
-def set_reward_range(reward_func, minimum: float, maximum: float):
-    "Declare the raw output range of `reward_func` (checked) and return it, so it can wrap a definition."
-    reward_func.reward_range = (float(minimum), float(maximum))
-    resolve_reward_range(reward_func)
-    return reward_func
-
 class RewardProcessors:
     "Ready-made reward processors (the library's `comlrl.utils.reward_processor.RewardProcessors`)."
     @staticmethod
@@ -137,59 +77,6 @@ class RewardProcessors:
     def shift(value: float = 0.0) -> Callable[[float], float]:
         "Add `value` to every reward."
         return lambda r: r + value
-
-# %% ../nbs/90_porting.ipynb #7ea7a3e6
-MODEL_CONFIG_KEYS = ("dtype", "torch_dtype", "attn_implementation", "model_kwargs", "critic_model_kwargs",
-                     "critic_value_head_hidden_dim", "special_tokens")
-
-def check_model_config(model_config) -> dict:
-    "The model_config as a dict, with unknown keys and wrong types rejected (naming the accepted keys)."
-    if model_config is None: return {}
-    if not isinstance(model_config, dict):
-        raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}; "
-                        f"accepted keys: {MODEL_CONFIG_KEYS}")
-    bad = sorted(set(model_config) - set(MODEL_CONFIG_KEYS))
-    if bad: raise ValueError(f"model_config has unknown keys {bad}; accepted keys: {list(MODEL_CONFIG_KEYS)} "
-                             "(other from_pretrained arguments go inside model_kwargs)")
-    for k in ("model_kwargs", "critic_model_kwargs", "special_tokens"):
-        if model_config.get(k) is not None and not isinstance(model_config[k], dict):
-            raise TypeError(f"model_config[{k!r}] must be a dict, got {type(model_config[k]).__name__}")
-    return dict(model_config)
-
-def from_pretrained_kwargs(model_config, role: str = "agent") -> dict:
-    "`from_pretrained` arguments for the agents (role 'agent') or separate critics ('critic'): dtype, attention, more."
-    cfg = check_model_config(model_config)
-    if role not in ("agent", "critic"): raise ValueError(f"role={role!r} is invalid: use 'agent' or 'critic'")
-    own = dict(cfg.get("critic_model_kwargs" if role == "critic" else "model_kwargs") or {})
-    base = cfg.get("model_kwargs") or {}
-    dtype = own.pop("dtype", None) or own.pop("torch_dtype", None) or cfg.get("dtype") or cfg.get("torch_dtype")
-    own.pop("torch_dtype", None)
-    kw = {k: v for k, v in own.items()}
-    if "attn_implementation" not in kw:
-        for src in (cfg, base):
-            if "attn_implementation" in src:
-                kw["attn_implementation"] = src["attn_implementation"]
-                break
-    if kw.get("attn_implementation", 0) is None: kw.pop("attn_implementation")
-    if dtype is not None: kw["dtype"] = dtype
-    return kw
-
-def critic_value_head_hidden_dim(model_config, default: Optional[int] = None) -> Optional[int]:
-    "The critics' value-head width from model_config (the library's place), else `default` (the config field)."
-    v = check_model_config(model_config).get("critic_value_head_hidden_dim")
-    return default if v is None else int(v)
-
-# %% ../nbs/90_porting.ipynb #b559310e
-def apply_special_tokens(tokenizers: Sequence, model_config) -> list:
-    "Add model_config['special_tokens'] to each distinct tokenizer (as the library does); returns the tokenizers."
-    sp = check_model_config(model_config).get("special_tokens")
-    if sp:
-        done = set()
-        for t in tokenizers:
-            if id(t) in done: continue
-            done.add(id(t))
-            t.add_special_tokens(dict(sp))
-    return list(tokenizers)
 
 # %% ../nbs/90_porting.ipynb #e104b3b6
 WANDB_CONFIG_KEYS = ("project", "entity", "name", "run_name", "tags", "dir", "mode", "config_sections", "id", "resume",
@@ -235,11 +122,6 @@ def wandb_init_kwargs(wandb_config: dict, trainer_config=None) -> dict:
     return kw
 
 # %% ../nbs/90_porting.ipynb #1ee19629
-def takes_external_prompts(formatter) -> bool:
-    "Whether a formatter names an `external_prompts` parameter (the library then passes the transition's prompt)."
-    try: return "external_prompts" in inspect.signature(formatter).parameters
-    except (TypeError, ValueError): return False
-
 def build_formatters(formatters, num_agents: int, *, pass_none_external_prompts: bool = True) -> list[Callable]:
     "The library's formatter utility: one formatter per agent, each callable as f(item, external_prompts=None)."
     def default(item, external_prompts=None):
@@ -555,46 +437,6 @@ def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, 
     raise ValueError(f"the reward function returned {len(out)} values per prompt for multi-agent {algorithm}; "
                      f"return 1, {num_agents} (one per agent) or {num_generations} (one per generation)")
 
-
-# %% ../nbs/90_porting.ipynb #b6130a73
-class CentralizedComparatorParseError(ValueError):
-    "A centralized completion could not be split into one output per agent."
-
-class CentralizedComparatorAdapter:
-    "The adapter protocol of a centralized comparator: one prompt for all roles, one completion split per role."
-    def build_prompt(self, batch_item: dict, agent_prompts: Sequence[str]) -> str: raise NotImplementedError
-    def parse_completion(self, completion: str, batch_item: dict, num_agents: int) -> list[str]:
-        raise NotImplementedError
-
-class TaggedCentralizedComparatorAdapter(CentralizedComparatorAdapter):
-    "The standard adapter: the centralized prompt with `<agent_i>` sections, parsed back per role."
-    def build_prompt(self, batch_item, agent_prompts) -> str:
-        from comlrl_nb.comparators import centralized_format_example
-        n = len(agent_prompts)
-        roles = "\n\n".join(f"Agent {i} original prompt:\n{p}" for i, p in enumerate(agent_prompts))
-        return (f"Write the separate outputs of a team of {n} agents; each answers its own original "
-                f"prompt.\n\n{roles}\n\nReply with one section per agent and nothing outside "
-                f"them:\n{centralized_format_example(n)}")
-    def parse_completion(self, completion, batch_item, num_agents: int) -> list[str]:
-        from comlrl_nb.comparators import centralized_format_example, parse_agent_sections
-        out = parse_agent_sections(str(completion), num_agents)
-        if out is None: raise CentralizedComparatorParseError(
-            f"the centralized completion lacks a section for some of the {num_agents} agents; expected:\n"
-            + centralized_format_example(num_agents))
-        return out
-
-# %% ../nbs/90_porting.ipynb #596667c3
-def adapter_callables(adapter) -> tuple[Callable, Callable]:
-    "A library centralized adapter as this package's (centralized_prompt_builder, centralized_parser) pair."
-    for m in ("build_prompt", "parse_completion"):
-        if not callable(getattr(adapter, m, None)):
-            raise TypeError(f"centralized_adapter must have build_prompt(item, agent_prompts) and parse_completion("
-                            f"completion, item, num_agents); {type(adapter).__name__} has no {m}")
-    def build(role_prompts, item): return adapter.build_prompt(item, list(role_prompts))
-    def parse(text, num_agents: int):
-        try: return adapter.parse_completion(text, None, num_agents)
-        except CentralizedComparatorParseError: return None
-    return build, parse
 
 # %% ../nbs/90_porting.ipynb #49880afd
 _TRAINER_MODULES = ("comlrl_nb.trainers.reinforce", "comlrl_nb.trainers.actor_critic", "comlrl_nb.trainers.madpo",

@@ -171,7 +171,7 @@ def check_adapter(args, adapter, builder=None, parser=None):
 
 def adapter_hooks(adapter) -> tuple[Callable, Callable]:
     "An adapter as (builder(role_prompts, item), parser(text, n, item)); its parse error means 'does not parse'."
-    from comlrl_nb.porting import CentralizedComparatorParseError
+    from comlrl_nb.centralized_text import CentralizedComparatorParseError
     def parser(text, n, item=None):
         try: return adapter.parse_completion(text, item, n)
         except CentralizedComparatorParseError: return None
