@@ -31,12 +31,11 @@ __all__ = ['WANDB_CONFIG_KEYS', 'CHECKPOINT_VERSION', 'LIBRARY_MODULES', 'LIBRAR
            'resolve_reference_devices', 'reference_kl_for_sequence', 'reference_kl_enabled', 'reference_kl_coef',
            'validate_reference_kl_config', 'clone_reference_models', 'load_reference_models_from_sources',
            'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials',
-           'resolve_model_sources', 'normalize_reward_lengths', 'install_round_callbacks', 'install_trainer_wrappers',
-           'REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'reward_call_form', 'library_groups',
-           'library_prompts', 'takes_external_prompts', 'resolve_reward_range', 'set_reward_range', 'MODEL_CONFIG_KEYS',
-           'check_model_config', 'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens',
-           'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
-           'adapter_callables']
+           'resolve_model_sources', 'normalize_reward_lengths', 'REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS',
+           'reward_call_form', 'library_groups', 'library_prompts', 'takes_external_prompts', 'resolve_reward_range',
+           'set_reward_range', 'MODEL_CONFIG_KEYS', 'check_model_config', 'from_pretrained_kwargs',
+           'critic_value_head_hidden_dim', 'apply_special_tokens', 'CentralizedComparatorParseError',
+           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables']
 
 # %% ../nbs/90_porting.ipynb #a48d706c
 def _floats(raw) -> list[float]:
@@ -437,126 +436,3 @@ def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, 
     raise ValueError(f"the reward function returned {len(out)} values per prompt for multi-agent {algorithm}; "
                      f"return 1, {num_agents} (one per agent) or {num_generations} (one per generation)")
 
-
-# %% ../nbs/90_porting.ipynb #49880afd
-_TRAINER_MODULES = ("comlrl_nb.trainers.reinforce", "comlrl_nb.trainers.actor_critic", "comlrl_nb.trainers.madpo",
-                    "comlrl_nb.trainers.marlhf", "comlrl_nb.trainers.iterative", "comlrl_nb.trainers.centralized")
-
-def _after_init(trainer):
-    "The porting steps for a freshly built trainer (safe to run more than once)."
-    if getattr(trainer, "wandb_config", None) is not None:
-        trainer.wandb_config = wandb_init_kwargs(trainer.wandb_config, getattr(trainer, "args", None))
-    from comlrl_nb.trainers.actor_critic import ActorCriticTrainer
-    rf = getattr(trainer, "reward_fn", None)
-    if isinstance(trainer, ActorCriticTrainer) and hasattr(rf, "prompt_layout"): rf.prompt_layout = "agents"
-
-def _wrap_init(cls):
-    orig = cls.__dict__["__init__"]
-    if getattr(orig, "__comlrl_nb_ported__", False): return
-    def __init__(self, *args, metrics_callback=None, centralized_adapter=None, **kwargs):
-        if centralized_adapter is not None:                  # the library's CentralizedMAGRPOTrainer argument
-            if "centralized_prompt_builder" not in inspect.signature(orig).parameters:
-                raise TypeError(f"{type(self).__name__} takes no centralized_adapter; it belongs to CentralizedMAGRPO"
-                                "Trainer (the preference trainers take centralized_comparator_adapter)")
-            kwargs["centralized_prompt_builder"], kwargs["centralized_parser"] = adapter_callables(centralized_adapter)
-        if metrics_callback is not None and not callable(metrics_callback):
-            raise TypeError(f"metrics_callback must be a function of the batch's rollouts returning {{name: number}}, "
-                            f"got {type(metrics_callback).__name__}")
-        params = inspect.signature(orig).parameters
-        if "backend_kwargs" in params:               # MARLHF: the library's critics=/critic_model= go to its RL backend
-            moved = {k: kwargs.pop(k) for k in ("critics", "critic_model") if k in kwargs and k not in params}
-            if moved: kwargs["backend_kwargs"] = {**(kwargs.get("backend_kwargs") or {}), **moved}
-        orig(self, *args, **kwargs)
-        if metrics_callback is not None or not hasattr(self, "metrics_callback"):    # a subclass's init: keep it
-            self.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)
-        _after_init(self)
-        _share_callback(self)
-    __init__.__comlrl_nb_ported__, __init__.__wrapped__, __init__.__doc__ = True, orig, orig.__doc__
-    cls.__init__ = __init__
-
-def _wrap_evaluate(cls):
-    "`evaluate(num_eval_samples=k)`, the library's name of the argument, as well as ours (`num_samples`)."
-    orig = cls.__dict__["evaluate"]
-    if getattr(orig, "__comlrl_nb_ported__", False): return
-    def evaluate(self, num_samples: Optional[int] = None, *args, num_eval_samples: Optional[int] = None, **kwargs):
-        if num_eval_samples is not None:
-            if num_samples is not None and num_samples != num_eval_samples:
-                raise ValueError(f"num_samples={num_samples} and num_eval_samples={num_eval_samples} disagree; "
-                                 "pass one")
-            num_samples = num_eval_samples
-        return orig(self, num_samples, *args, **kwargs)
-    evaluate.__comlrl_nb_ported__, evaluate.__wrapped__, evaluate.__doc__ = True, orig, orig.__doc__
-    cls.evaluate = evaluate
-
-def _share_callback(trainer):
-    "A MARLHF-style trainer's backend calls the owner's metrics_callback in its policy phases."
-    pt, cb = getattr(trainer, "policy_trainer", None), getattr(trainer, "metrics_callback", None)
-    if pt is not None and cb is not None: pt.metrics_callback = cb
-
-def install_round_callbacks() -> None:
-    "MADPOIterTrainer: metrics_callback(the round's training pairs) once per round, its numbers in the round's line."
-    from comlrl_nb.engine import callback_metrics
-    from comlrl_nb.trainers.iterative import MADPOIterTrainer
-    orig = MADPOIterTrainer._log_round
-    if getattr(orig, "__comlrl_nb_ported__", False): return
-    def _log_round(self, run, nu, st, chosen, trained):
-        cb = getattr(self, "metrics_callback", None)
-        return orig(self, run, nu, st, chosen, {**trained, **(callback_metrics(cb, chosen) if cb else {})})
-    _log_round.__comlrl_nb_ported__, _log_round.__doc__ = True, orig.__doc__
-    MADPOIterTrainer._log_round = _log_round
-
-def _get_n(self) -> int:
-    "The library's `num_agents`: the trained models (one for a centralized actor, else one per agent)."
-    central = getattr(self, "algo", "").startswith("centralized") or \
-        getattr(getattr(self, "args", None), "collaboration_mode", None) == "centralized"
-    return 1 if central else self.n
-def _set_n(self, value: int): self.n = value
-
-def _model_name(self) -> Optional[str]:
-    "The library's `trainer.model_name`: the first agent's id or path, else its model type or class name."
-    m = self.agents[0]
-    cfg = getattr(getattr(m, "base_model", m), "config", None) or getattr(m, "config", None)
-    return (getattr(cfg, "_name_or_path", None) or getattr(cfg, "model_type", None)) or type(m).__name__
-
-def _reference_models(self) -> list:
-    "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
-    return list(getattr(self.team, "ref_agents", None) or [])
-
-_ENV_STEP_ALGOS = ("madpo", "madpo_iter")     # where the library's env_step is the same counter as state["env_step"]
-
-def _env_step(self) -> int:
-    "The library's `trainer.env_step` of MADPO / MADPOIter: environment_steps_per_pair per pair trained on (0 first)."
-    if getattr(self, "algo", None) not in _ENV_STEP_ALGOS:
-        raise AttributeError(f"{type(self).__name__}.env_step (comlrl's count of sampled joint responses) is not "
-                             "provided here; read the position from trainer.state (global_batch, epoch)")
-    if not getattr(self.args, "use_environment_step", True): return 0
-    return int(self.state.get("env_step", 0))
-
-def _save_checkpoint(self, output_dir):
-    "The library's `trainer.save_checkpoint(dir)`: this trainer's checkpoint written as `dir` (see 25_engine)."
-    from comlrl_nb.engine import save_trainer_checkpoint
-    return save_trainer_checkpoint(self, output_dir)
-
-def _load_checkpoint(self, checkpoint):
-    "The library's `trainer.load_checkpoint(path)`: restore a checkpoint into this trainer; returns its position."
-    from comlrl_nb.engine import load_trainer_checkpoint
-    return load_trainer_checkpoint(self, checkpoint)
-
-def install_trainer_wrappers() -> list[str]:
-    "Wrap every trainer class's own `__init__` with the porting steps and add `num_agents`; returns the classes."
-    done = []
-    for m in _TRAINER_MODULES:
-        mod = importlib.import_module(m)
-        for name, cls in vars(mod).items():
-            if isinstance(cls, type) and name.endswith("Trainer") and cls.__module__ == m:
-                if "__init__" in cls.__dict__: _wrap_init(cls)
-                if "evaluate" in cls.__dict__: _wrap_evaluate(cls)
-                if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
-                if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
-                if not hasattr(cls, "reference_models"): cls.reference_models = property(_reference_models)
-                if not hasattr(cls, "env_step"): cls.env_step = property(_env_step)
-                if not hasattr(cls, "save_checkpoint"): cls.save_checkpoint = _save_checkpoint
-                if not hasattr(cls, "load_checkpoint"): cls.load_checkpoint = _load_checkpoint
-                done.append(name)
-    install_round_callbacks()
-    return done
