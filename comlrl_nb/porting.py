@@ -42,20 +42,25 @@ def _floats(raw) -> list[float]:
     if isinstance(raw, torch.Tensor): raw = raw.detach().cpu().tolist()
     return [float(r) for r in raw] if isinstance(raw, (list, tuple)) else [float(raw)]
 
+# %% ../nbs/90_porting.ipynb #4da2061e
+def _call_unsigned(reward_func, comps: list, batch_items=None) -> list[float]:
+    "No signature to read: f(*completions, batch_items=), f(*completions), f(completions); else the first error."
+    tries = ([lambda: reward_func(*comps, batch_items=batch_items)] if batch_items is not None else []) + \
+            [lambda: reward_func(*comps), lambda: reward_func(comps)]
+    first = None
+    for t in tries:
+        try: return _floats(t())
+        except TypeError as e: first = first or e
+    raise first
+
+# %% ../nbs/90_porting.ipynb #3a387257
 def call_reward_function(reward_func, prompts, agent_completions, *, num_agents: int, batch_items=None,
                          signature=None) -> list[float]:
     "The library's utility: call `reward_func` in its form with library-shaped `prompts`, return floats."
     comps = list(agent_completions)
     try: form, takes = reward_call_form(reward_func, num_agents)
     except TypeError: form, takes = "agents", frozenset()
-    if form == "unknown":
-        tries = ([lambda: reward_func(*comps, batch_items=batch_items)] if batch_items is not None else []) + \
-                [lambda: reward_func(*comps), lambda: reward_func(comps)]
-        first = None
-        for t in tries:
-            try: return _floats(t())
-            except TypeError as e: first = first or e
-        raise first
+    if form == "unknown": return _call_unsigned(reward_func, comps, batch_items)
     var_kw = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(reward_func).parameters.values())
     if var_kw and form != "prompts_first": takes = takes | {"prompts"}        # the library's utility: **kwargs gets it
     kw = {k: v for k, v in (("batch_items", batch_items), ("prompts", prompts)) if k in takes and v is not None}
@@ -121,16 +126,19 @@ def wandb_init_kwargs(wandb_config: dict, trainer_config=None) -> dict:
     return kw
 
 # %% ../nbs/90_porting.ipynb #1ee19629
+def _with_external_prompts(fmt, pass_none: bool = True) -> Callable:
+    "`fmt` callable as f(item, external_prompts=None): passed on only if it names it (a None too when `pass_none`)."
+    if not takes_external_prompts(fmt): return lambda item, external_prompts=None: fmt(item)
+    if pass_none: return lambda item, external_prompts=None: fmt(item, external_prompts=external_prompts)
+    return lambda item, external_prompts=None: (fmt(item) if external_prompts is None
+                                                else fmt(item, external_prompts=external_prompts))
+
+# %% ../nbs/90_porting.ipynb #e111dee7
 def build_formatters(formatters, num_agents: int, *, pass_none_external_prompts: bool = True) -> list[Callable]:
     "The library's formatter utility: one formatter per agent, each callable as f(item, external_prompts=None)."
     def default(item, external_prompts=None):
         return external_prompts if external_prompts is not None else item.get("prompt", "")
-    def wrap(fmt):
-        if not takes_external_prompts(fmt): return lambda item, external_prompts=None: fmt(item)
-        if pass_none_external_prompts:
-            return lambda item, external_prompts=None: fmt(item, external_prompts=external_prompts)
-        return lambda item, external_prompts=None: (fmt(item) if external_prompts is None
-                                                    else fmt(item, external_prompts=external_prompts))
+    wrap = lambda fmt: _with_external_prompts(fmt, pass_none_external_prompts)
     if formatters is None: return [default] * num_agents
     if callable(formatters): return [wrap(formatters) for _ in range(num_agents)]
     if isinstance(formatters, (str, bytes)) or not isinstance(formatters, Sequence):
@@ -140,6 +148,7 @@ def build_formatters(formatters, num_agents: int, *, pass_none_external_prompts:
         raise ValueError(f"got {len(formatters)} formatters for {num_agents} agents; pass one per agent or one for all")
     return [wrap(f) for f in formatters]
 
+# %% ../nbs/90_porting.ipynb #fd50e2f2
 class DistributedContext:
     "Which process this is and its device (the library's single-process context)."
     def __init__(self, is_main: bool, device): self.is_main, self.device = bool(is_main), torch.device(device)
@@ -176,23 +185,29 @@ class EvalLog:
         return {f"eval/{k}": v for k, v in agg.items()}
 
 # %% ../nbs/90_porting.ipynb #56bb1287
+def _checkpoint_dir(checkpoint) -> Path:
+    "The checkpoint `checkpoint` names: the directory (or its trainer_state.json), else a run's newest complete one."
+    p = Path(checkpoint).expanduser()
+    if p.is_file(): p = p.parent
+    if (p / "trainer_state.json").exists(): return p
+    root = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    done = sorted((c for c in root.glob("checkpoint-*") if (c / "trainer_state.json").exists()),
+                  key=lambda c: int(c.name.split("-")[1]))
+    if not done:
+        raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no trainer_state.json) and holds none; "
+                                "pass a checkpoint-<N> directory or a run's output directory")
+    return done[-1]
+
+# %% ../nbs/90_porting.ipynb #149225c1
 CHECKPOINT_VERSION = 1
 _ALGO_CLASS = {"magrpo": "MAGRPOTrainer", "mareinforce": "MAREINFORCETrainer", "marloo": "MARLOOTrainer",
                "maremax": "MAReMaxTrainer", "maac": "MAACTrainer", "iac": "IACTrainer", "madpo": "MADPOTrainer",
                "marlhf": "MARLHFTrainer", "madpo_iter": "MADPOIterTrainer", "marlhf_iter": "MARLHFIterTrainer"}
 
+# %% ../nbs/90_porting.ipynb #ef013e8a
 def read_checkpoint_metadata(checkpoint) -> dict:
     "Identity of a saved checkpoint (sequence, trainer class, run id...) read from its metadata file only."
-    p = Path(checkpoint).expanduser()
-    if p.is_file(): p = p.parent
-    if not (p / "trainer_state.json").exists():
-        root = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-        done = sorted((c for c in root.glob("checkpoint-*") if (c / "trainer_state.json").exists()),
-                      key=lambda c: int(c.name.split("-")[1]))
-        if not done:
-            raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no trainer_state.json) and holds none; "
-                                    "pass a checkpoint-<N> directory or a run's output directory")
-        p = done[-1]
+    p = _checkpoint_dir(checkpoint)
     meta = json.loads((p / "trainer_state.json").read_text())
     if not isinstance(meta, dict) or not isinstance(meta.get("batch"), int):
         raise ValueError(f"{p / 'trainer_state.json'} is not a valid checkpoint metadata file (no integer 'batch')")
@@ -234,6 +249,8 @@ LIBRARY_MODULES = {
     "schedulers": (["comlrl_nb.distributed"], {}),
     "schedulers.device_scheduler": (["comlrl_nb.distributed"], {}),
 }
+
+# %% ../nbs/90_porting.ipynb #fb4b6dea
 _WHY = {"trainers.preference.collaboration": _PRIVATE, "trainers.preference.checkpointing": _PRIVATE,
         "trainers.preference.output_paths": _PRIVATE,
         "utils.checkpoint": "only read_checkpoint_metadata is public; the rest is the library's checkpoint format"}
@@ -255,6 +272,7 @@ class LibraryModule(types.ModuleType):
         why = _WHY.get(self._library_path, "not ported (see the porting tables in comlrl_nb.porting)")
         raise AttributeError(f"comlrl.{self._library_path}.{name} has no counterpart in comlrl_nb: {why}")
 
+# %% ../nbs/90_porting.ipynb #926f8c00
 # names the library exports from a path that is a real module here: added to that module
 LIBRARY_EXTRAS = {
     "comlrl_nb.trainers.preference": {n: "comlrl_nb.porting" for n in (
@@ -270,6 +288,7 @@ LIBRARY_EXTRAS = {
                            "ActorCriticTrainerBase": "comlrl_nb.trainers.actor_critic:ActorCriticTrainer"},
 }
 
+# %% ../nbs/90_porting.ipynb #707b08cc
 def _install_extras():
     for modname, names in LIBRARY_EXTRAS.items():
         mod = importlib.import_module(modname)
@@ -277,6 +296,7 @@ def _install_extras():
             src, _, attr = where.partition(":")
             if not hasattr(mod, name): setattr(mod, name, getattr(importlib.import_module(src), attr or name))
 
+# %% ../nbs/90_porting.ipynb #8d287731
 def install_library_modules() -> list[str]:
     "Register every `comlrl` module path as `comlrl_nb.<path>` (idempotent); returns the names registered."
     _install_extras()
@@ -358,6 +378,7 @@ def ensure_pad_token(tokenizer):
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
+# %% ../nbs/90_porting.ipynb #3066b27e
 def infer_model_name(source) -> Optional[str]:
     "A model's name: the string itself, else its config's model type or path (through a wrapper's base_model)."
     if source is None or isinstance(source, str): return source
@@ -381,6 +402,7 @@ def ensure_tokenizer(model, tokenizer):
         tokenizer = load_tokenizer(model)
     return ensure_pad_token(tokenizer)
 
+# %% ../nbs/90_porting.ipynb #69d69fee
 def resolve_tokenizers(model, tokenizer, agents):
     "One shared tokenizer, or one per agent (given, or loaded from the agents' ids); pad tokens ensured."
     if agents is None:
@@ -395,7 +417,6 @@ def resolve_tokenizers(model, tokenizer, agents):
         raise ValueError(f"got {len(tokenizer)} tokenizers for {len(agents)} agents; pass one per agent or one shared")
     return [ensure_pad_token(t) for t in tokenizer]
 
-
 # %% ../nbs/90_porting.ipynb #8fa66457
 def apply_tokenizer_specials(tokenizer, models) -> None:
     "Write the tokenizer's pad and EOS ids (EOS: the pad id when it has none) into each model's config."
@@ -406,6 +427,19 @@ def apply_tokenizer_specials(tokenizer, models) -> None:
         cfg = getattr(getattr(m, "model", None), "config", None) or getattr(m, "config", None)
         if cfg is not None: cfg.pad_token_id, cfg.eos_token_id = pad, eos
 
+# %% ../nbs/90_porting.ipynb #ca2f1881
+def _listed_sources(kind: str, model, models, expected_count: int, label: str, model_label: str) -> list:
+    "`models` as the list of `expected_count` sources, checked to agree with the shared `model` when both are given."
+    if not _is_tok_list(models): raise ValueError(f"{kind} must be a list of {label} models or ids, got "
+                                                  f"{type(models).__name__}; one shared model goes in "
+                                                  f"{model_label}=")
+    if len(models) != expected_count: raise ValueError(f"{kind} has {len(models)} entries but needs {label}")
+    name, names = infer_model_name(model), [infer_model_name(m) for m in models]
+    if model is not None and (name is None or any(n != name for n in names)):
+        raise ValueError(f"{model_label}={name!r} and {kind}={names} disagree; pass one of them")
+    return list(models)
+
+# %% ../nbs/90_porting.ipynb #f7a6bf96
 def resolve_model_sources(*, kind: str, model, models, expected_count: int, expected_label: Optional[str] = None,
                           model_label: str = "model") -> tuple[list, Optional[str]]:
     "(one source per slot, the first one's name) from `model` (shared) or `models` (a list), checked to agree."
@@ -413,19 +447,12 @@ def resolve_model_sources(*, kind: str, model, models, expected_count: int, expe
     if model is None and models is None:
         raise ValueError(f"pass {model_label} (one for all) or {kind} (a list of {label})")
     if expected_count < 1: raise ValueError(f"expected_count={expected_count} must be >= 1")
-    if models is None: sources = [model] * expected_count
-    else:
-        if not _is_tok_list(models): raise ValueError(f"{kind} must be a list of {label} models or ids, got "
-                                                      f"{type(models).__name__}; one shared model goes in "
-                                                      f"{model_label}=")
-        if len(models) != expected_count: raise ValueError(f"{kind} has {len(models)} entries but needs {label}")
-        name, names = infer_model_name(model), [infer_model_name(m) for m in models]
-        if model is not None and (name is None or any(n != name for n in names)):
-            raise ValueError(f"{model_label}={name!r} and {kind}={names} disagree; pass one of them")
-        sources = list(models)
+    sources = [model] * expected_count if models is None else \
+        _listed_sources(kind, model, models, expected_count, label, model_label)
     if any(s is None for s in sources): raise ValueError(f"{kind} has a None entry; give every slot a model or an id")
     return sources, infer_model_name(sources[0])
 
+# %% ../nbs/90_porting.ipynb #25aa41a1
 def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, algorithm: str) -> list[float]:
     "The library's actor-critic rule: one agent: as given; else 1 value (per agent), n values or one per generation."
     out = [float(r) for r in rewards]
@@ -435,4 +462,3 @@ def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, 
     if len(out) in (num_agents, num_generations): return out
     raise ValueError(f"the reward function returned {len(out)} values per prompt for multi-agent {algorithm}; "
                      f"return 1, {num_agents} (one per agent) or {num_generations} (one per generation)")
-
