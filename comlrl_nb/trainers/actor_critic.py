@@ -24,7 +24,8 @@ from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_cou
 from ..engine import restart_phase
 from ..rollout import Rollout, Sample, TransitionError, Turn, call_transition
 from .reinforce import _check_devices, _check_hooks
-from ..team import Team, map_jobs, team_attr, trainer_inputs, validate_dataset
+from ..team import (Team, TrainerAPI, library_keywords, map_jobs, team_attr, trainer_inputs,
+                            validate_dataset, wandb_with_settings)
 
 # %% auto #0
 __all__ = ['Episodes', 'td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'kl_td_targets', 'value_loss',
@@ -307,7 +308,7 @@ Episodes = Rollout          # the old name of a batch of episodes: a Rollout (20
 _all_ = ["Episodes"]
 
 # %% ../../nbs/31_actor_critic.ipynb #e08d38da
-class ActorCriticTrainer:
+class ActorCriticTrainer(TrainerAPI):
     "The loop shared by MAACTrainer and IACTrainer (see those); not used directly."
     config_class, algo = ActorCriticConfig, "actor_critic"
     __getattr__ = team_attr                    # tr.agents, tr.tokenizers, tr.optimizers, ...: the team's
@@ -316,11 +317,16 @@ class ActorCriticTrainer:
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, critic_model=None, critics=None,
-                 critic_tokenizer=None, evaluator: Optional[Callable] = None):
+                 critic_tokenizer=None, evaluator: Optional[Callable] = None, *, metrics_callback=None,
+                 centralized_adapter=None):
+        """`metrics_callback(rollouts) -> {name: number}` adds its numbers to each batch's metrics line
+        (its episodes); `centralized_adapter` belongs to CentralizedMAGRPOTrainer (refused here)."""
+        library_keywords(self, metrics_callback, centralized_adapter)             # the library's keywords, checked
         args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                                 external_transition)
         formatters = trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset,
                                     eval_logger, eval_aggregator, wandb_config)     # args, n, reward_fn, datasets, ...
+        self.reward_fn.prompt_layout = "agents"     # a library-form reward gets every agent's prompt, per item
         self.evaluator = evaluator          # an evaluation to run instead of this one (MARLHF's, with the task reward)
         self.external_transition, self.model_config = external_transition, model_config
         self._check_critic_sources(critic_model, critics)              # before any model loads
@@ -328,6 +334,7 @@ class ActorCriticTrainer:
         self.critics, self.critic_of = self._build_critics(critic_model, critics, critic_tokenizer)
         self._make_optimizers()
         self._init_loop_state()
+        self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
 
     def _check_critic_sources(self, critic_model, critics):
         "Checks of the critic arguments that need no model loaded (see IACTrainer)."
