@@ -215,8 +215,10 @@ class LibraryModule(types.ModuleType):
 # %% ../nbs/90_porting.ipynb #926f8c00
 # names the library exports from a path that is a real module here: added to that module
 LIBRARY_EXTRAS = {
-    "comlrl_nb.trainers.preference": {n: "comlrl_nb.porting" for n in (
+    "comlrl_nb.trainers.preference": {n: "comlrl_nb.centralized_text" for n in (
         "CentralizedComparatorAdapter", "TaggedCentralizedComparatorAdapter", "CentralizedComparatorParseError")},
+    "comlrl_nb.trainers.reinforce": {n: "comlrl_nb.trainers.centralized"
+                                     for n in ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer")},
     "comlrl_nb.trainers.actor_critic": {"ActorCriticTrainerBase": "comlrl_nb.trainers.actor_critic:ActorCriticTrainer"},
     "comlrl_nb.trainers": {**{f"{a}{s}": "comlrl_nb.trainers.reinforce"
                               for a in ("MAGRPO", "MAREINFORCE", "MAReMax", "MARLOO") for s in ("Config", "Trainer")},

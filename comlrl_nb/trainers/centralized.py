@@ -323,8 +323,3 @@ def start_phase(self: CentralizedMAGRPOTrainer, output_dir, seed: int) -> Centra
     """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
     keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it)."""
     return restart_phase(self, output_dir, seed, self.buffers)
-
-# %% ../../nbs/32_centralized.ipynb #139d5a5c
-from . import reinforce as _reinforce
-_reinforce.CentralizedMAGRPOConfig = CentralizedMAGRPOConfig
-_reinforce.CentralizedMAGRPOTrainer = CentralizedMAGRPOTrainer
