@@ -17,7 +17,7 @@ from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_completions, generate_team, stackable
 from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
-from .engine import adamw
+from .sampling import adamw
 
 # %% auto #0
 __all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs',

@@ -20,7 +20,9 @@ from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
 from ..distributed import DistContext
-from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
+from ..engine import Run, eval_count
+from ..sampling import SampleBuffers, Sampler, adamw, batches_ahead, minibatches
+from ..tracking import plot_run
 from ..engine import restart_phase
 from ..rollout import Rollout, Sample, TransitionError, Turn, call_transition
 from .reinforce import _check_devices, _check_hooks

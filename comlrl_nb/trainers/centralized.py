@@ -21,7 +21,9 @@ from ..comparators import centralized_prompt, parse_agent_sections
 from ..distributed import DistContext
 from ..team import (Team, TrainerAPI, library_keywords, team_attr, trainer_inputs, validate_dataset,
                             wandb_with_settings)
-from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, restart_phase
+from ..engine import Run, eval_count, restart_phase
+from ..sampling import SampleBuffers, minibatches
+from ..tracking import plot_run
 from ..config import CollaborationFields, TrainerConfig, compose
 from ..rollout import Sample, Turn, merge_turns, samples_from
 from .reinforce import MAGRPOConfig

@@ -24,7 +24,8 @@ from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, Com
 from ..reward_model import _pair_texts
 from ..team import Team, TrainerAPI, library_keywords, wandb_with_settings
 from ..distributed import DistContext
-from ..engine import MetricsLogger, Run, callback_metrics, new_figure, read_metrics
+from ..engine import Run
+from ..tracking import MetricsLogger, callback_metrics, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
                                       dpo_metrics, madpo_args, madpo_update)

@@ -22,7 +22,8 @@ from ..distributed import DistContext
 from ..rewards import RewardFunction
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..team import Team, TrainerAPI, library_keywords, wandb_with_settings
-from ..engine import MetricsLogger, Run, eval_count, plot_run
+from ..engine import Run, eval_count
+from ..tracking import MetricsLogger, plot_run
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0

@@ -19,7 +19,8 @@ from ..reward_model import JointRewardModel, _pair_texts, joint_text
 from ..rewards import RewardFunction, format_prompt, resolve_formatters
 from ..team import TrainerAPI, library_keywords, validate_dataset, wandb_with_settings
 from ..comparators import centralized_prompt, parse_agent_sections
-from ..engine import CheckpointManager, MetricsLogger
+from ..checkpoints import CheckpointManager
+from ..tracking import MetricsLogger
 from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer,
                                           MAReMaxTrainer, _validate_reinforce)
 from .madpo import (FromTeam, adapter_hooks, central_candidates, central_evaluate,

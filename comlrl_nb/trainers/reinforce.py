@@ -23,8 +23,9 @@ from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
 from ..team import (Team, TrainerAPI, library_keywords, team_attr, trainer_inputs, validate_dataset,
                             wandb_with_settings)
-from ..engine import (Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run,
-                              restart_phase)
+from ..engine import Run, eval_count, restart_phase
+from ..sampling import SampleBuffers, Sampler, batches_ahead, minibatches
+from ..tracking import plot_run
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'MAREINFORCETrainer',
