@@ -187,7 +187,7 @@ from dataclasses import fields
 from ..config import (AdvantageFields, BufferFields, CheckpointFields, CriticFields, DeviceFields,
                               EvalFields, GenerationFields, LoggingFields, MultiTurnFields, ReferenceKLFields,
                               RolloutFields, RunFields, SamplingFields, ScheduleFields, TaskFields, TeamFields,
-                              TrainerConfig, TurnFields, ValueHeadFields, compose)
+                              TrainerConfig, TurnFields, ValueHeadFields, compose, no_effect)
 
 _AC_UNUSED: dict = {}          # every composed field is read (reference KL too: see "Reference KL" above)
 
@@ -227,13 +227,12 @@ class ActorCriticConfig(TrainerConfig):
 
 # %% ../../nbs/31_actor_critic.ipynb #b42701c3
 def _iac_relations(c, owner: str):
-    "A separate critic per agent and a value head on each actor read different fields: refuse the other kind's."
+    "A separate critic per agent and a value head on each actor read different fields: the other kind's warn."
     if c.use_separate_critic:
         for f, d in (("value_clip_range", 0.2), ("value_head_hidden_dim", None)):
-            if getattr(c, f) != d:
-                raise config_error(owner, f"{f}={getattr(c, f)!r} applies to value heads on the actors "
-                                          "(use_separate_critic=False); separate critics never read it: remove it or "
-                                          "set use_separate_critic=False")
+            if getattr(c, f) != d:              # comlrl 1.4.3 accepts both here and ignores them: a warning, no stop
+                no_effect(owner, f, getattr(c, f), "it applies to value heads on the actors "
+                          "(use_separate_critic=False) and separate critics never read it")
         return
     if c.critic_value_head_hidden_dim is not None:
         raise config_error(owner, f"critic_value_head_hidden_dim={c.critic_value_head_hidden_dim!r} sizes separate "
