@@ -4,7 +4,7 @@
 
 # %% ../nbs/22_tracking.ipynb #5e9c7ca7
 from __future__ import annotations
-import io, json, os, re, threading, urllib.parse
+import importlib, io, json, logging, os, re, sys, threading, urllib.parse
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -285,11 +285,29 @@ def _draw(rows: list, out_png, title: str, plot: Optional[Callable]):
             atomic_write_bytes(Path(out_png), buf.getvalue())
     except Exception as e: logger.warning(f"could not draw the run plot {out_png}: {e}")
 
+# %% ../nbs/22_tracking.ipynb #b018ed03
+_PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg", "PIL.Image", "PIL.PngImagePlugin")
+_PLOT_LOGGERS = ("matplotlib.legend",)                  # made by a first legend(), not at import
+_plot_ready = False
+
+def _ready_plot_modules():
+    """Import what a plot imports, and make the loggers its first draw makes, on the calling thread (once; then free):
+    the plot thread adds nothing to `sys.modules` or `logging`'s logger table while the caller may iterate them."""
+    global _plot_ready
+    if _plot_ready: return
+    try:
+        for m in _PLOT_MODULES: importlib.import_module(m)
+        sys.modules["PIL.Image"].preinit()                 # the image plugins a PNG save imports
+    except ImportError: pass                              # no matplotlib: the thread only logs that it cannot draw
+    for name in _PLOT_LOGGERS: logging.getLogger(name)
+    _plot_ready = True
+
 # %% ../nbs/22_tracking.ipynb #1f437a85
 def plot_run_background(metrics, out_png, title: str = "training run", plot: Optional[Callable] = None):
     "`plot(metrics, out_png, title)` (default `plot_run`) in a thread; the thread, or None when the PNG is current."
     if _plot_is_current(metrics, out_png): return None
     rows = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
+    _ready_plot_modules()
     t = threading.Thread(target=_draw, args=(rows, out_png, title, plot), name="comlrl_nb-plot")
     t.start()
     _PLOTS.append(t)
