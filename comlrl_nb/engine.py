@@ -21,7 +21,7 @@ __all__ = ['end_of_batch', 'stop_after', 'eval_count', 'Run', 'check_checkpoint_
 # the pieces in their own notebooks, also importable from here (their old home)
 from .sampling import SampleBuffer, SampleBuffers, Sampler, adamw, batches_ahead, keep_ahead, minibatches
 from .tracking import MetricsLogger, callback_metrics, config_json, new_figure, plot_run
-from .tracking import plot_run_background, progress_bar, read_metrics, wait_for_plots
+from .tracking import plot_run_background, progress_bar, read_metrics, run_identity, wait_for_plots
 from .checkpoints import CheckpointManager, _fsync_dir, _swap, rng_state, set_rng_state
 
 # %% ../nbs/25_engine.ipynb #7614ee9a
@@ -196,8 +196,9 @@ def _open(self: Run, resume_from_checkpoint, checkpoint_dir, checkpoint_total_li
                                             self.num_agents, width=0)
     seed_everything(a.seed)
     self.ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.num_agents)
+    identity = run_identity(self.algo, self.num_agents, self.components.get("team"))   # the tracker's config has it
     self.metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config if main else None,
-                                 a.tensorboard and main)
+                                 a.tensorboard and main, identity)
     if resume_from_checkpoint:
         self.restore(resume_from_checkpoint)
         if main: self._truncate_metrics()

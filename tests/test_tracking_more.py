@@ -29,3 +29,58 @@ def test_background_plot_imports_on_the_calling_thread(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "MODULES []" in out.stdout and "LOGGERS []" in out.stdout, out.stdout
     assert (tmp_path / "run.png").stat().st_size > 5000                 # the thread still drew the plot
+
+
+SECRET = "sk-FAKE-identity-0123456789abcdef"
+
+
+def _stand_in_wandb(monkeypatch) -> list:
+    "A `wandb` module that records each wandb.init call's arguments."
+    import types
+    seen = []
+
+    def init(**kw):
+        seen.append(kw)
+        return types.SimpleNamespace(id=f"run{len(seen)}", project=kw.get("project"), entity=None,
+                                     log=lambda *a, **k: None, finish=lambda: None)
+    import importlib.machinery
+    wandb = types.ModuleType("wandb")
+    wandb.init, wandb.__spec__ = init, importlib.machinery.ModuleSpec("wandb", None)   # find_spec("wandb") works
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    return seen
+
+
+def _train_one_batch(trainer_cls, config_cls, tmp_path, **extra):
+    "A tiny trainer with a wandb_config holding a secret in a section, trained for one batch; its wandb.init config."
+    from comlrl_nb import make_tiny_model
+    m, tok = make_tiny_model(seed=0)
+    cfg = config_cls(num_agents=2, num_train_epochs=1, num_generations=2, max_new_tokens=4, rollout_batch_size=1,
+                     eval_interval=0, output_dir=str(tmp_path), progress_bar=False, save_steps=-1, logging_steps=1)
+    wandb_config = {"project": "p", "config": {"note": "mine"},
+                    "config_sections": {"api": {"comparator_api_key": SECRET}}}
+    tr = trainer_cls(agents=[m] * extra.pop("actors", 2), tokenizer=tok, args=cfg, wandb_config=wandb_config,
+                     reward_func=lambda a, b: [float(len(x) + len(y)) for x, y in zip(a, b)],
+                     formatters=[lambda it: "left", lambda it: "right"], train_dataset=[{"prompt": "p"}] * 2, **extra)
+    tr.train(stop_after_batch=1)
+    return tr
+
+
+def test_tracker_run_config_names_the_run_as_the_library(tmp_path, monkeypatch):
+    import json
+    from comlrl_nb import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, MAGRPOConfig, MAGRPOTrainer
+    seen = _stand_in_wandb(monkeypatch)
+    _train_one_batch(MAGRPOTrainer, MAGRPOConfig, tmp_path / "magrpo")
+    _train_one_batch(CentralizedMAGRPOTrainer, CentralizedMAGRPOConfig, tmp_path / "central", actors=1,
+                     centralized_prompt_builder=lambda roles, item: "joint " + " ".join(roles))
+    assert len(seen) == 2
+    dec, cen = seen[0]["config"], seen[1]["config"]
+    assert {k: dec[k] for k in ("algorithm", "num_agents", "num_roles", "num_actor_models", "model_name")} == \
+        {"algorithm": "MAGRPO", "num_agents": 2, "num_roles": 2, "num_actor_models": 2, "model_name": "llama"}
+    # centralized: one actor model writes both roles; the library records num_agents=1 (its actor count)
+    assert {k: cen[k] for k in ("algorithm", "num_agents", "num_roles", "num_actor_models", "model_name",
+                                "collaboration_mode")} == \
+        {"algorithm": "MAGRPO", "num_agents": 1, "num_roles": 2, "num_actor_models": 1, "model_name": "llama",
+         "collaboration_mode": "centralized"}
+    for c in (dec, cen):                                   # the rest of the record is kept, the secret stays hidden
+        assert c["note"] == "mine" and c["api"]["comparator_api_key"] == "***" and c["max_new_tokens"] == 4
+    assert SECRET not in json.dumps(seen, default=str)
