@@ -175,9 +175,9 @@ def wandb_init_kwargs(wandb_config: dict, trainer_config=None, identity: dict | 
     return kw
 
 # %% ../nbs/22_tracking.ipynb #33ee1577
-_ALGORITHM_NAMES = {"magrpo": "MAGRPO", "centralized_magrpo": "MAGRPO", "mareinforce": "MAREINFORCE", "marloo": "MARLOO",
-                    "maremax": "MAReMax", "maac": "MAAC", "iac": "IAC", "madpo": "MADPO", "marlhf": "MARLHF",
-                    "madpo_iter": "MADPOIter", "marlhf_iter": "MARLHFIter"}         # the library's algorithm names
+_ALGORITHM_NAMES = {"magrpo": "MAGRPO", "centralized_magrpo": "MAGRPO", "mareinforce": "MAREINFORCE",
+                    "marloo": "MARLOO", "maremax": "MAReMax", "maac": "MAAC", "iac": "IAC", "madpo": "MADPO",
+                    "marlhf": "MARLHF", "madpo_iter": "MADPOIter", "marlhf_iter": "MARLHFIter"}   # the library's names
 
 def _model_label(model) -> Optional[str]:
     "A model's name as a run records it: its id or path (`config._name_or_path`), else its type, else its class."
@@ -191,7 +191,7 @@ def _model_label(model) -> Optional[str]:
 # %% ../nbs/22_tracking.ipynb #9fc7b048
 def run_identity(algo: str, num_roles: int | None = None, team=None) -> dict:
     """What a run is, as the library's trackers record it: `algorithm`, `num_agents` (the actor models: 1 for a
-    centralized trainer), `num_roles`, `num_actor_models` and `model_name` (the first actor's); unknown ones left out."""
+    centralized trainer), `num_roles`, `num_actor_models` and `model_name` (the first actor's); unknowns left out."""
     roles = getattr(team, "n", None) or num_roles
     agents = list(getattr(team, "agents", None) or [])
     actors = getattr(team, "num_policies", None) or len(agents) or roles
