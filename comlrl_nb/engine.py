@@ -79,6 +79,7 @@ class Run:
         self.default_dir_moves, self.allow_config_changes, self.checkpoint_interval = True, (), 1
         self.metrics_callback = None                         # the library's metrics_callback(rollouts) -> {name: x}
         self.on_dir = None                       # called with the claimed directory before a restore reads from it
+        self.identity = None                     # run-config facts over run_identity's (a trainer's `run_identity`)
 
 # %% ../nbs/25_engine.ipynb #d6c3da81
 @patch
@@ -196,7 +197,7 @@ def _open(self: Run, resume_from_checkpoint, checkpoint_dir, checkpoint_total_li
                                             self.num_agents, width=0)
     seed_everything(a.seed)
     self.ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.num_agents)
-    identity = run_identity(self.algo, self.num_agents, self.components.get("team"))   # the tracker's config has it
+    identity = {**run_identity(self.algo, self.num_agents, self.components.get("team")), **(self.identity or {})}
     self.metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config if main else None,
                                  a.tensorboard and main, identity)
     if resume_from_checkpoint:
@@ -386,6 +387,7 @@ def for_trainer(cls: Run, trainer, resume_from_checkpoint=None,
     per_epoch = math.ceil(len(trainer.train_dataset) / a.rollout_batch_size)
     opts = run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes)
     run = trainer.new_run()
+    run.identity = getattr(trainer, "run_identity", None)    # e.g. MARLHF's backend: {"algorithm": "MARLHF"}
     run.per_epoch = per_epoch
     run.start(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
               desc or f"{trainer.algo} ({n} agents)", **opts)

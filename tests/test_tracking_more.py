@@ -58,9 +58,11 @@ def _train_one_batch(trainer_cls, config_cls, tmp_path, **extra):
                      eval_interval=0, output_dir=str(tmp_path), progress_bar=False, save_steps=-1, logging_steps=1)
     wandb_config = {"project": "p", "config": {"note": "mine"},
                     "config_sections": {"api": {"comparator_api_key": SECRET}}}
-    tr = trainer_cls(agents=[m] * extra.pop("actors", 2), tokenizer=tok, args=cfg, wandb_config=wandb_config,
+    actors, identity = extra.pop("actors", 2), extra.pop("identity", None)
+    tr = trainer_cls(agents=[m] * actors, tokenizer=tok, args=cfg, wandb_config=wandb_config,
                      reward_func=lambda a, b: [float(len(x) + len(y)) for x, y in zip(a, b)],
                      formatters=[lambda it: "left", lambda it: "right"], train_dataset=[{"prompt": "p"}] * 2, **extra)
+    if identity is not None: tr.run_identity = identity          # what an owner (MARLHF) sets on its RL backend
     tr.train(stop_after_batch=1)
     return tr
 
@@ -84,6 +86,14 @@ def test_tracker_run_config_names_the_run_as_the_library(tmp_path, monkeypatch):
     for c in (dec, cen):                                   # the rest of the record is kept, the secret stays hidden
         assert c["note"] == "mine" and c["api"]["comparator_api_key"] == "***" and c["max_new_tokens"] == 4
     assert SECRET not in json.dumps(seen, default=str)
+
+
+def test_a_trainer_can_name_its_run(tmp_path, monkeypatch):
+    "A backend trained for an owner (MARLHF's RL phase) records the owner's algorithm: the trainer's run_identity."
+    from comlrl_nb import MAGRPOConfig, MAGRPOTrainer
+    seen = _stand_in_wandb(monkeypatch)
+    _train_one_batch(MAGRPOTrainer, MAGRPOConfig, tmp_path, identity={"algorithm": "MARLHF"})
+    assert (seen[0]["config"]["algorithm"], seen[0]["config"]["num_agents"]) == ("MARLHF", 2)
 
 
 # --- S3: a checkpoint save on a full disk or a read-only folder -------------------------------------------------------
