@@ -13,11 +13,12 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['logger', 'BF16_CPU_FLAGS', 'setup_logging', 'seed_everything', 'derive_seed', 'keyed_generator', 'launch_info',
-           'process_gpus', 'process_device', 'resolve_device', 'resolve_dtype', 'cpu_flags', 'bf16_probe',
-           'choose_autocast', 'auto_precision', 'autocast', 'thread_probe', 'busy_cores', 'choose_threads',
-           'apply_threads', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'check_choice',
-           'check_number', 'check_bool', 'config_error', 'as_list']
+__all__ = ['logger', 'BF16_CPU_FLAGS', 'DISK_FULL', 'NOT_WRITABLE', 'setup_logging', 'seed_everything', 'derive_seed',
+           'keyed_generator', 'launch_info', 'process_gpus', 'process_device', 'resolve_device', 'resolve_dtype',
+           'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'thread_probe', 'busy_cores',
+           'choose_threads', 'apply_threads', 'free_bytes', 'byte_size', 'disk_error', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_write_json', 'check_choice', 'check_number', 'check_bool', 'config_error',
+           'as_list']
 
 # %% ../nbs/00_core.ipynb #1cfea104
 logger = logging.getLogger("comlrl_nb")
@@ -295,19 +296,48 @@ def apply_threads(threads: int | None = None, dtype=None) -> tuple[int, str]:
     return k, why
 
 # %% ../nbs/00_core.ipynb #35b9e3e2
+import errno, shutil
+
+DISK_FULL, NOT_WRITABLE = (errno.ENOSPC, errno.EDQUOT), (errno.EACCES, errno.EPERM, errno.EROFS)
+
+def free_bytes(path) -> Optional[int]:
+    "Free bytes on the filesystem of `path` (its nearest existing folder); None when the system cannot tell."
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent: p = p.parent
+    try: return shutil.disk_usage(p).free
+    except OSError: return None
+
+def byte_size(n: Optional[int]) -> str:
+    "A byte count as people read it (`unknown` for None)."
+    if n is None: return "unknown"
+    return f"{n} bytes" if n < 2**20 else f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+def disk_error(e: OSError, path, nbytes: Optional[int] = None) -> OSError:
+    """A full disk or an unwritable folder as an OSError of the same errno naming `path`, the bytes being written, the
+    free space there and the fix; other errors unchanged."""
+    if e.errno not in DISK_FULL + NOT_WRITABLE: return e
+    why, fix = ("no space left on its filesystem", "free space there or write somewhere else") if e.errno in DISK_FULL \
+        else (f"it is not writable ({e.strerror})", "make the folder writable or write somewhere else")
+    need = "" if nbytes is None else f"{byte_size(nbytes)} to write, "
+    return OSError(e.errno, f"cannot write {path}: {why} ({need}{byte_size(free_bytes(path))} free there); {fix}")
+
+# %% ../nbs/00_core.ipynb #fbf96fda
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    "Write `data` to `path` atomically (temp file in the same directory, fsync, rename)."
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write `data` to `path` atomically (temp file in the same directory, fsync, rename). A failure leaves the old
+    file whole and no temp file; a full disk or an unwritable folder is named (`disk_error`)."""
+    path, tmp = Path(path), None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError): os.unlink(tmp)
+    except BaseException as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError): os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in DISK_FULL + NOT_WRITABLE: raise disk_error(e, path, len(data)) from e
         raise
     return path
 
