@@ -96,6 +96,21 @@ def test_a_trainer_can_name_its_run(tmp_path, monkeypatch):
     assert (seen[0]["config"]["algorithm"], seen[0]["config"]["num_agents"]) == ("MARLHF", 2)
 
 
+def test_marlhf_policy_phase_records_marlhf(tmp_path, monkeypatch):
+    "MARLHF trains its policies through an RL backend; the backend's tracker run is recorded as MARLHF, not MAGRPO."
+    from comlrl_nb import MARLHFConfig, MARLHFTrainer, make_tiny_model
+    seen = _stand_in_wandb(monkeypatch)
+    m, tok = make_tiny_model(seed=0)
+    cfg = MARLHFConfig(num_train_epochs=1, num_generations=2, max_new_tokens=4, rollout_batch_size=1, eval_interval=0,
+                       output_dir=str(tmp_path), progress_bar=False, save_steps=-1, logging_steps=1,
+                       reward_num_train_epochs=1, save_plot=False)
+    tr = MARLHFTrainer(agents=[m, m], tokenizer=tok, args=cfg, wandb_config={"project": "p"},
+                       reward_func=lambda a, b: [float(len(x) - len(y)) for x, y in zip(a, b)],
+                       train_dataset=[{"prompt": "p"}, {"prompt": "q"}], reward_model=make_tiny_model(seed=1)[0])
+    tr.train()
+    algos = [kw["config"]["algorithm"] for kw in seen]
+    assert algos and set(algos) == {"MARLHF"}, algos
+
 # --- S3: a checkpoint save on a full disk or a read-only folder -------------------------------------------------------
 import errno  # noqa: E402
 import shutil  # noqa: E402

@@ -477,6 +477,7 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     if dist.enabled: self.output_dir = Path(dist.gather(str(self.output_dir))[0])   # every process: main's choice
     self.policy_trainer.output_dir = self.output_dir        # the policy phase writes into this run's directory
     self.policy_trainer.metrics_callback = getattr(self, "metrics_callback", None)    # called in the policy phase
+    self.policy_trainer.run_identity = {"algorithm": "MARLHF"}    # its tracker records this algorithm
     try: return self._train_phases(resume_from_checkpoint, stop_after_batch, opts)
     finally: release_output_dir(lock)
 
