@@ -9,7 +9,7 @@ from numbers import Real
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from .core import as_list
+from .core import as_list, logger
 
 # %% auto #0
 __all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'reward_call_form', 'library_groups', 'library_prompts',
@@ -103,6 +103,11 @@ def _to_floats(out, fn, expected: int, hint: str = "") -> list[float]:
     return vals
 
 # %% ../nbs/04_rewards.ipynb #e85d0929
+def _var_kw(fn) -> bool:
+    "Whether `fn` takes **kwargs (comlrl then passes it prompts=, called once per joint response)."
+    try: return any(p.kind == p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError): return False
+
 class RewardFunction:
     "Wraps a user reward function: decides its call form once, calls it per batch (or per joint response), validates."
     def __init__(self, fn: Callable, num_agents: int, processor: Optional[Callable] = None, batched: bool = True,
@@ -115,6 +120,7 @@ class RewardFunction:
         self.pass_items, self.pass_prompts = "batch_items" in takes, "prompts" in takes
         self.pass_agent_prompts = "agent_prompts" in takes           # this package's per-agent lists, by name only
         self.per_item = self.form == "prompts_first" or (self.pass_prompts and not self.pass_agent_prompts)
+        self.kw_prompts = _var_kw(fn) and self.form != "prompts_first" and not self.pass_prompts   # **kwargs: as comlrl
         self.list_of_lists, self.prompt_layout = self.form == "lists", prompt_layout
         self.__name__ = _fn_name(fn)
 
@@ -122,7 +128,8 @@ class RewardFunction:
 def _rf_call(self: RewardFunction, completions: Sequence[Sequence[str]], batch_items=None, prompts=None) -> list[float]:
     "Scores of the J joint responses given per-agent lists of completions (each of length J)."
     if len(completions) != self.n: raise ValueError(f"expected completions for {self.n} agents, got {len(completions)}")
-    if self.per_item: vals = self._call_library(completions, batch_items, prompts)
+    library = self.kw_prompts and batch_items is not None and prompts is not None    # **kwargs gets prompts=
+    if self.per_item or library: vals = self._call_library(completions, batch_items, prompts)
     else: vals = self._call_ours(completions, batch_items, prompts)
     if self.processor is not None:
         vals = [_to_floats([self._process(v)], self.processor, 1)[0] for v in vals]
@@ -144,27 +151,54 @@ def _rf_call_ours(self: RewardFunction, completions, batch_items, prompts) -> li
     elif items is not None and not self.pass_agent_prompts: groups = _item_runs(items)
     else: groups = [list(range(J))]
     vals = []
-    for g in groups:
+    def kw_of(g):
         kw = {} if items is None else {"batch_items": [items[j] for j in g]}
         if self.pass_agent_prompts and prompts is not None: kw["agent_prompts"] = [[p[j] for j in g] for p in prompts]
-        hint = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""
-        vals += _to_floats(self._invoke([[c[j] for j in g] for c in completions], kw), self.fn, len(g), hint=hint)
+        return kw
+    for g in groups:
+        vals += self._score(g, lambda h: ([[c[j] for j in h] for c in completions], kw_of(h)), "")
     return vals
 
 def _rf_call_library(self: RewardFunction, completions, batch_items, prompts) -> list[float]:
     "As the library calls: per joint response (layout 'first') or per item, library `prompts`, `batch_items=[item]`."
     vals = []
-    for g in library_groups(batch_items, prompts, self.batched and self.prompt_layout == "agents"):
+    def call_of(g):
         lib = library_prompts(prompts, g[0], self.prompt_layout)
         kw = {"batch_items": [batch_items[g[0]]]} if self.pass_items else {}
-        if self.form != "prompts_first" and self.pass_prompts: kw["prompts"] = lib
+        if self.form != "prompts_first" and (self.pass_prompts or self.kw_prompts): kw["prompts"] = lib
         if self.pass_agent_prompts: kw["agent_prompts"] = [[p[j] for j in g] for p in prompts]
         comps = [[c[j] for j in g] for c in completions]
-        lists = [lib] + comps if self.form == "prompts_first" else comps
-        one = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""
-        vals += _to_floats(self._invoke(lists, kw), self.fn, len(g),
-                           hint=" of one task item" + self._prompts_note() + one)
+        return ([lib] + comps if self.form == "prompts_first" else comps), kw
+    vals = []
+    for g in library_groups(batch_items, prompts, self.batched and self.prompt_layout == "agents"):
+        vals += self._score(g, call_of, " of one task item" + self._prompts_note())
     return vals
+
+def _one_value(raw) -> bool:
+    "A result holding one number: a float, a one-element tensor or array, or a list of one."
+    if isinstance(raw, torch.Tensor): return raw.numel() == 1
+    if type(raw).__module__ == "numpy": return getattr(raw, "size", 1) == 1
+    return (isinstance(raw, Real) and not isinstance(raw, bool)) or (isinstance(raw, (list, tuple)) and len(raw) == 1)
+
+def _rf_score(self: RewardFunction, g: list, call_of: Callable, hint: str) -> list[float]:
+    """The values of joint responses `g`: one call for all of them; a function written for comlrl's calls (one joint
+    response per call, one value back) is called once per joint response from then on, as comlrl calls it."""
+    lists, kw = call_of(g)
+    raw = self._invoke(lists, kw)
+    if len(g) > 1 and _one_value(raw):
+        self._one_per_call(len(g))
+        return [v for j in g for v in self._score([j], call_of, hint)]
+    one = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""
+    return _to_floats(raw, self.fn, len(g), hint=hint + one)
+
+def _rf_one_per_call(self: RewardFunction, J: int):
+    "Switch to one call per joint response (once; says so and what it costs)."
+    if self.batched:
+        logger.warning(f"reward function '{self.__name__}' returned one value for {J} joint responses: it is called "
+                       f"once per joint response from now on, as comlrl calls it ({J} calls where one would do); "
+                       "return one value per joint response to keep one call per batch, or set reward_batched=False "
+                       "to skip this first batched call")
+    self.batched = False
 
 def _rf_prompts_note(self: RewardFunction) -> str:
     "What `prompts` held, for the errors of a function called per item (it may expect per-agent lists)."
@@ -179,7 +213,8 @@ def _rf_invoke(self: RewardFunction, lists, kw):
     except Exception as e:
         note = self._prompts_note()
         if isinstance(e, KeyError) and e.args == ("prompts",) and "prompts" not in kw:
-            note = " (prompts= is passed only to a function that names it, not through **kwargs: add prompts=None)"
+            note = (" (prompts= reaches **kwargs only when the caller has the prompts, and this call has none: "
+                    "read them with kwargs.get('prompts'))")
         raise RewardError(f"reward function '{self.__name__}' raised {type(e).__name__}: {e}" + note) from e
 
 def _rf_process(self: RewardFunction, v: float):
@@ -190,7 +225,8 @@ def _rf_process(self: RewardFunction, v: float):
 
 RewardFunction.__call__, RewardFunction._invoke, RewardFunction._process = _rf_call, _rf_invoke, _rf_process
 RewardFunction._call_ours, RewardFunction._call_library = _rf_call_ours, _rf_call_library
-RewardFunction._prompts_note = _rf_prompts_note
+RewardFunction._prompts_note, RewardFunction._score = _rf_prompts_note, _rf_score
+RewardFunction._one_per_call = _rf_one_per_call
 
 # %% ../nbs/04_rewards.ipynb #101f0f89
 def resolve_reward_range(reward_func) -> Optional[tuple[float, float]]:

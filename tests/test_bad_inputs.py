@@ -156,8 +156,8 @@ def test_tokenizer_without_pad_token_falls_back_to_eos(tiny):
 
 # ------------------------------------------------------------------ reward functions at run time
 REWARD_CASES = [
-    (lambda a, b: [0.5],
-     "returned 1 values for 4 joint responses; if it scores one joint response per call, set reward_batched=False"),
+    (lambda a, b: [0.5, 0.5],
+     "returned 2 values for 4 joint responses; if it scores one joint response per call, set reward_batched=False"),
     (lambda a, b: None, "returned NoneType"),
     (lambda a, b: [float("nan")] * len(a), "returned nan at position 0; rewards must be finite"),
     (lambda a, b: [float("inf")] * len(a), "returned inf"),

@@ -614,3 +614,36 @@ def test_a_script_subclass_has_the_library_keywords_and_attributes(tmp_path):
     assert tr.load_checkpoint(saved)["global_batch"] == tr.state["global_batch"] > 0
     with pytest.raises(TypeError, match="metrics_callback must be a function"):
         ScriptTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a), metrics_callback=3)
+
+
+def test_a_reward_written_for_the_library_trains_unchanged(caplog):
+    "comlrl calls the reward once per joint response and takes one value back: the same code trains here (P3)."
+    import logging
+    from comlrl_nb import MAGRPOConfig, MAGRPOTrainer, make_tiny_model
+    seen = []
+
+    def per_response(c1, c2, **kwargs):                                # the library's shape, reading prompts=
+        seen.append((len(c1), len(c2), kwargs.get("prompts")))
+        return [float(len(c1[0]) > len(c2[0]))]
+    m, tok = make_tiny_model(seed=0)
+    cfg = MAGRPOConfig(num_train_epochs=1, num_generations=2, max_new_tokens=3, rollout_batch_size=1, eval_interval=0,
+                       progress_bar=False, save_steps=-1, save_plot=False, output_dir=None)
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=per_response, args=cfg,
+                       formatters=[lambda it: "a " + it["prompt"], lambda it: "b " + it["prompt"]],
+                       train_dataset=[{"prompt": "x"}, {"prompt": "y"}])
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    tr.train()
+    assert seen and all(a == b == 1 for a, b, _ in seen)                # one joint response per call
+    assert {p[0] for _, _, p in seen if p} <= {"a x", "a y"} and any(p for _, _, p in seen)   # agent 1's prompt
+    assert min(tr.state["optimizer_steps"]) >= 1                         # and both agents were trained
+
+
+def test_a_reward_returning_one_value_per_batch_switches_once(caplog):
+    import logging
+    from comlrl_nb.rewards import RewardFunction
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    rf = RewardFunction(lambda a, b: [float(len(a[0]))], 2)
+    assert rf([["ab", "c", "def"], ["x", "y", "z"]]) == [2.0, 1.0, 3.0]
+    assert rf([["ab", "c"], ["x", "y"]]) == [2.0, 1.0]
+    msgs = [r.getMessage() for r in caplog.records if "returned one value for" in r.getMessage()]
+    assert len(msgs) == 1 and "once per joint response" in msgs[0] and "3 calls" in msgs[0], msgs
