@@ -15,7 +15,7 @@ FLOORS = [
     # 1. vocabulary and pure math: seeds, devices, tasks, baselines, losses, the centralized actor's text format
     ["core", "distributed", "tasks", "advantages", "losses", "site", "centralized_text"],
     # 2. the reward call contract, loading models, sampling, run directories, the sandbox, metrics and trackers
-    ["rewards", "models", "generation", "runs", "sandbox", "tracking"],
+    ["rewards", "models", "generation", "vllm_engine", "runs", "sandbox", "tracking"],
     # 3. configs, data, scoring, rollouts, checkpoints, the sampler, the run engine, reward models, LoRA agents
     ["config", "dataset", "own_data", "scoring", "rollout", "checkpoints", "sampling", "engine", "reward_model",
      "adapters"],
