@@ -1737,6 +1737,7 @@ d = { 'settings': { 'branch': 'main',
                                        'comlrl_nb.vllm_engine.request_seed': ('vllm.html#request_seed', 'comlrl_nb/vllm_engine.py'),
                                        'comlrl_nb.vllm_engine.require_vllm': ('vllm.html#require_vllm', 'comlrl_nb/vllm_engine.py'),
                                        'comlrl_nb.vllm_engine.sampler_mismatch': ('vllm.html#sampler_mismatch', 'comlrl_nb/vllm_engine.py'),
+                                       'comlrl_nb.vllm_engine.save_for_engine': ('vllm.html#save_for_engine', 'comlrl_nb/vllm_engine.py'),
                                        'comlrl_nb.vllm_engine.truncated_importance_weights': ( 'vllm.html#truncated_importance_weights',
                                                                                                'comlrl_nb/vllm_engine.py'),
                                        'comlrl_nb.vllm_engine.vllm_available': ('vllm.html#vllm_available', 'comlrl_nb/vllm_engine.py')}}}
