@@ -142,6 +142,7 @@ def test_two_agents_two_engines(agent_a, sampler_a):
         assert a.texts != b.texts
     finally:
         sampler_b.close()
+    same_rows(sampler_a(model_a, tok, PROMPTS, **GREEDY), a)   # closing one engine leaves the other working
 
 
 def test_caller_state_survives_a_call(agent_a, sampler_a):
