@@ -20,6 +20,7 @@ import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchutil as bu  # noqa: E402
 
@@ -54,13 +55,13 @@ def hf_tokens(seqs, prompt_len: int, eos: list[int]) -> int:
 
 
 def run(name: str, model, tok, args) -> list[dict]:
-    from comlrl_nb.generation import encode_prompts, eos_ids, generate_completions
+    from comlrl_nb.generation import context_length, encode_prompts, eos_ids, generate_completions
     from comlrl_nb.vllm_engine import VLLMSampler
     prompts = bu.PROMPTS[:args.batch]
     kw = dict(k=args.k, max_new_tokens=args.new_tokens, **bu.SAMPLING)
     eos = eos_ids(model, tok)
     t0 = time.perf_counter()
-    sampler = VLLMSampler(model, tok, max_model_len=1024, kv_cache_bytes=256 << 20)
+    sampler = VLLMSampler(model, tok, max_model_len=min(1024, context_length(model) or 1024), kv_cache_bytes=256 << 20)
     print(f"{name}: engine start {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     ids, mask = encode_prompts(tok, prompts)
 
