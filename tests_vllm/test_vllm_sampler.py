@@ -1,5 +1,7 @@
 """The vLLM backend against our sampler and HF: greedy tokens, EOS, pushes (tied head, prefix cache), log-probs,
-keyed seeds, two agents, and the caller's state."""
+keyed seeds, two agents (two engines, or one engine with LoRA adapters), and the caller's state."""
+import copy
+
 import pytest
 import torch
 from conftest import ENGINE, agent, jittered
@@ -154,3 +156,49 @@ def test_caller_state_survives_a_call(agent_a, sampler_a):
     sampler_a(model, tok, PROMPTS, k=2, max_new_tokens=8, temperature=1.0)
     assert torch.equal(torch.rand(4), want)
     assert torch.set_num_threads is setter and torch.get_num_threads() == threads
+
+
+def _lora(base, seed: int):
+    "A PEFT LoRA (r=8, every projection) over a copy of `base`, with random B so that it changes the outputs."
+    from peft import LoraConfig, get_peft_model
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft = get_peft_model(copy.deepcopy(base), LoraConfig(r=8, lora_alpha=16, target_modules=targets))
+    set_lora_b(peft, seed)
+    return peft
+
+
+def set_lora_b(peft, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+def merged(peft):
+    "The base with the adapter folded in (what the engine's base + adapter must compute)."
+    return copy.deepcopy(peft).merge_and_unload()
+
+
+def test_two_agents_as_lora_adapters(agent_a):
+    """One engine, one base, two agents as LoRA adapters: each matches ours on its merged model, they differ; an
+    updated adapter pushed under a new id is what the next sampling uses."""
+    base, tok = agent_a
+    a0, a1 = _lora(base, 0), _lora(base, 1)
+    sampler = VLLMSampler(base, tok, lora=True, max_loras=2, max_lora_rank=8, **ENGINE)
+    try:
+        sampler.push_adapter("a0", a0)
+        sampler.push_adapter("a1", a1)
+        got0, got1 = (sampler(base, tok, PROMPTS, adapter=n, **GREEDY) for n in ("a0", "a1"))
+        same_rows(got0, generate_completions(merged(a0), tok, PROMPTS, **GREEDY))
+        same_rows(got1, generate_completions(merged(a1), tok, PROMPTS, **GREEDY))
+        assert got0.texts != got1.texts
+        same_rows(sampler(base, tok, PROMPTS, **GREEDY), generate_completions(base, tok, PROMPTS, **GREEDY))
+        ids = sampler.adapters["a0"].lora_int_id
+        set_lora_b(a0, 7)                                   # an optimizer step on agent 0's adapter
+        sampler.push_adapter("a0", a0)
+        same_rows(sampler(base, tok, PROMPTS, adapter="a0", **GREEDY),
+                  generate_completions(merged(a0), tok, PROMPTS, **GREEDY))
+        assert sampler.adapters["a0"].lora_int_id != ids
+    finally:
+        sampler.close()
