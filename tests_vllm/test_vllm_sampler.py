@@ -202,3 +202,26 @@ def test_two_agents_as_lora_adapters(agent_a):
         assert sampler.adapters["a0"].lora_int_id != ids
     finally:
         sampler.close()
+
+
+def test_adapter_agents_sample_with_their_own_adapter(agent_a, tmp_path):
+    "LoRAAgents of the team: called with an `AdapterAgent`, the engine samples with that agent's adapter."
+    from comlrl_nb.adapters import LoRAAgents
+    from comlrl_nb.vllm_engine import save_for_engine
+    base, tok = agent_a
+    path = save_for_engine(base, tok, tmp_path / "base")
+    agents, _ = LoRAAgents(base=str(path), tokenizer=tok).build()
+    for i, a in enumerate(agents):
+        g = torch.Generator().manual_seed(20 + i)
+        with torch.no_grad():
+            for n, p in a.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    sampler = VLLMSampler(str(path), lora=True, max_loras=2, max_lora_rank=8, **ENGINE)
+    try:
+        got = [sampler(a, tok, PROMPTS, **GREEDY) for a in agents]
+        for a, g in zip(agents, got):
+            same_rows(g, generate_completions(a, tok, PROMPTS, **GREEDY))
+        assert got[0].texts != got[1].texts
+    finally:
+        sampler.close()
