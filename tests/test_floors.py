@@ -14,8 +14,9 @@ PKG = Path(__file__).resolve().parents[1] / "comlrl_nb"
 FLOORS = [
     # 1. vocabulary and pure math: seeds, devices, tasks, baselines, losses, the centralized actor's text format
     ["core", "distributed", "tasks", "advantages", "losses", "site", "centralized_text"],
-    # 2. the reward call contract, loading models, sampling, run directories, the sandbox, metrics and trackers
-    ["rewards", "models", "generation", "runs", "sandbox", "tracking"],
+    # 2. the reward call contract, loading models, sampling (ours and vLLM's), run directories, the sandbox,
+    #    metrics and trackers
+    ["rewards", "models", "generation", "vllm_engine", "runs", "sandbox", "tracking"],
     # 3. configs, the memory planner, data, scoring, rollouts, checkpoints, the sampler, the run engine, reward
     #    models, LoRA agents
     ["config", "plan", "dataset", "own_data", "scoring", "rollout", "checkpoints", "sampling", "engine", "reward_model",
