@@ -6,13 +6,13 @@
 from __future__ import annotations
 import copy, json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from fastcore.basics import patch
-from .core import as_list, resolve_device
+from .core import as_list, logger, resolve_device
 from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_completions, generate_team, stackable
@@ -21,7 +21,7 @@ from .sampling import adamw
 
 # %% auto #0
 __all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs',
-           'library_keywords', 'wandb_with_settings', 'TrainerAPI']
+           'config_num_agents', 'library_keywords', 'wandb_with_settings', 'TrainerAPI']
 
 # %% ../nbs/24_team.ipynb #b3459ab2
 def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> list:
@@ -185,6 +185,17 @@ def trainer_inputs(trainer, args, reward_func, reward_processor=None, formatters
     trainer.output_dir = Path(args.output_dir or Path("runs") / trainer.algo)
     return fs
 
+# %% ../nbs/24_team.ipynb #b7d20c01
+def config_num_agents(args, num_agents: Optional[int]):
+    """The config for the trainer's `num_agents=`: as given when they agree; the trainer's count over a config left at
+    its default `num_agents` (comlrl takes the trainer's argument); a config that set another count refuses."""
+    if num_agents is None or num_agents == args.num_agents: return args
+    default = next(f.default for f in fields(args) if f.name == "num_agents")
+    if args.num_agents != default:
+        raise ValueError(f"num_agents={num_agents} but args.num_agents={args.num_agents}; make them agree")
+    logger.info(f"num_agents={num_agents} (the trainer's argument) over the config's default {default}")
+    return replace(args, num_agents=num_agents)
+
 # %% ../nbs/24_team.ipynb #270e9c39
 def library_keywords(trainer, metrics_callback=None, centralized_adapter=None, hooks: Optional[tuple] = None,
                      backend_kwargs: Optional[dict] = None, **critics) -> tuple:
@@ -234,6 +245,29 @@ def model_name(self: TrainerAPI) -> Optional[str]:
 def reference_models(self: TrainerAPI) -> list:
     "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
     return list(getattr(self.team, "ref_agents", None) or [])
+
+# %% ../nbs/24_team.ipynb #b7d20c03
+@patch(as_prop=True)
+def reward_func(self: TrainerAPI):
+    "The library's `trainer.reward_func`: the reward function as given (this package wraps it in `reward_fn`)."
+    rf = getattr(self, "reward_fn", None)
+    return getattr(rf, "fn", rf)
+
+@patch(as_prop=True)
+def reward_processor(self: TrainerAPI):
+    "The library's `trainer.reward_processor`: the one given, else None."
+    return getattr(getattr(self, "reward_fn", None), "processor", None)
+
+# %% ../nbs/24_team.ipynb #b7d20c04
+@patch(as_prop=True)
+def tokenizer(self: TrainerAPI):
+    "The library's `trainer.tokenizer`: agent 0's tokenizer (the shared one when the agents share it)."
+    return self.tokenizers[0]
+
+@patch(as_prop=True)
+def device(self: TrainerAPI) -> torch.device:
+    "The library's `trainer.device`: agent 0's device."
+    return torch.device(self.devices[0])
 
 # %% ../nbs/24_team.ipynb #bf42877e
 _ENV_STEP_ALGOS = ("madpo", "madpo_iter")     # where the library's env_step is the same counter as state["env_step"]

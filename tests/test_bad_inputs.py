@@ -109,7 +109,7 @@ def _trainer(tiny, **kw):
 
 
 TRAINER_CASES = [
-    (dict(num_agents=3, args=MAGRPOConfig()), "num_agents=3 but args.num_agents=2; make them agree"),
+    (dict(num_agents=3, args=MAGRPOConfig(num_agents=4)), "num_agents=3 but args.num_agents=4; make them agree"),
     (dict(agents=[None] * 3), "3 agents were given but args.num_agents=2"),
     (dict(tokenizer=None), "preloaded model objects need tokenizer="),
     (dict(formatters=[str.upper] * 3), "got 3 formatters for 2 agents"),

@@ -647,3 +647,25 @@ def test_a_reward_returning_one_value_per_batch_switches_once(caplog):
     assert rf([["ab", "c"], ["x", "y"]]) == [2.0, 1.0]
     msgs = [r.getMessage() for r in caplog.records if "returned one value for" in r.getMessage()]
     assert len(msgs) == 1 and "once per joint response" in msgs[0] and "3 calls" in msgs[0], msgs
+
+
+def test_library_attributes_and_the_trainers_agent_count(caplog):
+    "reward_func, reward_processor, tokenizer, device as the library names them; num_agents= over a default config."
+    import logging
+    import torch
+    from comlrl_nb import MAACConfig, MAACTrainer, MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer, make_tiny_model
+    m, tok = make_tiny_model(seed=0)
+    f = lambda *cs: [0.0] * len(cs[0])
+    for T, C, kw in ((MAGRPOTrainer, MAGRPOConfig, {}), (MAACTrainer, MAACConfig, {"critics": [m]}),
+                     (MADPOTrainer, MADPOConfig, {})):
+        tr = T(agents=[m], num_agents=1, tokenizer=tok, reward_func=f, reward_processor=abs, args=C(output_dir=None),
+               train_dataset=[{"prompt": "x"}], **kw)
+        assert (tr.args.num_agents, tr.n, tr.num_agents) == (1, 1, 1), T     # the config was left at its default 2
+        assert tr.reward_func is f and tr.reward_processor is abs and tr.tokenizer is tok, T
+        assert tr.device == torch.device("cpu"), T
+    with pytest.raises(ValueError, match="num_agents=1 but args.num_agents=3; make them agree"):
+        MAGRPOTrainer(agents=[m], num_agents=1, tokenizer=tok, reward_func=f, args=MAGRPOConfig(num_agents=3))
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=f, args=MAGRPOConfig(output_dir=None),
+                  external_transition=lambda *a, **k: None, train_dataset=[{"prompt": "x"}])
+    assert any("external_transition is given but num_turns=1" in r.getMessage() for r in caplog.records)

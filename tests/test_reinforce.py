@@ -185,7 +185,7 @@ def test_variant_defaults(tmp_path):
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(num_agents=3), "2 agents were given but args.num_agents=3"),
-    (dict(num_agents=3, args=MAGRPOConfig()), "num_agents=3 but args.num_agents=2"),
+    (dict(num_agents=3, args=MAGRPOConfig(num_agents=4)), "num_agents=3 but args.num_agents=4"),
     (dict(args={"num_generations": 4}), "args must be a MAGRPOConfig"),
     (dict(eval_logger=lambda **k: []), "eval_logger and eval_aggregator go together"),
     (dict(reward_func=None), "reward_func is required"),

@@ -27,7 +27,7 @@ from ..engine import restart_phase
 from ..rollout import Rollout, Sample, TransitionError, Turn, call_transition
 from .reinforce import _check_devices, _check_hooks
 from ..team import (Team, TrainerAPI, library_keywords, map_jobs, team_attr, trainer_inputs,
-                            validate_dataset, wandb_with_settings)
+                            config_num_agents, validate_dataset, wandb_with_settings)
 
 # %% auto #0
 __all__ = ['Episodes', 'td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'kl_td_targets', 'value_loss',
@@ -366,9 +366,8 @@ def _check_args(self: ActorCriticTrainer, args, agents, num_agents, reward_func,
         args = self.config_class(num_agents=n) if n else self.config_class()
     if not isinstance(args, self.config_class):
         raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+    args = config_num_agents(args, num_agents)           # the trainer's count over a default one, as comlrl
     n = args.num_agents
-    if num_agents is not None and num_agents != n:
-        raise ValueError(f"num_agents={num_agents} but args.num_agents={n}; make them agree")
     if isinstance(agents, (list, tuple)) and len(agents) != n:
         raise ValueError(f"agents length {len(agents)} does not match args.num_agents={n}; make them agree")
     _check_hooks(args, reward_func, eval_logger, eval_aggregator, external_transition)

@@ -21,7 +21,7 @@ from ..preference import (build_pair_dataset, check_preference_config, collect_p
 from ..distributed import DistContext
 from ..rewards import RewardFunction
 from ..comparators import centralized_prompt, parse_agent_sections
-from ..team import Team, TrainerAPI, library_keywords, wandb_with_settings
+from ..team import Team, TrainerAPI, config_num_agents, library_keywords, wandb_with_settings
 from ..engine import Run, eval_count
 from ..tracking import MetricsLogger, plot_run
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
@@ -111,9 +111,7 @@ def default_args(config_class, args, num_agents: Optional[int], agents):
         return config_class(num_agents=n) if n else config_class()
     if not isinstance(args, config_class):
         raise TypeError(f"args must be a {config_class.__name__}, got {type(args).__name__}")
-    if num_agents is not None and num_agents != args.num_agents:
-        raise ValueError(f"num_agents={num_agents} but args.num_agents={args.num_agents}; make them agree")
-    return args
+    return config_num_agents(args, num_agents)           # the trainer's count over a default one, as comlrl
 
 # %% ../../nbs/42_madpo.ipynb #b1c0a010
 def check_agents(args, agents, num_policies: int):

@@ -21,8 +21,8 @@ from ..advantages import advantage_stats, check_advantage_mode, node_advantages,
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
-from ..team import (Team, TrainerAPI, library_keywords, team_attr, trainer_inputs, validate_dataset,
-                            wandb_with_settings)
+from ..team import (Team, TrainerAPI, config_num_agents, library_keywords, team_attr, trainer_inputs,
+                            validate_dataset, wandb_with_settings)
 from ..engine import Run, eval_count, restart_phase
 from ..sampling import SampleBuffers, Sampler, batches_ahead, minibatches
 from ..tracking import plot_run
@@ -92,13 +92,16 @@ def _check_agent_spec(args, agents):
 
 # %% ../../nbs/30_reinforce.ipynb #e4ce3213
 def _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition):
-    "The reward is required; the eval hooks go in pairs; several turns need a transition."
+    "The reward is required; the eval hooks go in pairs; several turns need a transition (one turn: unused)."
     if reward_func is None:
         raise ValueError("reward_func is required: a function scoring joint responses (see the rewards notebook)")
     if (eval_logger is None) != (eval_aggregator is None):
         raise ValueError("eval_logger and eval_aggregator go together: pass both or neither")
     if args.num_turns > 1 and transition is None:
         raise ValueError(f"num_turns={args.num_turns} needs external_transition= (it builds each next turn's prompts)")
+    if args.num_turns == 1 and transition is not None:      # comlrl's default is 2 turns; ours 1 (SPEC section 2)
+        logger.warning("external_transition is given but num_turns=1, so it never runs (it builds the prompts of the "
+                       "next turn); set num_turns=2 (comlrl's default) to use it, or drop it")
 
 # %% ../../nbs/30_reinforce.ipynb #c6b28374
 class MAGRPOTrainer(TrainerAPI):
@@ -139,9 +142,8 @@ def _check_args(self: MAGRPOTrainer, args, agents, num_agents, reward_func, eval
         args = self.config_class(num_agents=n) if n else self.config_class()
     if not isinstance(args, MAGRPOConfig):
         raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+    args = config_num_agents(args, num_agents)           # the trainer's count over a default one, as comlrl
     n, P = args.num_agents, self._num_policies(args)     # P models are trained: one per agent (or one for all roles)
-    if num_agents is not None and num_agents != n:
-        raise ValueError(f"num_agents={num_agents} but args.num_agents={n}; make them agree")
     if isinstance(agents, (list, tuple)) and len(agents) != P:
         raise ValueError(f"{len(agents)} agents were given but args.num_agents={n}; make them agree" if P == n else
                          f"{len(agents)} agents were given but this configuration trains {P} model(s) for {n} roles: "
