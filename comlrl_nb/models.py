@@ -92,15 +92,20 @@ def load_embedded(model_config: dict | None = None, device=None):
 MODEL_CONFIG_KEYS = ("dtype", "torch_dtype", "attn_implementation", "model_kwargs", "critic_model_kwargs",
                      "critic_value_head_hidden_dim", "special_tokens")
 
+_WARNED_KEYS: set = set()       # unknown model_config keys already reported (one warning each, not one per read)
+
 def check_model_config(model_config) -> dict:
-    "The model_config as a dict, with unknown keys and wrong types rejected (naming the accepted keys)."
+    """The model_config as a dict: wrong types refused (naming the accepted keys); keys it does not know are read by
+    nothing and reported once, as comlrl 1.4.3 accepts and ignores them (the porting rule)."""
     if model_config is None: return {}
     if not isinstance(model_config, dict):
         raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}; "
                         f"accepted keys: {MODEL_CONFIG_KEYS}")
-    bad = sorted(set(model_config) - set(MODEL_CONFIG_KEYS))
-    if bad: raise ValueError(f"model_config has unknown keys {bad}; accepted keys: {list(MODEL_CONFIG_KEYS)} "
-                             "(other from_pretrained arguments go inside model_kwargs)")
+    bad = tuple(sorted(set(model_config) - set(MODEL_CONFIG_KEYS)))
+    if bad and bad not in _WARNED_KEYS:
+        _WARNED_KEYS.add(bad)
+        logger.warning(f"model_config keys {list(bad)} have no effect here (comlrl 1.4.3 accepts and ignores them); "
+                       f"read keys: {list(MODEL_CONFIG_KEYS)}; other from_pretrained arguments go inside model_kwargs")
     for k in ("model_kwargs", "critic_model_kwargs", "special_tokens"):
         if model_config.get(k) is not None and not isinstance(model_config[k], dict):
             raise TypeError(f"model_config[{k!r}] must be a dict, got {type(model_config[k]).__name__}")

@@ -153,8 +153,10 @@ def _run_config(wandb_config: dict, trainer_config=None, identity: dict | None =
 
 # %% ../nbs/22_tracking.ipynb #7c0b9192
 def _scrubbed(run: dict) -> dict:
-    "The run config as trackers may keep it: `scrub_secrets` of it and of each section (a dict value)."
-    return {k: scrub_secrets(v) if isinstance(v, dict) else v for k, v in scrub_secrets(run).items()}
+    """The run config as trackers may keep it: `scrub_secrets` of it and of each section (a dict value); the caller's
+    own dict when nothing in it is secret (as comlrl hands it to wandb)."""
+    out = {k: scrub_secrets(v) if isinstance(v, dict) else v for k, v in scrub_secrets(run).items()}
+    return run if out == run else out
 
 def wandb_init_kwargs(wandb_config: dict, trainer_config=None, identity: dict | None = None) -> dict:
     """`wandb.init` arguments from a library-style wandb_config; the run config: the trainer's settings, the run's

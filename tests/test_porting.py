@@ -669,3 +669,20 @@ def test_library_attributes_and_the_trainers_agent_count(caplog):
     MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=f, args=MAGRPOConfig(output_dir=None),
                   external_transition=lambda *a, **k: None, train_dataset=[{"prompt": "x"}])
     assert any("external_transition is given but num_turns=1" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_model_config_keys_warn_once_and_train(caplog):
+    "comlrl reads the model_config keys it knows and ignores the rest: so does this package, and says so once (P3)."
+    import logging
+    from comlrl_nb import MAGRPOConfig, MAGRPOTrainer, make_tiny_model
+    from comlrl_nb.models import check_model_config, from_pretrained_kwargs
+    caplog.set_level(logging.WARNING, logger="comlrl_nb")
+    mc = {"dtype": "float32", "value_head_hidden_dim_p3": 64}
+    for _ in range(3):
+        assert check_model_config(mc) == mc
+    assert "value_head_hidden_dim_p3" not in from_pretrained_kwargs(mc)
+    msgs = [r.getMessage() for r in caplog.records if "value_head_hidden_dim_p3" in r.getMessage()]
+    assert len(msgs) == 1 and "no effect here" in msgs[0], msgs
+    m, tok = make_tiny_model(seed=0)
+    MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a), model_config=mc,
+                  args=MAGRPOConfig(output_dir=None))
