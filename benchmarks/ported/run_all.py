@@ -33,6 +33,7 @@ RUNS = [
     ("minecraft_str", "grpo", "MAGRPO, 2 turns, 1 agent (trainer num_agents=1, config left at 2)"),
     ("minecraft_str", "iac", "IAC, 2 turns, 2 agents, separate critics, value_clip_range=0.05"),
     ("minecraft_str", "maac", "MAAC, 2 turns, 2 agents, external transition"),
+    ("code_completion", "magrpo", "MAGRPO, 2 turns, 2 agents, code-feedback transition (per-index batched reward)"),
 ]
 
 
