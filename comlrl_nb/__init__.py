@@ -38,9 +38,8 @@ from .rewards import FormatterError
 from .runs import (RunLock, Terminated, check_resume_config, config_changes, prepare_output_dir,
                             sigterm_as_interrupt)
 from .porting import (RewardProcessors, read_checkpoint_metadata, wandb_init_kwargs, set_reward_range,
-                               install_library_modules, install_trainer_wrappers)
+                               install_library_modules)
 install_library_modules()          # comlrl's module paths (comlrl_nb.utils.reward_processor, ...), see 90_porting
-install_trainer_wrappers()         # the library's wandb_config, reward layout and num_agents on every trainer
 from .config_files import (config_from_dict, config_from_file, add_config_constructors,
                                     attach_to_package_configs)
 attach_to_package_configs()      # MAGRPOConfig.from_file(...), .from_dict(...) on every config class

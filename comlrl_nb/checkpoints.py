@@ -4,14 +4,14 @@
 
 # %% ../nbs/23_checkpoints.ipynb #8f94348a
 from __future__ import annotations
-import contextlib, json, os, random, re, shutil, time
+import contextlib, errno, json, os, random, re, shutil, time
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 from fastcore.basics import patch
-from .core import atomic_write_json, logger
+from .core import DISK_FULL, NOT_WRITABLE, atomic_write_text, byte_size, free_bytes, logger
 
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'CheckpointManager']
@@ -84,31 +84,79 @@ def _discard(p: Path):
     os.replace(p, gone)
     shutil.rmtree(gone, ignore_errors=True)
 
+# %% ../nbs/23_checkpoints.ipynb #87edd38b
+def _state_bytes(x) -> int:
+    "The tensor bytes of a state (nested dicts, lists, tuples): about what `torch.save` writes."
+    if isinstance(x, torch.Tensor): return x.numel() * x.element_size()
+    if isinstance(x, dict): return sum(_state_bytes(v) for v in x.values())
+    if isinstance(x, (list, tuple)): return sum(_state_bytes(v) for v in x)
+    return 0
+
+def _write_failed(e: BaseException) -> bool:
+    "An OSError, or torch's file writer failing (`[enforce fail at inline_container.cc...]`, which has no errno)."
+    return isinstance(e, OSError) or (isinstance(e, RuntimeError) and any(
+        s in str(e) for s in ("inline_container", "PytorchStreamWriter", "file write failed")))
+
+# %% ../nbs/23_checkpoints.ipynb #40af7391
+_FIX = {"full": "free space there, pass another checkpoint_dir (or output_dir), or keep fewer checkpoints "
+                "(checkpoint_total_limit; save_total_limit for those under output_dir)",
+        "denied": "make that folder writable, or pass another checkpoint_dir (or output_dir)"}
+
+def _save_error(self: CheckpointManager, final: Path, e: BaseException, doing: str, nbytes: Optional[int]) -> OSError:
+    "A failed save as an OSError (errno kept) naming the checkpoint, the step, the bytes, the free space and the fix."
+    free = free_bytes(self.root)
+    code = getattr(e, "errno", None) or (errno.ENOSPC if free is not None and nbytes and free < nbytes else errno.EIO)
+    kind = "full" if code in DISK_FULL else "denied" if code in NOT_WRITABLE else "other"
+    why = {"full": "no space left on the device", "denied": f"the folder is not writable ({os.strerror(code)})"}.get(
+        kind, f"{type(e).__name__}: {str(getattr(e, 'strerror', None) or e)[:300]}")
+    need = "" if nbytes is None else f"{byte_size(nbytes)} to write, "
+    return OSError(code, f"could not save checkpoint {final}: {why} while {doing} ({need}{byte_size(free)} free on "
+                         f"that filesystem); nothing of it is left behind and the earlier checkpoints are intact. "
+                         f"Fix: {_FIX.get(kind, _FIX['full'])}")
+
 # %% ../nbs/23_checkpoints.ipynb #099d98c4
 def _build(self: CheckpointManager, batch: int, state: dict, info: dict | None) -> tuple[Path, Path]:
-    "checkpoint-<batch> built complete under a temporary name: (the temporary directory, the final one)."
+    """checkpoint-<batch> built complete under a temporary name: (the temporary directory, the final one). A write
+    that fails removes the temporary directory and is named (`_save_error`)."""
     num = f"{batch:0{self.width}d}"
     final, tmp = self.root / f"checkpoint-{num}", self.root / f".checkpoint-{num}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / "state.pt")
-    with open(tmp / "state.pt", "rb") as f: os.fsync(f.fileno())
-    atomic_write_json(tmp / "trainer_state.json", {"batch": batch, "algo": self.algo, "num_agents": self.num_agents,
-                                                   "saved_at": time.time(), **(info or {})})
-    _fsync_dir(tmp)
+    doing = [f"creating {tmp}", None]                          # the step under way and its bytes: for the error
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        doing = [f"writing {tmp / 'state.pt'}", _state_bytes(state)]
+        torch.save(state, tmp / "state.pt")
+        with open(tmp / "state.pt", "rb") as f: os.fsync(f.fileno())
+        meta = json.dumps({"batch": batch, "algo": self.algo, "num_agents": self.num_agents, "saved_at": time.time(),
+                           **(info or {})}, indent=2, ensure_ascii=False) + "\n"
+        doing = [f"writing {tmp / 'trainer_state.json'}", len(meta.encode())]
+        atomic_write_text(tmp / "trainer_state.json", meta)
+        _fsync_dir(tmp)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if _write_failed(e): raise _save_error(self, final, e, *doing) from e
+        raise
     return tmp, final
 
 # %% ../nbs/23_checkpoints.ipynb #1e40edff
 def _put_in_place(self: CheckpointManager, tmp: Path, final: Path):
-    "The built checkpoint takes `final`'s place: at every instant a complete checkpoint of that number exists."
-    if final.exists() and _swap(tmp, final): shutil.rmtree(tmp, ignore_errors=True)
-    elif final.exists():                                  # no atomic swap: old aside, new in, old gone (see _recover)
-        old = self.root / f".{final.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else: os.replace(tmp, final)
+    """The built checkpoint takes `final`'s place: at every instant a complete checkpoint of that number exists. A
+    rename that fails puts the old one back, removes the new one and is named (`_save_error`)."""
+    old = self.root / f".{final.name}.old"
+    try:
+        if final.exists() and _swap(tmp, final): shutil.rmtree(tmp, ignore_errors=True)
+        elif final.exists():                              # no atomic swap: old aside, new in, old gone (see _recover)
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else: os.replace(tmp, final)
+    except Exception as e:
+        if old.exists() and not final.exists():
+            with contextlib.suppress(OSError): os.replace(old, final)       # else _recover puts it back later
+        shutil.rmtree(tmp, ignore_errors=True)
+        if _write_failed(e): raise _save_error(self, final, e, f"renaming {tmp} to {final.name}", None) from e
+        raise
     _fsync_dir(self.root)
 
 def _prune(self: CheckpointManager, batch: int):

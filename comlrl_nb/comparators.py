@@ -11,6 +11,10 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
+from .centralized_text import (CentralizedParseError, centralized_format_example, centralized_parse_error,
+                                       centralized_prompt, parse_agent_sections)
+_all_ = ["CentralizedParseError", "centralized_format_example", "centralized_parse_error", "centralized_prompt",
+         "parse_agent_sections"]                 # the text side: 08_centralized_text, importable from here too
 from .core import as_list, atomic_write_bytes, derive_seed, logger, resolve_device
 from .generation import generate_completions
 from .rewards import apply_chat_template
@@ -18,10 +22,10 @@ from .config import COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES
 _all_ = ["COMPARATOR_POLICIES", "COMPARATOR_GENERATION_MODES"]   # defined in 26_config
 
 # %% auto #0
-__all__ = ['COMPARISON_SELECTIONS', 'select_comparisons', 'centralized_prompt', 'centralized_format_example',
-           'parse_agent_sections', 'run_generator', 'ModelGenerator', 'APIGenerator', 'ComparatorSample',
-           'sample_comparator', 'CentralizedParseError', 'centralized_parse_error', 'history_snapshot_index',
-           'PolicySnapshots', 'ComparatorSide', 'COMPARATOR_POLICIES', 'COMPARATOR_GENERATION_MODES']
+__all__ = ['COMPARISON_SELECTIONS', 'select_comparisons', 'run_generator', 'ModelGenerator', 'APIGenerator', 'ComparatorSample',
+           'sample_comparator', 'history_snapshot_index', 'PolicySnapshots', 'ComparatorSide', 'CentralizedParseError',
+           'centralized_format_example', 'centralized_parse_error', 'centralized_prompt', 'parse_agent_sections',
+           'COMPARATOR_POLICIES', 'COMPARATOR_GENERATION_MODES']
 
 # %% ../nbs/51_comparators.ipynb #28b947b1
 COMPARISON_SELECTIONS = ("reward_gap", "all", "random", "comparator_reward")
@@ -39,27 +43,6 @@ def select_comparisons(comparisons: Sequence[tuple], pair_selection: str = "comp
     elif pair_selection != "all":
         raise ValueError(f"pair_selection={pair_selection!r} is invalid: use one of {', '.join(COMPARISON_SELECTIONS)}")
     return untied if pairs_per_sample is None else untied[:pairs_per_sample]
-
-# %% ../nbs/51_comparators.ipynb #71f2d6c3
-def centralized_prompt(role_prompts: Sequence[str], item: Optional[dict] = None) -> str:
-    "The standard centralized-comparator prompt: every role's original prompt, then the tagged answer format."
-    n = len(role_prompts)
-    tasks = "\n\n".join(f"Agent {i} task:\n{p}" for i, p in enumerate(role_prompts))
-    return (f"You write the responses of a team of {n} agents. Each agent has its own task.\n\n{tasks}\n\n"
-            f"Answer with one section per agent, in this exact format:\n{centralized_format_example(n)}")
-
-def centralized_format_example(num_agents: int) -> str:
-    "What a parseable centralized response looks like."
-    return "\n".join(f"<agent_{i}>\n(agent {i}'s response)\n</agent_{i}>" for i in range(num_agents))
-
-def parse_agent_sections(text: str, num_agents: int) -> Optional[list[str]]:
-    "The default parse adapter: the `<agent_i>...</agent_i>` sections (0-based), or None when any role is missing."
-    out = []
-    for i in range(num_agents):
-        m = re.search(rf"<agent_{i}>(.*?)</agent_{i}>", text, re.S)
-        if m is None: return None
-        out.append(m.group(1).strip())
-    return out
 
 # %% ../nbs/51_comparators.ipynb #aee159cf
 def run_generator(generator: Callable, agent_idx: int, prompts: Sequence[str], k: int, items: Sequence,
@@ -159,19 +142,6 @@ def sample_comparator(generator: Callable, role_prompts: Sequence[Sequence[str]]
                                                f"{', '.join(COMPARATOR_GENERATION_MODES)}")
     return _centralized(generator, role_prompts, items, item_ids, k, round_key, wrap, centralized_index,
                         prompt_builder or centralized_prompt, parser or parse_agent_sections)
-
-# %% ../nbs/51_comparators.ipynb #fe6bb7ba
-class CentralizedParseError(ValueError):
-    "No response of a centralized comparator could be split into role responses."
-
-def centralized_parse_error(num_agents: int, total: int, examples: Sequence[str] = ()) -> CentralizedParseError:
-    got = f"; one of them begins: {examples[0][:200]!r}" if examples else ""
-    return CentralizedParseError(
-        f"none of the {total} centralized comparator responses could be parsed into {num_agents} role responses{got}. "
-        f"The default parse adapter expects one tagged section per agent (0-based), for example:\n"
-        f"{centralized_format_example(num_agents)}\nUse a comparator model that follows this format, pass "
-        "comparator_parser= (text, num_agents) -> list of strings or None, or use "
-        "comparator_generation_mode='decentralized'")
 
 # %% ../nbs/51_comparators.ipynb #10667019
 def history_snapshot_index(iteration: int, k: int | None) -> int:

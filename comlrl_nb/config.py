@@ -720,7 +720,7 @@ def validate_iterative(c, owner):
 def reward_range_to_log(c, reward_func) -> Optional[tuple]:
     "log_reward_distribution=True: the (min, max) the reward declares (set_reward_range), else an error; False: None."
     if not getattr(c, "log_reward_distribution", False): return None
-    from comlrl_nb.porting import resolve_reward_range
+    from comlrl_nb.rewards import resolve_reward_range
     r = resolve_reward_range(reward_func)
     if r is None:
         raise ValueError("log_reward_distribution=True needs the reward's raw range for the histogram bins: declare it "

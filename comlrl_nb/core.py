@@ -13,10 +13,12 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['logger', 'BF16_CPU_FLAGS', 'setup_logging', 'seed_everything', 'derive_seed', 'keyed_generator', 'resolve_device',
-           'resolve_dtype', 'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'thread_probe',
-           'busy_cores', 'choose_threads', 'apply_threads', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'check_choice', 'check_number', 'check_bool', 'config_error', 'as_list']
+__all__ = ['logger', 'BF16_CPU_FLAGS', 'DISK_FULL', 'NOT_WRITABLE', 'setup_logging', 'seed_everything', 'derive_seed',
+           'keyed_generator', 'launch_info', 'process_gpus', 'process_device', 'resolve_device', 'resolve_dtype',
+           'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'thread_probe', 'busy_cores',
+           'choose_threads', 'apply_threads', 'free_bytes', 'byte_size', 'disk_error', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_write_json', 'check_choice', 'check_number', 'check_bool', 'config_error',
+           'as_list']
 
 # %% ../nbs/00_core.ipynb #1cfea104
 logger = logging.getLogger("comlrl_nb")
@@ -49,11 +51,65 @@ def keyed_generator(*keys: Any, device: str | torch.device = "cpu") -> torch.Gen
     g.manual_seed(derive_seed(*keys))
     return g
 
+# %% ../nbs/00_core.ipynb #a1f0c101
+def launch_info() -> Optional[dict]:
+    """This process' place among several started by a launcher (torchrun, `accelerate launch`): rank, world,
+    local_rank, local_world (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); None in a single process."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1"))
+    if world <= 1: return None
+    rank = int(env.get("RANK", "0"))
+    return {"rank": rank, "world": world, "local_rank": int(env.get("LOCAL_RANK", rank)),
+            "local_world": int(env.get("LOCAL_WORLD_SIZE", world))}
+
+def _launched_on_cpu() -> bool:
+    "`accelerate launch --cpu`: ACCELERATE_USE_CPU is set true (the processes keep to the CPU, GPUs or not)."
+    return os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in ("1", "true", "yes", "on")
+
+def _gpu_block(info: dict) -> list[int]:
+    "Block local_rank of the node's visible GPUs split evenly (one GPU each; shared when processes outnumber GPUs)."
+    n = torch.cuda.device_count()
+    per = max(1, n // info["local_world"])
+    first = info["local_rank"] * per % n
+    return list(range(first, first + per))
+
+# %% ../nbs/00_core.ipynb #a1f0c102
+_SELECTED_GPU: list = [None]      # the GPU this process gave torch.cuda.set_device
+
+def process_gpus() -> list[int]:
+    "This process' GPUs: under a launcher its block of the node's (`_gpu_block`); in one process all; [] without CUDA."
+    if not torch.cuda.is_available(): return []
+    info = launch_info()
+    if info is None: return list(range(torch.cuda.device_count()))
+    return [] if _launched_on_cpu() else _gpu_block(info)
+
+def process_device() -> torch.device:
+    """The device of this process' models when none is given: under a launcher `cuda:<its first GPU>` (made the
+    current device once, with torch.cuda.set_device) or cpu; in one process `cuda` if present, else `cpu`."""
+    gpus = process_gpus()
+    if launch_info() is None or not gpus: return torch.device("cuda" if gpus else "cpu")
+    if _SELECTED_GPU[0] != gpus[0]:
+        torch.cuda.set_device(gpus[0])
+        _SELECTED_GPU[0] = gpus[0]
+        logger.info(f"process {launch_info()['rank']}: models default to cuda:{gpus[0]} (its GPUs: {gpus})")
+    return torch.device("cuda", gpus[0])
+
+def _process_cuda(d: torch.device, info: dict) -> torch.device:
+    "A CUDA device as one process of a launcher reads it: `cuda` its first GPU, `cuda:i` its i-th (or one of its own)."
+    process_device()                                      # the process' GPU is current before anything is moved
+    gpus = process_gpus() or _gpu_block(info)             # an explicit CUDA device under --cpu: its block all the same
+    if d.index is None or d.index in gpus: return torch.device("cuda", gpus[0] if d.index is None else d.index)
+    if d.index < len(gpus): return torch.device("cuda", gpus[d.index])
+    raise ValueError(f"device 'cuda:{d.index}': under the launcher a device index is local to the process, and process "
+                     f"LOCAL_RANK={info['local_rank']} of {info['local_world']} on this node has {len(gpus)} GPU(s) "
+                     f"(cuda:{gpus[0]}..cuda:{gpus[-1]}); use cuda:0..cuda:{len(gpus) - 1}, or launch fewer "
+                     "processes per node to give each more GPUs")
+
 # %% ../nbs/00_core.ipynb #20e99e2c
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    "`None`/'auto' -> cuda if available else cpu; otherwise a validated `torch.device`."
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """`None`/'auto' -> `process_device()` (one process: cuda if available else cpu); otherwise a validated
+    `torch.device`, a CUDA one read per process under a launcher (`_process_cuda`)."""
+    if device is None or device == "auto": return process_device()
     try: d = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device {device!r} is not a valid torch device ({e}); use 'cpu', 'cuda', "
@@ -62,7 +118,8 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
         raise ValueError(f"device {device!r} asks for CUDA but torch sees no GPU here; use 'cpu' or leave it unset")
     if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
         raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-    return d
+    info = launch_info() if d.type == "cuda" else None
+    return d if info is None else _process_cuda(d, info)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -239,19 +296,48 @@ def apply_threads(threads: int | None = None, dtype=None) -> tuple[int, str]:
     return k, why
 
 # %% ../nbs/00_core.ipynb #35b9e3e2
+import errno, shutil
+
+DISK_FULL, NOT_WRITABLE = (errno.ENOSPC, errno.EDQUOT), (errno.EACCES, errno.EPERM, errno.EROFS)
+
+def free_bytes(path) -> Optional[int]:
+    "Free bytes on the filesystem of `path` (its nearest existing folder); None when the system cannot tell."
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent: p = p.parent
+    try: return shutil.disk_usage(p).free
+    except OSError: return None
+
+def byte_size(n: Optional[int]) -> str:
+    "A byte count as people read it (`unknown` for None)."
+    if n is None: return "unknown"
+    return f"{n} bytes" if n < 2**20 else f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+def disk_error(e: OSError, path, nbytes: Optional[int] = None) -> OSError:
+    """A full disk or an unwritable folder as an OSError of the same errno naming `path`, the bytes being written, the
+    free space there and the fix; other errors unchanged."""
+    if e.errno not in DISK_FULL + NOT_WRITABLE: return e
+    why, fix = ("no space left on its filesystem", "free space there or write somewhere else") if e.errno in DISK_FULL \
+        else (f"it is not writable ({e.strerror})", "make the folder writable or write somewhere else")
+    need = "" if nbytes is None else f"{byte_size(nbytes)} to write, "
+    return OSError(e.errno, f"cannot write {path}: {why} ({need}{byte_size(free_bytes(path))} free there); {fix}")
+
+# %% ../nbs/00_core.ipynb #fbf96fda
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    "Write `data` to `path` atomically (temp file in the same directory, fsync, rename)."
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write `data` to `path` atomically (temp file in the same directory, fsync, rename). A failure leaves the old
+    file whole and no temp file; a full disk or an unwritable folder is named (`disk_error`)."""
+    path, tmp = Path(path), None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError): os.unlink(tmp)
+    except BaseException as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError): os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in DISK_FULL + NOT_WRITABLE: raise disk_error(e, path, len(data)) from e
         raise
     return path
 

@@ -9,19 +9,23 @@ from typing import Any, Sequence
 
 import torch
 from fastcore.basics import patch
+from .core import process_device
 
 # %% auto #0
 __all__ = ['DistContext']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
-    "Rank, world size and the few collectives the trainers need; a no-op in a single process."
+    "Rank, world size, this process' device and the few collectives the trainers need; a no-op in a single process."
     def __init__(self, from_env: bool = True):
         "from_env=False: always one process (for trainers that run whole on every process)."
         self.world, self.rank = 1, 0
+        self.device = process_device()     # where this process' models are (00_core) and NCCL's sums happen
         if from_env and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from accelerate import PartialState
-            st = PartialState(cpu=not torch.cuda.is_available())   # sets up torch.distributed: gloo on CPU, NCCL on GPU
+            st = PartialState(cpu=self.device.type != "cuda")   # sets up torch.distributed: gloo on CPU, NCCL on GPU
+            if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
+                torch.cuda.set_device(self.device)    # accelerate takes cuda:LOCAL_RANK; several GPUs each: the first
             self.world, self.rank, self._state = st.num_processes, st.process_index, st
     @property
     def enabled(self) -> bool: return self.world > 1
@@ -41,24 +45,30 @@ class DistContext:
 
 # %% ../nbs/70_distributed.ipynb #dbb0c32c
 def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter]):
-    "Sum gradients over processes (missing grads count as zeros), in one flat buffer per dtype/device."
+    """Sum gradients over processes (missing grads count as zeros), in one flat buffer per device and dtype; under NCCL
+    a buffer off this process' device (an agent on another GPU or the CPU) is summed on a copy there."""
     if not self.enabled: return
-    params = [p for p in params if p.requires_grad]
+    groups: dict = {}
     for p in params:
+        if not p.requires_grad: continue
         if p.grad is None: p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
-    i = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[i:i + n].view_as(p))
-        i += n
+        groups.setdefault((p.grad.device, p.grad.dtype), []).append(p)
+    nccl = torch.distributed.get_backend() == "nccl"
+    for (dev, _), ps in groups.items():                   # the same order on every process: the same params
+        flat = torch.cat([p.grad.reshape(-1) for p in ps])
+        buf = flat.to(self.device) if nccl and dev != self.device else flat
+        torch.distributed.all_reduce(buf, op=torch.distributed.ReduceOp.SUM)
+        i = 0
+        for p in ps:
+            n = p.numel()
+            p.grad.copy_(buf[i:i + n].view_as(p))
+            i += n
 
 def _dist_sum(self: DistContext, x: float) -> float:
     "Sum of a number over processes (on this process' GPU under NCCL, which reduces no CPU tensors)."
     if not self.enabled: return x
     nccl = torch.distributed.get_backend() == "nccl"
-    t = torch.tensor([float(x)], dtype=torch.float64, device=torch.cuda.current_device() if nccl else "cpu")
+    t = torch.tensor([float(x)], dtype=torch.float64, device=self.device if nccl else "cpu")
     torch.distributed.all_reduce(t)
     return float(t)
 

@@ -22,7 +22,7 @@ __all__ = ['end_of_batch', 'stop_after', 'eval_count', 'Run', 'check_checkpoint_
 # the pieces in their own notebooks, also importable from here (their old home)
 from .sampling import SampleBuffer, SampleBuffers, Sampler, adamw, batches_ahead, keep_ahead, minibatches
 from .tracking import MetricsLogger, callback_metrics, config_json, new_figure, plot_run
-from .tracking import plot_run_background, progress_bar, read_metrics, wait_for_plots
+from .tracking import plot_run_background, progress_bar, read_metrics, run_identity, wait_for_plots
 from .checkpoints import CheckpointManager, _fsync_dir, _swap, rng_state, set_rng_state
 
 # %% ../nbs/25_engine.ipynb #7614ee9a
@@ -80,6 +80,7 @@ class Run:
         self.default_dir_moves, self.allow_config_changes, self.checkpoint_interval = True, (), 1
         self.metrics_callback = None                         # the library's metrics_callback(rollouts) -> {name: x}
         self.on_dir = None                       # called with the claimed directory before a restore reads from it
+        self.identity = None                     # run-config facts over run_identity's (a trainer's `run_identity`)
 
 # %% ../nbs/25_engine.ipynb #d6c3da81
 @patch
@@ -197,8 +198,9 @@ def _open(self: Run, resume_from_checkpoint, checkpoint_dir, checkpoint_total_li
                                             self.num_agents, width=0)
     seed_everything(a.seed)
     self.ckpt = CheckpointManager(self.output_dir / "checkpoints", a.save_total_limit, self.algo, self.num_agents)
+    identity = {**run_identity(self.algo, self.num_agents, self.components.get("team")), **(self.identity or {})}
     self.metrics = MetricsLogger(self.output_dir, a.logging_steps, self.wandb_config if main else None,
-                                 a.tensorboard and main)
+                                 a.tensorboard and main, identity)
     if resume_from_checkpoint:
         self.restore(resume_from_checkpoint)
         if main: self._truncate_metrics()
@@ -386,6 +388,7 @@ def for_trainer(cls: Run, trainer, resume_from_checkpoint=None,
     per_epoch = math.ceil(len(trainer.train_dataset) / a.rollout_batch_size)
     opts = run_options(checkpoint_dir, checkpoint_interval, checkpoint_total_limit, allow_config_changes)
     run = trainer.new_run()
+    run.identity = getattr(trainer, "run_identity", None)    # e.g. MARLHF's backend: {"algorithm": "MARLHF"}
     run.per_epoch = per_epoch
     run.start(resume_from_checkpoint, stop_after_batch, a.num_train_epochs * per_epoch,
               desc or f"{trainer.algo} ({n} agents)", **opts)

@@ -10,11 +10,11 @@ from typing import Any, Optional, Sequence
 
 import torch
 from .core import as_list, logger, resolve_device, resolve_dtype
-from .porting import apply_special_tokens, from_pretrained_kwargs
 
 # %% auto #0
-__all__ = ['TINY_CORPUS', 'EMBEDDED_NAMES', 'make_tiny_tokenizer', 'make_tiny_model', 'embedded_model_file', 'load_embedded',
-           'load_model', 'load_tokenizer', 'load_agents']
+__all__ = ['TINY_CORPUS', 'EMBEDDED_NAMES', 'MODEL_CONFIG_KEYS', 'make_tiny_tokenizer', 'make_tiny_model', 'embedded_model_file',
+           'load_embedded', 'check_model_config', 'from_pretrained_kwargs', 'critic_value_head_hidden_dim',
+           'apply_special_tokens', 'load_model', 'load_tokenizer', 'load_agents']
 
 # %% ../nbs/01_models.ipynb #ea5c9e4a
 TINY_CORPUS = [
@@ -88,9 +88,64 @@ def load_embedded(model_config: dict | None = None, device=None):
     model = AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, **kw)
     return model.to(resolve_device(device)).eval(), _prepare_tokenizer(tok)
 
+# %% ../nbs/01_models.ipynb #7353fb06
+MODEL_CONFIG_KEYS = ("dtype", "torch_dtype", "attn_implementation", "model_kwargs", "critic_model_kwargs",
+                     "critic_value_head_hidden_dim", "special_tokens")
+
+def check_model_config(model_config) -> dict:
+    "The model_config as a dict, with unknown keys and wrong types rejected (naming the accepted keys)."
+    if model_config is None: return {}
+    if not isinstance(model_config, dict):
+        raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}; "
+                        f"accepted keys: {MODEL_CONFIG_KEYS}")
+    bad = sorted(set(model_config) - set(MODEL_CONFIG_KEYS))
+    if bad: raise ValueError(f"model_config has unknown keys {bad}; accepted keys: {list(MODEL_CONFIG_KEYS)} "
+                             "(other from_pretrained arguments go inside model_kwargs)")
+    for k in ("model_kwargs", "critic_model_kwargs", "special_tokens"):
+        if model_config.get(k) is not None and not isinstance(model_config[k], dict):
+            raise TypeError(f"model_config[{k!r}] must be a dict, got {type(model_config[k]).__name__}")
+    return dict(model_config)
+
+# %% ../nbs/01_models.ipynb #3fc01ef0
+def from_pretrained_kwargs(model_config, role: str = "agent") -> dict:
+    "`from_pretrained` arguments for the agents (role 'agent') or separate critics ('critic'): dtype, attention, more."
+    cfg = check_model_config(model_config)
+    if role not in ("agent", "critic"): raise ValueError(f"role={role!r} is invalid: use 'agent' or 'critic'")
+    own = dict(cfg.get("critic_model_kwargs" if role == "critic" else "model_kwargs") or {})
+    base = cfg.get("model_kwargs") or {}
+    dtype = own.pop("dtype", None) or own.pop("torch_dtype", None) or cfg.get("dtype") or cfg.get("torch_dtype")
+    own.pop("torch_dtype", None)
+    kw = {k: v for k, v in own.items()}
+    if "attn_implementation" not in kw:
+        for src in (cfg, base):
+            if "attn_implementation" in src:
+                kw["attn_implementation"] = src["attn_implementation"]
+                break
+    if kw.get("attn_implementation", 0) is None: kw.pop("attn_implementation")
+    if dtype is not None: kw["dtype"] = dtype
+    return kw
+
+# %% ../nbs/01_models.ipynb #c2cef9e5
+def critic_value_head_hidden_dim(model_config, default: Optional[int] = None) -> Optional[int]:
+    "The critics' value-head width from model_config (the library's place), else `default` (the config field)."
+    v = check_model_config(model_config).get("critic_value_head_hidden_dim")
+    return default if v is None else int(v)
+
+# %% ../nbs/01_models.ipynb #f724cd33
+def apply_special_tokens(tokenizers: Sequence, model_config) -> list:
+    "Add model_config['special_tokens'] to each distinct tokenizer (as the library does); returns the tokenizers."
+    sp = check_model_config(model_config).get("special_tokens")
+    if sp:
+        done = set()
+        for t in tokenizers:
+            if id(t) in done: continue
+            done.add(id(t))
+            t.add_special_tokens(dict(sp))
+    return list(tokenizers)
+
 # %% ../nbs/01_models.ipynb #714de853
 def _model_kwargs(model_config: dict | None, role: str = "agent") -> dict:
-    kw = from_pretrained_kwargs(model_config, role)          # the library's keys, checked (90_porting)
+    kw = from_pretrained_kwargs(model_config, role)          # the library's keys, checked (above)
     dt = resolve_dtype(kw.get("dtype", "float32"))
     kw["dtype"] = dt or torch.float32
     return kw

@@ -11,95 +11,56 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from .core import logger
+# the core contracts the library's names point at, importable from here as before (each lives at its own floor)
+from .rewards import (REWARD_FORMS, VAR_KW, OWN_KW, PROMPT_LAYOUTS, reward_call_form, library_groups,
+                               library_prompts, takes_external_prompts, resolve_reward_range, set_reward_range)
+from .models import (MODEL_CONFIG_KEYS, check_model_config, from_pretrained_kwargs,
+                              critic_value_head_hidden_dim, apply_special_tokens)
+from .centralized_text import (CentralizedComparatorParseError, CentralizedComparatorAdapter,
+                                        TaggedCentralizedComparatorAdapter, adapter_callables)
+_all_ = ["REWARD_FORMS", "VAR_KW", "OWN_KW", "PROMPT_LAYOUTS", "reward_call_form", "library_groups",
+         "library_prompts", "takes_external_prompts", "resolve_reward_range", "set_reward_range", "MODEL_CONFIG_KEYS",
+         "check_model_config", "from_pretrained_kwargs", "critic_value_head_hidden_dim", "apply_special_tokens",
+         "CentralizedComparatorParseError", "CentralizedComparatorAdapter", "TaggedCentralizedComparatorAdapter",
+         "adapter_callables"]
 
 # %% auto #0
-__all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'MODEL_CONFIG_KEYS', 'CHECKPOINT_VERSION', 'LIBRARY_MODULES',
-           'LIBRARY_EXTRAS', 'reward_call_form', 'library_groups', 'library_prompts', 'call_reward_function',
-           'resolve_reward_range', 'set_reward_range', 'RewardProcessors', 'check_model_config',
-           'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens', 'takes_external_prompts',
+__all__ = ['CHECKPOINT_VERSION', 'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'call_reward_function', 'RewardProcessors',
            'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
            'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
            'validate_reference_kl_config', 'clone_reference_models', 'load_reference_models_from_sources',
            'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials',
-           'resolve_model_sources', 'normalize_reward_lengths', 'CentralizedComparatorParseError',
-           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables',
-           'install_round_callbacks', 'install_trainer_wrappers', 'EvalLog', 'reference_kl_enabled',
-           'reference_kl_coef']
-
-# %% ../nbs/90_porting.ipynb #0d74ce59
-REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
-_KW = ("batch_items", "prompts")          # the library's keywords
-VAR_KW = ("batch_items",)                  # the ones **kwargs receives (prompts= only when named, see below)
-OWN_KW = ("agent_prompts",)                # this package's: passed only when named
-
-def reward_call_form(fn: Callable, num_agents: int) -> tuple[str, frozenset]:
-    "How to call `fn` for `num_agents` agents: (form, the keywords among batch_items/prompts/agent_prompts it accepts)."
-    try: params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError): return "unknown", frozenset()
-    var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
-    named = {p.name for p in params if p.kind != p.POSITIONAL_ONLY}
-    takes = frozenset([k for k in _KW if k in named or (var_kw and k in VAR_KW)] + [k for k in OWN_KW if k in named])
-    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if any(p.kind == p.VAR_POSITIONAL for p in params): return "varargs", takes
-    core = [p for i, p in enumerate(pos)
-            if p.name not in ("batch_items", *OWN_KW) and not (p.name == "prompts" and i > 0)]
-    need = [p for p in core if p.default is p.empty]
-    n = num_agents
-    first_named = bool(core) and core[0].name == "prompts"
-    if len(need) == n + 1 or (first_named and len(need) <= n + 1 <= len(core)):
-        return "prompts_first", takes - {"prompts"}
-    if len(need) <= n <= len(core): return "agents", takes
-    if n > 1 and len(need) <= 1 <= len(core): return "lists", takes
-    raise TypeError(f"reward function '{getattr(fn, '__name__', fn)}' takes {len(core)} positional parameters "
-                    f"({len(need)} required) but there are {n} agents; take {n} (one list of completions per agent), "
-                    f"{n + 1} (prompts first, then one list per agent) or 1 (the list of the {n} lists)")
-
-# %% ../nbs/90_porting.ipynb #24a69567
-PROMPT_LAYOUTS = ("first", "agents")
-
-def library_groups(batch_items, prompts, batched: bool = True) -> list[list[int]]:
-    "Index runs of consecutive joint responses with the same item and prompts (one each when not batched)."
-    if batch_items is None or prompts is None:
-        raise ValueError("a reward that takes prompts (f(prompts, c1, ..., cn) or prompts=) needs the trainer to pass "
-                         "batch_items and prompts, and this call has none; take the completions only (f(c1, ..., cn)) "
-                         "for this caller")
-    J = len(batch_items)
-    if any(len(p) != J for p in prompts):
-        raise ValueError(f"prompts must hold one entry per joint response ({J}), got lengths "
-                         f"{[len(p) for p in prompts]}")
-    groups: list[list[int]] = []
-    for j in range(J):
-        same = batched and groups and (batch_items[j] is batch_items[j - 1] or batch_items[j] == batch_items[j - 1]) \
-            and all(p[j] == p[j - 1] for p in prompts)
-        if same: groups[-1].append(j)
-        else: groups.append([j])
-    return groups
-
-def library_prompts(prompts, j: int, layout: str = "first") -> list[str]:
-    "The library's `prompts` for joint response j: [agent 1's prompt] ('first') or every agent's prompt ('agents')."
-    if layout not in PROMPT_LAYOUTS:
-        raise ValueError(f"prompt layout {layout!r} is invalid: use one of {PROMPT_LAYOUTS}")
-    return [prompts[0][j]] if layout == "first" else [p[j] for p in prompts]
+           'resolve_model_sources', 'normalize_reward_lengths', 'REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS',
+           'reward_call_form', 'library_groups', 'library_prompts', 'takes_external_prompts', 'resolve_reward_range',
+           'set_reward_range', 'MODEL_CONFIG_KEYS', 'check_model_config', 'from_pretrained_kwargs',
+           'critic_value_head_hidden_dim', 'apply_special_tokens', 'CentralizedComparatorParseError',
+           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables', 'EvalLog',
+           'reference_kl_enabled', 'reference_kl_coef']
 
 # %% ../nbs/90_porting.ipynb #a48d706c
 def _floats(raw) -> list[float]:
     if isinstance(raw, torch.Tensor): raw = raw.detach().cpu().tolist()
     return [float(r) for r in raw] if isinstance(raw, (list, tuple)) else [float(raw)]
 
+# %% ../nbs/90_porting.ipynb #4da2061e
+def _call_unsigned(reward_func, comps: list, batch_items=None) -> list[float]:
+    "No signature to read: f(*completions, batch_items=), f(*completions), f(completions); else the first error."
+    tries = ([lambda: reward_func(*comps, batch_items=batch_items)] if batch_items is not None else []) + \
+            [lambda: reward_func(*comps), lambda: reward_func(comps)]
+    first = None
+    for t in tries:
+        try: return _floats(t())
+        except TypeError as e: first = first or e
+    raise first
+
+# %% ../nbs/90_porting.ipynb #3a387257
 def call_reward_function(reward_func, prompts, agent_completions, *, num_agents: int, batch_items=None,
                          signature=None) -> list[float]:
     "The library's utility: call `reward_func` in its form with library-shaped `prompts`, return floats."
     comps = list(agent_completions)
     try: form, takes = reward_call_form(reward_func, num_agents)
     except TypeError: form, takes = "agents", frozenset()
-    if form == "unknown":
-        tries = ([lambda: reward_func(*comps, batch_items=batch_items)] if batch_items is not None else []) + \
-                [lambda: reward_func(*comps), lambda: reward_func(comps)]
-        first = None
-        for t in tries:
-            try: return _floats(t())
-            except TypeError as e: first = first or e
-        raise first
+    if form == "unknown": return _call_unsigned(reward_func, comps, batch_items)
     var_kw = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(reward_func).parameters.values())
     if var_kw and form != "prompts_first": takes = takes | {"prompts"}        # the library's utility: **kwargs gets it
     kw = {k: v for k, v in (("batch_items", batch_items), ("prompts", prompts)) if k in takes and v is not None}
@@ -110,23 +71,6 @@ def call_reward_function(reward_func, prompts, agent_completions, *, num_agents:
         except TypeError: raise e from None
 
 # %% ../nbs/90_porting.ipynb #b7f02354
-def resolve_reward_range(reward_func) -> Optional[tuple[float, float]]:
-    "The (min, max) a reward function declares with `set_reward_range`, checked; None when it declares none."
-    r = getattr(reward_func, "reward_range", None)
-    if r is None: return None
-    if isinstance(r, (str, bytes)) or not isinstance(r, Sequence) or len(r) != 2:
-        raise ValueError(f"reward_range must be a pair (minimum, maximum), got {r!r}; use set_reward_range(f, lo, hi)")
-    lo, hi = float(r[0]), float(r[1])
-    if not (torch.isfinite(torch.tensor([lo, hi])).all() and lo < hi):
-        raise ValueError(f"reward_range {r!r} must be finite with minimum < maximum")
-    return lo, hi
-
-def set_reward_range(reward_func, minimum: float, maximum: float):
-    "Declare the raw output range of `reward_func` (checked) and return it, so it can wrap a definition."
-    reward_func.reward_range = (float(minimum), float(maximum))
-    resolve_reward_range(reward_func)
-    return reward_func
-
 class RewardProcessors:
     "Ready-made reward processors (the library's `comlrl.utils.reward_processor.RewardProcessors`)."
     @staticmethod
@@ -138,78 +82,23 @@ class RewardProcessors:
         "Add `value` to every reward."
         return lambda r: r + value
 
-# %% ../nbs/90_porting.ipynb #7ea7a3e6
-MODEL_CONFIG_KEYS = ("dtype", "torch_dtype", "attn_implementation", "model_kwargs", "critic_model_kwargs",
-                     "critic_value_head_hidden_dim", "special_tokens")
-
-def check_model_config(model_config) -> dict:
-    "The model_config as a dict, with unknown keys and wrong types rejected (naming the accepted keys)."
-    if model_config is None: return {}
-    if not isinstance(model_config, dict):
-        raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}; "
-                        f"accepted keys: {MODEL_CONFIG_KEYS}")
-    bad = sorted(set(model_config) - set(MODEL_CONFIG_KEYS))
-    if bad: raise ValueError(f"model_config has unknown keys {bad}; accepted keys: {list(MODEL_CONFIG_KEYS)} "
-                             "(other from_pretrained arguments go inside model_kwargs)")
-    for k in ("model_kwargs", "critic_model_kwargs", "special_tokens"):
-        if model_config.get(k) is not None and not isinstance(model_config[k], dict):
-            raise TypeError(f"model_config[{k!r}] must be a dict, got {type(model_config[k]).__name__}")
-    return dict(model_config)
-
-def from_pretrained_kwargs(model_config, role: str = "agent") -> dict:
-    "`from_pretrained` arguments for the agents (role 'agent') or separate critics ('critic'): dtype, attention, more."
-    cfg = check_model_config(model_config)
-    if role not in ("agent", "critic"): raise ValueError(f"role={role!r} is invalid: use 'agent' or 'critic'")
-    own = dict(cfg.get("critic_model_kwargs" if role == "critic" else "model_kwargs") or {})
-    base = cfg.get("model_kwargs") or {}
-    dtype = own.pop("dtype", None) or own.pop("torch_dtype", None) or cfg.get("dtype") or cfg.get("torch_dtype")
-    own.pop("torch_dtype", None)
-    kw = {k: v for k, v in own.items()}
-    if "attn_implementation" not in kw:
-        for src in (cfg, base):
-            if "attn_implementation" in src:
-                kw["attn_implementation"] = src["attn_implementation"]
-                break
-    if kw.get("attn_implementation", 0) is None: kw.pop("attn_implementation")
-    if dtype is not None: kw["dtype"] = dtype
-    return kw
-
-def critic_value_head_hidden_dim(model_config, default: Optional[int] = None) -> Optional[int]:
-    "The critics' value-head width from model_config (the library's place), else `default` (the config field)."
-    v = check_model_config(model_config).get("critic_value_head_hidden_dim")
-    return default if v is None else int(v)
-
-# %% ../nbs/90_porting.ipynb #b559310e
-def apply_special_tokens(tokenizers: Sequence, model_config) -> list:
-    "Add model_config['special_tokens'] to each distinct tokenizer (as the library does); returns the tokenizers."
-    sp = check_model_config(model_config).get("special_tokens")
-    if sp:
-        done = set()
-        for t in tokenizers:
-            if id(t) in done: continue
-            done.add(id(t))
-            t.add_special_tokens(dict(sp))
-    return list(tokenizers)
-
 # %% ../nbs/90_porting.ipynb #e104b3b6
 from .tracking import WANDB_CONFIG_KEYS, wandb_init_kwargs
 
 # %% ../nbs/90_porting.ipynb #1ee19629
-def takes_external_prompts(formatter) -> bool:
-    "Whether a formatter names an `external_prompts` parameter (the library then passes the transition's prompt)."
-    try: return "external_prompts" in inspect.signature(formatter).parameters
-    except (TypeError, ValueError): return False
+def _with_external_prompts(fmt, pass_none: bool = True) -> Callable:
+    "`fmt` callable as f(item, external_prompts=None): passed on only if it names it (a None too when `pass_none`)."
+    if not takes_external_prompts(fmt): return lambda item, external_prompts=None: fmt(item)
+    if pass_none: return lambda item, external_prompts=None: fmt(item, external_prompts=external_prompts)
+    return lambda item, external_prompts=None: (fmt(item) if external_prompts is None
+                                                else fmt(item, external_prompts=external_prompts))
 
+# %% ../nbs/90_porting.ipynb #e111dee7
 def build_formatters(formatters, num_agents: int, *, pass_none_external_prompts: bool = True) -> list[Callable]:
     "The library's formatter utility: one formatter per agent, each callable as f(item, external_prompts=None)."
     def default(item, external_prompts=None):
         return external_prompts if external_prompts is not None else item.get("prompt", "")
-    def wrap(fmt):
-        if not takes_external_prompts(fmt): return lambda item, external_prompts=None: fmt(item)
-        if pass_none_external_prompts:
-            return lambda item, external_prompts=None: fmt(item, external_prompts=external_prompts)
-        return lambda item, external_prompts=None: (fmt(item) if external_prompts is None
-                                                    else fmt(item, external_prompts=external_prompts))
+    wrap = lambda fmt: _with_external_prompts(fmt, pass_none_external_prompts)
     if formatters is None: return [default] * num_agents
     if callable(formatters): return [wrap(formatters) for _ in range(num_agents)]
     if isinstance(formatters, (str, bytes)) or not isinstance(formatters, Sequence):
@@ -219,6 +108,7 @@ def build_formatters(formatters, num_agents: int, *, pass_none_external_prompts:
         raise ValueError(f"got {len(formatters)} formatters for {num_agents} agents; pass one per agent or one for all")
     return [wrap(f) for f in formatters]
 
+# %% ../nbs/90_porting.ipynb #fd50e2f2
 class DistributedContext:
     "Which process this is and its device (the library's single-process context)."
     def __init__(self, is_main: bool, device): self.is_main, self.device = bool(is_main), torch.device(device)
@@ -235,23 +125,29 @@ from .trainers.evaluation import EvalLog     # the trainers' shared evaluation; 
 _all_ = ["EvalLog"]
 
 # %% ../nbs/90_porting.ipynb #56bb1287
+def _checkpoint_dir(checkpoint) -> Path:
+    "The checkpoint `checkpoint` names: the directory (or its trainer_state.json), else a run's newest complete one."
+    p = Path(checkpoint).expanduser()
+    if p.is_file(): p = p.parent
+    if (p / "trainer_state.json").exists(): return p
+    root = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    done = sorted((c for c in root.glob("checkpoint-*") if (c / "trainer_state.json").exists()),
+                  key=lambda c: int(c.name.split("-")[1]))
+    if not done:
+        raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no trainer_state.json) and holds none; "
+                                "pass a checkpoint-<N> directory or a run's output directory")
+    return done[-1]
+
+# %% ../nbs/90_porting.ipynb #149225c1
 CHECKPOINT_VERSION = 1
 _ALGO_CLASS = {"magrpo": "MAGRPOTrainer", "mareinforce": "MAREINFORCETrainer", "marloo": "MARLOOTrainer",
                "maremax": "MAReMaxTrainer", "maac": "MAACTrainer", "iac": "IACTrainer", "madpo": "MADPOTrainer",
                "marlhf": "MARLHFTrainer", "madpo_iter": "MADPOIterTrainer", "marlhf_iter": "MARLHFIterTrainer"}
 
+# %% ../nbs/90_porting.ipynb #ef013e8a
 def read_checkpoint_metadata(checkpoint) -> dict:
     "Identity of a saved checkpoint (sequence, trainer class, run id...) read from its metadata file only."
-    p = Path(checkpoint).expanduser()
-    if p.is_file(): p = p.parent
-    if not (p / "trainer_state.json").exists():
-        root = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-        done = sorted((c for c in root.glob("checkpoint-*") if (c / "trainer_state.json").exists()),
-                      key=lambda c: int(c.name.split("-")[1]))
-        if not done:
-            raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no trainer_state.json) and holds none; "
-                                    "pass a checkpoint-<N> directory or a run's output directory")
-        p = done[-1]
+    p = _checkpoint_dir(checkpoint)
     meta = json.loads((p / "trainer_state.json").read_text())
     if not isinstance(meta, dict) or not isinstance(meta.get("batch"), int):
         raise ValueError(f"{p / 'trainer_state.json'} is not a valid checkpoint metadata file (no integer 'batch')")
@@ -293,6 +189,8 @@ LIBRARY_MODULES = {
     "schedulers": (["comlrl_nb.distributed"], {}),
     "schedulers.device_scheduler": (["comlrl_nb.distributed"], {}),
 }
+
+# %% ../nbs/90_porting.ipynb #fb4b6dea
 _WHY = {"trainers.preference.collaboration": _PRIVATE, "trainers.preference.checkpointing": _PRIVATE,
         "trainers.preference.output_paths": _PRIVATE,
         "utils.checkpoint": "only read_checkpoint_metadata is public; the rest is the library's checkpoint format"}
@@ -314,10 +212,13 @@ class LibraryModule(types.ModuleType):
         why = _WHY.get(self._library_path, "not ported (see the porting tables in comlrl_nb.porting)")
         raise AttributeError(f"comlrl.{self._library_path}.{name} has no counterpart in comlrl_nb: {why}")
 
+# %% ../nbs/90_porting.ipynb #926f8c00
 # names the library exports from a path that is a real module here: added to that module
 LIBRARY_EXTRAS = {
-    "comlrl_nb.trainers.preference": {n: "comlrl_nb.porting" for n in (
+    "comlrl_nb.trainers.preference": {n: "comlrl_nb.centralized_text" for n in (
         "CentralizedComparatorAdapter", "TaggedCentralizedComparatorAdapter", "CentralizedComparatorParseError")},
+    "comlrl_nb.trainers.reinforce": {n: "comlrl_nb.trainers.centralized"
+                                     for n in ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer")},
     "comlrl_nb.trainers.actor_critic": {"ActorCriticTrainerBase": "comlrl_nb.trainers.actor_critic:ActorCriticTrainer"},
     "comlrl_nb.trainers": {**{f"{a}{s}": "comlrl_nb.trainers.reinforce"
                               for a in ("MAGRPO", "MAREINFORCE", "MAReMax", "MARLOO") for s in ("Config", "Trainer")},
@@ -329,6 +230,7 @@ LIBRARY_EXTRAS = {
                            "ActorCriticTrainerBase": "comlrl_nb.trainers.actor_critic:ActorCriticTrainer"},
 }
 
+# %% ../nbs/90_porting.ipynb #707b08cc
 def _install_extras():
     for modname, names in LIBRARY_EXTRAS.items():
         mod = importlib.import_module(modname)
@@ -336,6 +238,7 @@ def _install_extras():
             src, _, attr = where.partition(":")
             if not hasattr(mod, name): setattr(mod, name, getattr(importlib.import_module(src), attr or name))
 
+# %% ../nbs/90_porting.ipynb #8d287731
 def install_library_modules() -> list[str]:
     "Register every `comlrl` module path as `comlrl_nb.<path>` (idempotent); returns the names registered."
     _install_extras()
@@ -417,6 +320,7 @@ def ensure_pad_token(tokenizer):
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
+# %% ../nbs/90_porting.ipynb #3066b27e
 def infer_model_name(source) -> Optional[str]:
     "A model's name: the string itself, else its config's model type or path (through a wrapper's base_model)."
     if source is None or isinstance(source, str): return source
@@ -440,6 +344,7 @@ def ensure_tokenizer(model, tokenizer):
         tokenizer = load_tokenizer(model)
     return ensure_pad_token(tokenizer)
 
+# %% ../nbs/90_porting.ipynb #69d69fee
 def resolve_tokenizers(model, tokenizer, agents):
     "One shared tokenizer, or one per agent (given, or loaded from the agents' ids); pad tokens ensured."
     if agents is None:
@@ -454,7 +359,6 @@ def resolve_tokenizers(model, tokenizer, agents):
         raise ValueError(f"got {len(tokenizer)} tokenizers for {len(agents)} agents; pass one per agent or one shared")
     return [ensure_pad_token(t) for t in tokenizer]
 
-
 # %% ../nbs/90_porting.ipynb #8fa66457
 def apply_tokenizer_specials(tokenizer, models) -> None:
     "Write the tokenizer's pad and EOS ids (EOS: the pad id when it has none) into each model's config."
@@ -465,6 +369,19 @@ def apply_tokenizer_specials(tokenizer, models) -> None:
         cfg = getattr(getattr(m, "model", None), "config", None) or getattr(m, "config", None)
         if cfg is not None: cfg.pad_token_id, cfg.eos_token_id = pad, eos
 
+# %% ../nbs/90_porting.ipynb #ca2f1881
+def _listed_sources(kind: str, model, models, expected_count: int, label: str, model_label: str) -> list:
+    "`models` as the list of `expected_count` sources, checked to agree with the shared `model` when both are given."
+    if not _is_tok_list(models): raise ValueError(f"{kind} must be a list of {label} models or ids, got "
+                                                  f"{type(models).__name__}; one shared model goes in "
+                                                  f"{model_label}=")
+    if len(models) != expected_count: raise ValueError(f"{kind} has {len(models)} entries but needs {label}")
+    name, names = infer_model_name(model), [infer_model_name(m) for m in models]
+    if model is not None and (name is None or any(n != name for n in names)):
+        raise ValueError(f"{model_label}={name!r} and {kind}={names} disagree; pass one of them")
+    return list(models)
+
+# %% ../nbs/90_porting.ipynb #f7a6bf96
 def resolve_model_sources(*, kind: str, model, models, expected_count: int, expected_label: Optional[str] = None,
                           model_label: str = "model") -> tuple[list, Optional[str]]:
     "(one source per slot, the first one's name) from `model` (shared) or `models` (a list), checked to agree."
@@ -472,19 +389,12 @@ def resolve_model_sources(*, kind: str, model, models, expected_count: int, expe
     if model is None and models is None:
         raise ValueError(f"pass {model_label} (one for all) or {kind} (a list of {label})")
     if expected_count < 1: raise ValueError(f"expected_count={expected_count} must be >= 1")
-    if models is None: sources = [model] * expected_count
-    else:
-        if not _is_tok_list(models): raise ValueError(f"{kind} must be a list of {label} models or ids, got "
-                                                      f"{type(models).__name__}; one shared model goes in "
-                                                      f"{model_label}=")
-        if len(models) != expected_count: raise ValueError(f"{kind} has {len(models)} entries but needs {label}")
-        name, names = infer_model_name(model), [infer_model_name(m) for m in models]
-        if model is not None and (name is None or any(n != name for n in names)):
-            raise ValueError(f"{model_label}={name!r} and {kind}={names} disagree; pass one of them")
-        sources = list(models)
+    sources = [model] * expected_count if models is None else \
+        _listed_sources(kind, model, models, expected_count, label, model_label)
     if any(s is None for s in sources): raise ValueError(f"{kind} has a None entry; give every slot a model or an id")
     return sources, infer_model_name(sources[0])
 
+# %% ../nbs/90_porting.ipynb #25aa41a1
 def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, algorithm: str) -> list[float]:
     "The library's actor-critic rule: one agent: as given; else 1 value (per agent), n values or one per generation."
     out = [float(r) for r in rewards]
@@ -494,167 +404,3 @@ def normalize_reward_lengths(rewards, *, num_agents: int, num_generations: int, 
     if len(out) in (num_agents, num_generations): return out
     raise ValueError(f"the reward function returned {len(out)} values per prompt for multi-agent {algorithm}; "
                      f"return 1, {num_agents} (one per agent) or {num_generations} (one per generation)")
-
-
-# %% ../nbs/90_porting.ipynb #b6130a73
-class CentralizedComparatorParseError(ValueError):
-    "A centralized completion could not be split into one output per agent."
-
-class CentralizedComparatorAdapter:
-    "The adapter protocol of a centralized comparator: one prompt for all roles, one completion split per role."
-    def build_prompt(self, batch_item: dict, agent_prompts: Sequence[str]) -> str: raise NotImplementedError
-    def parse_completion(self, completion: str, batch_item: dict, num_agents: int) -> list[str]:
-        raise NotImplementedError
-
-class TaggedCentralizedComparatorAdapter(CentralizedComparatorAdapter):
-    "The standard adapter: the centralized prompt with `<agent_i>` sections, parsed back per role."
-    def build_prompt(self, batch_item, agent_prompts) -> str:
-        from comlrl_nb.comparators import centralized_format_example
-        n = len(agent_prompts)
-        roles = "\n\n".join(f"Agent {i} original prompt:\n{p}" for i, p in enumerate(agent_prompts))
-        return (f"Write the separate outputs of a team of {n} agents; each answers its own original "
-                f"prompt.\n\n{roles}\n\nReply with one section per agent and nothing outside "
-                f"them:\n{centralized_format_example(n)}")
-    def parse_completion(self, completion, batch_item, num_agents: int) -> list[str]:
-        from comlrl_nb.comparators import centralized_format_example, parse_agent_sections
-        out = parse_agent_sections(str(completion), num_agents)
-        if out is None: raise CentralizedComparatorParseError(
-            f"the centralized completion lacks a section for some of the {num_agents} agents; expected:\n"
-            + centralized_format_example(num_agents))
-        return out
-
-# %% ../nbs/90_porting.ipynb #596667c3
-def adapter_callables(adapter) -> tuple[Callable, Callable]:
-    "A library centralized adapter as this package's (centralized_prompt_builder, centralized_parser) pair."
-    for m in ("build_prompt", "parse_completion"):
-        if not callable(getattr(adapter, m, None)):
-            raise TypeError(f"centralized_adapter must have build_prompt(item, agent_prompts) and parse_completion("
-                            f"completion, item, num_agents); {type(adapter).__name__} has no {m}")
-    def build(role_prompts, item): return adapter.build_prompt(item, list(role_prompts))
-    def parse(text, num_agents: int):
-        try: return adapter.parse_completion(text, None, num_agents)
-        except CentralizedComparatorParseError: return None
-    return build, parse
-
-# %% ../nbs/90_porting.ipynb #49880afd
-_TRAINER_MODULES = ("comlrl_nb.trainers.reinforce", "comlrl_nb.trainers.actor_critic", "comlrl_nb.trainers.madpo",
-                    "comlrl_nb.trainers.marlhf", "comlrl_nb.trainers.iterative", "comlrl_nb.trainers.centralized")
-
-def _after_init(trainer):
-    "The porting steps for a freshly built trainer (safe to run more than once)."
-    if getattr(trainer, "wandb_config", None) is not None:
-        trainer.wandb_config = wandb_init_kwargs(trainer.wandb_config, getattr(trainer, "args", None))
-    from comlrl_nb.trainers.actor_critic import ActorCriticTrainer
-    rf = getattr(trainer, "reward_fn", None)
-    if isinstance(trainer, ActorCriticTrainer) and hasattr(rf, "prompt_layout"): rf.prompt_layout = "agents"
-
-def _wrap_init(cls):
-    orig = cls.__dict__["__init__"]
-    if getattr(orig, "__comlrl_nb_ported__", False): return
-    def __init__(self, *args, metrics_callback=None, centralized_adapter=None, **kwargs):
-        if centralized_adapter is not None:                  # the library's CentralizedMAGRPOTrainer argument
-            if "centralized_prompt_builder" not in inspect.signature(orig).parameters:
-                raise TypeError(f"{type(self).__name__} takes no centralized_adapter; it belongs to CentralizedMAGRPO"
-                                "Trainer (the preference trainers take centralized_comparator_adapter)")
-            kwargs["centralized_prompt_builder"], kwargs["centralized_parser"] = adapter_callables(centralized_adapter)
-        if metrics_callback is not None and not callable(metrics_callback):
-            raise TypeError(f"metrics_callback must be a function of the batch's rollouts returning {{name: number}}, "
-                            f"got {type(metrics_callback).__name__}")
-        params = inspect.signature(orig).parameters
-        if "backend_kwargs" in params:               # MARLHF: the library's critics=/critic_model= go to its RL backend
-            moved = {k: kwargs.pop(k) for k in ("critics", "critic_model") if k in kwargs and k not in params}
-            if moved: kwargs["backend_kwargs"] = {**(kwargs.get("backend_kwargs") or {}), **moved}
-        orig(self, *args, **kwargs)
-        if metrics_callback is not None or not hasattr(self, "metrics_callback"):    # a subclass's init: keep it
-            self.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)
-        _after_init(self)
-        _share_callback(self)
-    __init__.__comlrl_nb_ported__, __init__.__wrapped__, __init__.__doc__ = True, orig, orig.__doc__
-    cls.__init__ = __init__
-
-def _wrap_evaluate(cls):
-    "`evaluate(num_eval_samples=k)`, the library's name of the argument, as well as ours (`num_samples`)."
-    orig = cls.__dict__["evaluate"]
-    if getattr(orig, "__comlrl_nb_ported__", False): return
-    def evaluate(self, num_samples: Optional[int] = None, *args, num_eval_samples: Optional[int] = None, **kwargs):
-        if num_eval_samples is not None:
-            if num_samples is not None and num_samples != num_eval_samples:
-                raise ValueError(f"num_samples={num_samples} and num_eval_samples={num_eval_samples} disagree; "
-                                 "pass one")
-            num_samples = num_eval_samples
-        return orig(self, num_samples, *args, **kwargs)
-    evaluate.__comlrl_nb_ported__, evaluate.__wrapped__, evaluate.__doc__ = True, orig, orig.__doc__
-    cls.evaluate = evaluate
-
-def _share_callback(trainer):
-    "A MARLHF-style trainer's backend calls the owner's metrics_callback in its policy phases."
-    pt, cb = getattr(trainer, "policy_trainer", None), getattr(trainer, "metrics_callback", None)
-    if pt is not None and cb is not None: pt.metrics_callback = cb
-
-def install_round_callbacks() -> None:
-    "MADPOIterTrainer: metrics_callback(the round's training pairs) once per round, its numbers in the round's line."
-    from comlrl_nb.engine import callback_metrics
-    from comlrl_nb.trainers.iterative import MADPOIterTrainer
-    orig = MADPOIterTrainer._log_round
-    if getattr(orig, "__comlrl_nb_ported__", False): return
-    def _log_round(self, run, nu, st, chosen, trained):
-        cb = getattr(self, "metrics_callback", None)
-        return orig(self, run, nu, st, chosen, {**trained, **(callback_metrics(cb, chosen) if cb else {})})
-    _log_round.__comlrl_nb_ported__, _log_round.__doc__ = True, orig.__doc__
-    MADPOIterTrainer._log_round = _log_round
-
-def _get_n(self) -> int:
-    "The library's `num_agents`: the trained models (one for a centralized actor, else one per agent)."
-    central = getattr(self, "algo", "").startswith("centralized") or \
-        getattr(getattr(self, "args", None), "collaboration_mode", None) == "centralized"
-    return 1 if central else self.n
-def _set_n(self, value: int): self.n = value
-
-def _model_name(self) -> Optional[str]:
-    "The library's `trainer.model_name`: the first agent's id or path, else its model type or class name."
-    m = self.agents[0]
-    cfg = getattr(getattr(m, "base_model", m), "config", None) or getattr(m, "config", None)
-    return (getattr(cfg, "_name_or_path", None) or getattr(cfg, "model_type", None)) or type(m).__name__
-
-def _reference_models(self) -> list:
-    "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
-    return list(getattr(self.team, "ref_agents", None) or [])
-
-_ENV_STEP_ALGOS = ("madpo", "madpo_iter")     # where the library's env_step is the same counter as state["env_step"]
-
-def _env_step(self) -> int:
-    "The library's `trainer.env_step` of MADPO / MADPOIter: environment_steps_per_pair per pair trained on (0 first)."
-    if getattr(self, "algo", None) not in _ENV_STEP_ALGOS:
-        raise AttributeError(f"{type(self).__name__}.env_step (comlrl's count of sampled joint responses) is not "
-                             "provided here; read the position from trainer.state (global_batch, epoch)")
-    if not getattr(self.args, "use_environment_step", True): return 0
-    return int(self.state.get("env_step", 0))
-
-def _save_checkpoint(self, output_dir):
-    "The library's `trainer.save_checkpoint(dir)`: this trainer's checkpoint written as `dir` (see 25_engine)."
-    from comlrl_nb.engine import save_trainer_checkpoint
-    return save_trainer_checkpoint(self, output_dir)
-
-def _load_checkpoint(self, checkpoint):
-    "The library's `trainer.load_checkpoint(path)`: restore a checkpoint into this trainer; returns its position."
-    from comlrl_nb.engine import load_trainer_checkpoint
-    return load_trainer_checkpoint(self, checkpoint)
-
-def install_trainer_wrappers() -> list[str]:
-    "Wrap every trainer class's own `__init__` with the porting steps and add `num_agents`; returns the classes."
-    done = []
-    for m in _TRAINER_MODULES:
-        mod = importlib.import_module(m)
-        for name, cls in vars(mod).items():
-            if isinstance(cls, type) and name.endswith("Trainer") and cls.__module__ == m:
-                if "__init__" in cls.__dict__: _wrap_init(cls)
-                if "evaluate" in cls.__dict__: _wrap_evaluate(cls)
-                if not hasattr(cls, "num_agents"): cls.num_agents = property(_get_n, _set_n, doc="Number of agents.")
-                if not hasattr(cls, "model_name"): cls.model_name = property(_model_name, doc="The agents' model id.")
-                if not hasattr(cls, "reference_models"): cls.reference_models = property(_reference_models)
-                if not hasattr(cls, "env_step"): cls.env_step = property(_env_step)
-                if not hasattr(cls, "save_checkpoint"): cls.save_checkpoint = _save_checkpoint
-                if not hasattr(cls, "load_checkpoint"): cls.load_checkpoint = _load_checkpoint
-                done.append(name)
-    install_round_callbacks()
-    return done

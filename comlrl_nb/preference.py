@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from .core import atomic_write_json, check_number, derive_seed, logger
 from .config import COLLECTION_ROWS, PAIR_SELECTIONS, check_pair_selection, check_preference_config
-from .engine import progress_bar
+from .tracking import progress_bar
 from .rewards import RewardFunction
 _all_ = ["PAIR_SELECTIONS", "COLLECTION_ROWS", "check_pair_selection", "check_preference_config"]   # from 26_config
 

@@ -33,7 +33,7 @@ def replay_weights(num_datasets: int, mode: str = "lambda_decay", lam: Optional[
 # %% ../nbs/50_replay.ipynb #71209578
 def plot_weights(num_datasets: int, lam: float, ax=None):
     "Bar chart of lambda-decay weights by dataset age (oldest left, newest right); no pyplot (thread-safe in widgets)."
-    from comlrl_nb.engine import new_figure
+    from comlrl_nb.tracking import new_figure
     w = replay_weights(num_datasets, lam=lam)
     if ax is None: _, ax = new_figure((6, 3), 1)
     ages = np.arange(num_datasets)[::-1]

@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from .core import autocast, keyed_generator, resolve_device
 from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
-from .engine import adamw
+from .sampling import adamw
 from .generation import fast_decodable, fast_hidden
 
 # %% auto #0

@@ -10,11 +10,67 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from .core import as_list
-from .porting import library_groups, library_prompts, reward_call_form, takes_external_prompts
 
 # %% auto #0
-__all__ = ['RewardError', 'RewardFunction', 'FormatterError', 'default_formatter', 'resolve_formatters', 'format_prompt',
-           'apply_chat_template']
+__all__ = ['REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'reward_call_form', 'library_groups', 'library_prompts',
+           'RewardError', 'RewardFunction', 'resolve_reward_range', 'set_reward_range', 'takes_external_prompts',
+           'FormatterError', 'default_formatter', 'resolve_formatters', 'format_prompt', 'apply_chat_template']
+
+# %% ../nbs/04_rewards.ipynb #f0c81fb8
+REWARD_FORMS = ("agents", "prompts_first", "lists", "varargs", "unknown")
+_KW = ("batch_items", "prompts")          # the library's keywords
+VAR_KW = ("batch_items",)                  # the ones **kwargs receives (prompts= only when named, see below)
+OWN_KW = ("agent_prompts",)                # this package's: passed only when named
+
+# %% ../nbs/04_rewards.ipynb #19acd42d
+def reward_call_form(fn: Callable, num_agents: int) -> tuple[str, frozenset]:
+    "How to call `fn` for `num_agents` agents: (form, the keywords among batch_items/prompts/agent_prompts it accepts)."
+    try: params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError): return "unknown", frozenset()
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
+    named = {p.name for p in params if p.kind != p.POSITIONAL_ONLY}
+    takes = frozenset([k for k in _KW if k in named or (var_kw and k in VAR_KW)] + [k for k in OWN_KW if k in named])
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in params): return "varargs", takes
+    core = [p for i, p in enumerate(pos)
+            if p.name not in ("batch_items", *OWN_KW) and not (p.name == "prompts" and i > 0)]
+    need = [p for p in core if p.default is p.empty]
+    n = num_agents
+    first_named = bool(core) and core[0].name == "prompts"
+    if len(need) == n + 1 or (first_named and len(need) <= n + 1 <= len(core)):
+        return "prompts_first", takes - {"prompts"}
+    if len(need) <= n <= len(core): return "agents", takes
+    if n > 1 and len(need) <= 1 <= len(core): return "lists", takes
+    raise TypeError(f"reward function '{getattr(fn, '__name__', fn)}' takes {len(core)} positional parameters "
+                    f"({len(need)} required) but there are {n} agents; take {n} (one list of completions per agent), "
+                    f"{n + 1} (prompts first, then one list per agent) or 1 (the list of the {n} lists)")
+
+# %% ../nbs/04_rewards.ipynb #0ac65592
+PROMPT_LAYOUTS = ("first", "agents")
+
+def library_groups(batch_items, prompts, batched: bool = True) -> list[list[int]]:
+    "Index runs of consecutive joint responses with the same item and prompts (one each when not batched)."
+    if batch_items is None or prompts is None:
+        raise ValueError("a reward that takes prompts (f(prompts, c1, ..., cn) or prompts=) needs the trainer to pass "
+                         "batch_items and prompts, and this call has none; take the completions only (f(c1, ..., cn)) "
+                         "for this caller")
+    J = len(batch_items)
+    if any(len(p) != J for p in prompts):
+        raise ValueError(f"prompts must hold one entry per joint response ({J}), got lengths "
+                         f"{[len(p) for p in prompts]}")
+    groups: list[list[int]] = []
+    for j in range(J):
+        same = batched and groups and (batch_items[j] is batch_items[j - 1] or batch_items[j] == batch_items[j - 1]) \
+            and all(p[j] == p[j - 1] for p in prompts)
+        if same: groups[-1].append(j)
+        else: groups.append([j])
+    return groups
+
+def library_prompts(prompts, j: int, layout: str = "first") -> list[str]:
+    "The library's `prompts` for joint response j: [agent 1's prompt] ('first') or every agent's prompt ('agents')."
+    if layout not in PROMPT_LAYOUTS:
+        raise ValueError(f"prompt layout {layout!r} is invalid: use one of {PROMPT_LAYOUTS}")
+    return [prompts[0][j]] if layout == "first" else [p[j] for p in prompts]
 
 # %% ../nbs/04_rewards.ipynb #88106353
 def _fn_name(fn) -> str: return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
@@ -135,6 +191,30 @@ def _rf_process(self: RewardFunction, v: float):
 RewardFunction.__call__, RewardFunction._invoke, RewardFunction._process = _rf_call, _rf_invoke, _rf_process
 RewardFunction._call_ours, RewardFunction._call_library = _rf_call_ours, _rf_call_library
 RewardFunction._prompts_note = _rf_prompts_note
+
+# %% ../nbs/04_rewards.ipynb #101f0f89
+def resolve_reward_range(reward_func) -> Optional[tuple[float, float]]:
+    "The (min, max) a reward function declares with `set_reward_range`, checked; None when it declares none."
+    r = getattr(reward_func, "reward_range", None)
+    if r is None: return None
+    if isinstance(r, (str, bytes)) or not isinstance(r, Sequence) or len(r) != 2:
+        raise ValueError(f"reward_range must be a pair (minimum, maximum), got {r!r}; use set_reward_range(f, lo, hi)")
+    lo, hi = float(r[0]), float(r[1])
+    if not (torch.isfinite(torch.tensor([lo, hi])).all() and lo < hi):
+        raise ValueError(f"reward_range {r!r} must be finite with minimum < maximum")
+    return lo, hi
+
+def set_reward_range(reward_func, minimum: float, maximum: float):
+    "Declare the raw output range of `reward_func` (checked) and return it, so it can wrap a definition."
+    reward_func.reward_range = (float(minimum), float(maximum))
+    resolve_reward_range(reward_func)
+    return reward_func
+
+# %% ../nbs/04_rewards.ipynb #3144c5ca
+def takes_external_prompts(formatter) -> bool:
+    "Whether a formatter names an `external_prompts` parameter (the library then passes the transition's prompt)."
+    try: return "external_prompts" in inspect.signature(formatter).parameters
+    except (TypeError, ValueError): return False
 
 # %% ../nbs/04_rewards.ipynb #2aa2a4f9
 def _key_message(e: KeyError) -> str:

@@ -4,21 +4,24 @@
 
 # %% ../nbs/24_team.ipynb #d33ad247
 from __future__ import annotations
-import copy
+import copy, json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from fastcore.basics import patch
 from .core import as_list, resolve_device
+from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_completions, generate_team, stackable
 from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
-from .engine import adamw
+from .sampling import adamw
 
 # %% auto #0
-__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs']
+__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs',
+           'library_keywords', 'wandb_with_settings', 'TrainerAPI']
 
 # %% ../nbs/24_team.ipynb #b3459ab2
 def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> list:
@@ -181,3 +184,78 @@ def trainer_inputs(trainer, args, reward_func, reward_processor=None, formatters
     trainer.eval_logger, trainer.eval_aggregator, trainer.wandb_config = eval_logger, eval_aggregator, wandb_config
     trainer.output_dir = Path(args.output_dir or Path("runs") / trainer.algo)
     return fs
+
+# %% ../nbs/24_team.ipynb #270e9c39
+def library_keywords(trainer, metrics_callback=None, centralized_adapter=None, hooks: Optional[tuple] = None,
+                     backend_kwargs: Optional[dict] = None, **critics) -> tuple:
+    """Check the library's keywords and keep `metrics_callback` on the trainer; returns (hooks, backend_kwargs): the
+    trainer's (prompt builder, parser), an adapter's when given; its backend's keywords, with MARLHF's critics."""
+    if centralized_adapter is not None:                 # the library's CentralizedMAGRPOTrainer argument
+        if hooks is None:
+            raise TypeError(f"{type(trainer).__name__} takes no centralized_adapter; it belongs to CentralizedMAGRPO"
+                            "Trainer (the preference trainers take centralized_comparator_adapter)")
+        hooks = adapter_callables(centralized_adapter)
+    if metrics_callback is not None and not callable(metrics_callback):
+        raise TypeError(f"metrics_callback must be a function of the batch's rollouts returning {{name: number}}, "
+                        f"got {type(metrics_callback).__name__}")
+    moved = {k: v for k, v in critics.items() if v is not None}     # critics=, critic_model=: the RL backend's
+    if moved: backend_kwargs = {**(backend_kwargs or {}), **moved}
+    trainer.metrics_callback = metrics_callback    # the run engine calls it once per batch (Run.end_of_batch)
+    return hooks, backend_kwargs
+
+# %% ../nbs/24_team.ipynb #fe39878b
+def wandb_with_settings(wandb_config, args):
+    "`wandb_config` with the trainer's settings (`args` as JSON values) leading its run config; else as given."
+    if not isinstance(wandb_config, dict) or not is_dataclass(args): return wandb_config
+    settings = json.loads(json.dumps(asdict(args), default=str))
+    return {**wandb_config, "config": {**settings, **(wandb_config.get("config") or {})}}
+
+# %% ../nbs/24_team.ipynb #3987a071
+class TrainerAPI:
+    "A trainer's base class: the existing library's attribute names and checkpoint methods on every trainer."
+    @property
+    def num_agents(self) -> int:
+        "The library's `num_agents`: the trained models (one for a centralized actor, else one per agent)."
+        central = getattr(self, "algo", "").startswith("centralized") or \
+            getattr(getattr(self, "args", None), "collaboration_mode", None) == "centralized"
+        return 1 if central else self.n
+    @num_agents.setter
+    def num_agents(self, value: int): self.n = value
+
+# %% ../nbs/24_team.ipynb #9fc07133
+@patch(as_prop=True)
+def model_name(self: TrainerAPI) -> Optional[str]:
+    "The library's `trainer.model_name`: the first agent's id or path, else its model type or class name."
+    m = self.agents[0]
+    cfg = getattr(getattr(m, "base_model", m), "config", None) or getattr(m, "config", None)
+    return (getattr(cfg, "_name_or_path", None) or getattr(cfg, "model_type", None)) or type(m).__name__
+
+@patch(as_prop=True)
+def reference_models(self: TrainerAPI) -> list:
+    "The library's `trainer.reference_models`: the frozen reference copies (empty without reference KL)."
+    return list(getattr(self.team, "ref_agents", None) or [])
+
+# %% ../nbs/24_team.ipynb #bf42877e
+_ENV_STEP_ALGOS = ("madpo", "madpo_iter")     # where the library's env_step is the same counter as state["env_step"]
+
+@patch(as_prop=True)
+def env_step(self: TrainerAPI) -> int:
+    "The library's `trainer.env_step` of MADPO / MADPOIter: environment_steps_per_pair per pair trained on (0 first)."
+    if getattr(self, "algo", None) not in _ENV_STEP_ALGOS:
+        raise AttributeError(f"{type(self).__name__}.env_step (comlrl's count of sampled joint responses) is not "
+                             "provided here; read the position from trainer.state (global_batch, epoch)")
+    if not getattr(self.args, "use_environment_step", True): return 0
+    return int(self.state.get("env_step", 0))
+
+# %% ../nbs/24_team.ipynb #8bd6e347
+@patch
+def save_checkpoint(self: TrainerAPI, output_dir):
+    "The library's `trainer.save_checkpoint(dir)`: this trainer's checkpoint written as `dir` (see 25_engine)."
+    from comlrl_nb.engine import save_trainer_checkpoint
+    return save_trainer_checkpoint(self, output_dir)
+
+@patch
+def load_checkpoint(self: TrainerAPI, checkpoint):
+    "The library's `trainer.load_checkpoint(path)`: restore a checkpoint into this trainer; returns its position."
+    from comlrl_nb.engine import load_trainer_checkpoint
+    return load_trainer_checkpoint(self, checkpoint)

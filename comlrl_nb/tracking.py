@@ -4,7 +4,7 @@
 
 # %% ../nbs/22_tracking.ipynb #5e9c7ca7
 from __future__ import annotations
-import io, json, os, re, threading, urllib.parse
+import importlib, io, json, logging, os, re, sys, threading, urllib.parse
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -16,8 +16,8 @@ from .core import atomic_write_bytes, atomic_write_text, logger
 
 # %% auto #0
 __all__ = ['WANDB_CONFIG_KEYS', 'read_metrics', 'MetricsLogger', 'safe_url', 'secret_values', 'scrub_secrets', 'config_json',
-           'wandb_init_kwargs', 'progress_bar', 'callback_metrics', 'new_figure', 'plot_run', 'plot_run_background',
-           'wait_for_plots']
+           'wandb_init_kwargs', 'run_identity', 'progress_bar', 'callback_metrics', 'new_figure', 'plot_run',
+           'plot_run_background', 'wait_for_plots']
 
 # %% ../nbs/22_tracking.ipynb #9b6732cc
 def read_metrics(path) -> list[dict]:
@@ -41,11 +41,12 @@ def _plain_metric(v):
 # %% ../nbs/22_tracking.ipynb #344bc716
 class MetricsLogger:
     "Appends one JSON line per record to `output_dir/metrics.jsonl`, mirrors summaries to trackers."
-    def __init__(self, output_dir, logging_steps: int = 1, wandb_config: dict | None = None, tensorboard: bool = False):
+    def __init__(self, output_dir, logging_steps: int = 1, wandb_config: dict | None = None, tensorboard: bool = False,
+                 identity: dict | None = None):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.logging_steps, self.trackers = max(1, logging_steps), []
-        if wandb_config is not None: self.trackers.append(_WandbTracker(wandb_config))
+        if wandb_config is not None: self.trackers.append(_WandbTracker(wandb_config, identity))
         if tensorboard: self.trackers.append(_TensorboardTracker(Path(output_dir) / "tensorboard"))
     def log(self, record: dict, step: int, console: bool | None = None):
         rec = {k: _plain_metric(v) for k, v in record.items()}
@@ -132,13 +133,15 @@ def _check_wandb_config(wandb_config):
     if bad: raise ValueError(f"wandb_config has unknown keys {bad}; accepted keys: {list(WANDB_CONFIG_KEYS)}")
 
 # %% ../nbs/22_tracking.ipynb #08ce258d
-def _run_config(wandb_config: dict, trainer_config=None) -> dict:
-    "The run config: the trainer's settings (a dict is filled in place), then `config`, then the YAML sections."
+def _run_config(wandb_config: dict, trainer_config=None, identity: dict | None = None) -> dict:
+    """The run config: the trainer's settings (a dict is filled in place), then `config`, then the run's `identity`
+    (`run_identity`), then the YAML sections."""
     run = trainer_config if isinstance(trainer_config, dict) else \
         _plain(asdict(trainer_config)) if is_dataclass(trainer_config) else {}
     if trainer_config is not None and not isinstance(trainer_config, dict) and not is_dataclass(trainer_config):
         raise TypeError(f"the run config must be a dict or a config dataclass, got {type(trainer_config).__name__}")
     run.update(wandb_config.get("config") or {})
+    run.update(identity or {})
     sections = wandb_config.get("config_sections")
     if sections is not None and not isinstance(sections, dict):
         raise TypeError(f"wandb_config['config_sections'] must be a dict of sections, got {type(sections).__name__}")
@@ -153,10 +156,11 @@ def _scrubbed(run: dict) -> dict:
     "The run config as trackers may keep it: `scrub_secrets` of it and of each section (a dict value)."
     return {k: scrub_secrets(v) if isinstance(v, dict) else v for k, v in scrub_secrets(run).items()}
 
-def wandb_init_kwargs(wandb_config: dict, trainer_config=None) -> dict:
-    "`wandb.init` arguments from a library-style wandb_config; the run config: the trainer's settings and sections."
+def wandb_init_kwargs(wandb_config: dict, trainer_config=None, identity: dict | None = None) -> dict:
+    """`wandb.init` arguments from a library-style wandb_config; the run config: the trainer's settings, the run's
+    identity (`run_identity`) and the sections."""
     _check_wandb_config(wandb_config)
-    run = _run_config(wandb_config, trainer_config)
+    run = _run_config(wandb_config, trainer_config, identity)
     kw = {"project": wandb_config.get("project"), "entity": wandb_config.get("entity"),
           "name": wandb_config.get("name") or wandb_config.get("run_name"), "config": _scrubbed(run)}
     tags = wandb_config.get("tags")
@@ -170,13 +174,39 @@ def wandb_init_kwargs(wandb_config: dict, trainer_config=None) -> dict:
     kw.update({k: wandb_config[k] for k in ("mode", "id", "resume", "group", "notes", "job_type") if k in wandb_config})
     return kw
 
+# %% ../nbs/22_tracking.ipynb #33ee1577
+_ALGORITHM_NAMES = {"magrpo": "MAGRPO", "centralized_magrpo": "MAGRPO", "mareinforce": "MAREINFORCE",
+                    "marloo": "MARLOO", "maremax": "MAReMax", "maac": "MAAC", "iac": "IAC", "madpo": "MADPO",
+                    "marlhf": "MARLHF", "madpo_iter": "MADPOIter", "marlhf_iter": "MARLHFIter"}   # the library's names
+
+def _model_label(model) -> Optional[str]:
+    "A model's name as a run records it: its id or path (`config._name_or_path`), else its type, else its class."
+    if model is None or isinstance(model, str): return model
+    for m in (model, getattr(model, "model", None)):                  # a wrapper's inner model
+        cfg = getattr(m, "config", None)
+        name = getattr(cfg, "_name_or_path", None) or getattr(cfg, "model_type", None)
+        if isinstance(name, str) and name: return name
+    return type(model).__name__
+
+# %% ../nbs/22_tracking.ipynb #9fc7b048
+def run_identity(algo: str, num_roles: int | None = None, team=None) -> dict:
+    """What a run is, as the library's trackers record it: `algorithm`, `num_agents` (the actor models: 1 for a
+    centralized trainer), `num_roles`, `num_actor_models` and `model_name` (the first actor's); unknowns left out."""
+    roles = getattr(team, "n", None) or num_roles
+    agents = list(getattr(team, "agents", None) or [])
+    actors = getattr(team, "num_policies", None) or len(agents) or roles
+    out = {"algorithm": _ALGORITHM_NAMES.get(algo, algo), "num_agents": actors, "num_roles": roles,
+           "num_actor_models": actors, "model_name": _model_label(agents[0]) if agents else None}
+    if roles and actors and actors < roles: out["collaboration_mode"] = "centralized"
+    return {k: v for k, v in out.items() if v is not None}
+
 # %% ../nbs/22_tracking.ipynb #1b989944
 class _WandbTracker:
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, identity: dict | None = None):
         try: import wandb
         except ImportError: raise ImportError("wandb_config was given but wandb is not installed: pip install wandb "
                                               "(or pass wandb_config=None)") from None
-        self.run = wandb.init(**wandb_init_kwargs(cfg))
+        self.run = wandb.init(**wandb_init_kwargs(cfg, identity=identity))
         self.identity = {k: v for k in ("id", "project", "entity")      # saved in checkpoints: resume the same run
                          if isinstance(v := getattr(self.run, k, None), str) and v}
     def log(self, rec, step): self.run.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step)
@@ -285,11 +315,29 @@ def _draw(rows: list, out_png, title: str, plot: Optional[Callable]):
             atomic_write_bytes(Path(out_png), buf.getvalue())
     except Exception as e: logger.warning(f"could not draw the run plot {out_png}: {e}")
 
+# %% ../nbs/22_tracking.ipynb #b018ed03
+_PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg", "PIL.Image", "PIL.PngImagePlugin")
+_PLOT_LOGGERS = ("matplotlib.legend",)                  # made by a first legend(), not at import
+_plot_ready = False
+
+def _ready_plot_modules():
+    """Import what a plot imports, and make the loggers its first draw makes, on the calling thread (once; then free):
+    the plot thread adds nothing to `sys.modules` or `logging`'s logger table while the caller may iterate them."""
+    global _plot_ready
+    if _plot_ready: return
+    try:
+        for m in _PLOT_MODULES: importlib.import_module(m)
+        sys.modules["PIL.Image"].preinit()                 # the image plugins a PNG save imports
+    except ImportError: pass                              # no matplotlib: the thread only logs that it cannot draw
+    for name in _PLOT_LOGGERS: logging.getLogger(name)
+    _plot_ready = True
+
 # %% ../nbs/22_tracking.ipynb #1f437a85
 def plot_run_background(metrics, out_png, title: str = "training run", plot: Optional[Callable] = None):
     "`plot(metrics, out_png, title)` (default `plot_run`) in a thread; the thread, or None when the PNG is current."
     if _plot_is_current(metrics, out_png): return None
     rows = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
+    _ready_plot_modules()
     t = threading.Thread(target=_draw, args=(rows, out_png, title, plot), name="comlrl_nb-plot")
     t.start()
     _PLOTS.append(t)

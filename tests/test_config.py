@@ -317,6 +317,8 @@ NO_EFFECT = [
      "comparator_model_name='m'", "set comparator_policy='model'"),
     (MADPOIterConfig, dict(comparator_policy="api", comparator_api_url=URL, comparator_agents=["a", "b"]),
      "comparator_agents=['a', 'b']", "compares with the remote model"),
+    (IACConfig, dict(value_clip_range=0.3), "value_clip_range=0.3", "separate critics never read it"),
+    (IACConfig, dict(value_head_hidden_dim=16), "value_head_hidden_dim=16", "value heads on the actors"),
 ]
 
 

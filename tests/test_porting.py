@@ -583,3 +583,34 @@ def test_formatter_with_external_prompts_gets_the_transition_prompt_at_turn_two(
     later = [s for s in seen if s is not None]
     assert None in seen and later, seen                                  # turn 1: f(item); turn 2: external_prompts=
     assert all(s.startswith("<revise 0> ") for s in later), later        # agent 1's own prompt from the transition
+
+
+# ------------------------------------------------------------------ a script's own trainer subclass
+class ScriptTrainer(MAGRPOTrainer):
+    "A trainer subclass as a ported script (or a notebook cell) writes one: nothing wraps it at import."
+    def __init__(self, *args, label="mine", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.label = label
+
+
+def test_a_script_subclass_has_the_library_keywords_and_attributes(tmp_path):
+    import inspect
+    assert "metrics_callback" in inspect.signature(MAGRPOTrainer.__init__).parameters
+    assert inspect.signature(MAGRPOTrainer.__init__).parameters["metrics_callback"].default is None
+    m, tok = make_tiny_model(seed=0)
+    seen = []
+    tr = ScriptTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [float(len(x)) for x in a],
+                       formatters=FORMATTERS, train_dataset=ITEMS, label="ported",
+                       metrics_callback=lambda rollouts: seen.append(len(rollouts)) or {"custom/n": len(rollouts)},
+                       args=MAGRPOConfig(num_agents=2, num_generations=2, max_new_tokens=3, rollout_batch_size=2,
+                                         eval_interval=0, output_dir=str(tmp_path / "run"), progress_bar=False,
+                                         save_plot=False))
+    assert (tr.label, tr.num_agents, tr.model_name) == ("ported", 2, "llama")
+    tr.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert seen and [r["custom/n"] for r in rows if "custom/n" in r] == [float(s) for s in seen]
+    saved = tr.save_checkpoint(tmp_path / "ck")
+    assert (saved / "trainer_state.json").is_file()
+    assert tr.load_checkpoint(saved)["global_batch"] == tr.state["global_batch"] > 0
+    with pytest.raises(TypeError, match="metrics_callback must be a function"):
+        ScriptTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a), metrics_callback=3)

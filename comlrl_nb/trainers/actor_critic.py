@@ -20,11 +20,14 @@ from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
 from ..distributed import DistContext
-from ..engine import Run, SampleBuffers, Sampler, adamw, batches_ahead, eval_count, minibatches, plot_run
+from ..engine import Run, eval_count
+from ..sampling import SampleBuffers, Sampler, adamw, batches_ahead, minibatches
+from ..tracking import plot_run
 from ..engine import restart_phase
 from ..rollout import Rollout, Sample, TransitionError, Turn, call_transition
 from .reinforce import _check_devices, _check_hooks
-from ..team import Team, map_jobs, team_attr, trainer_inputs, validate_dataset
+from ..team import (Team, TrainerAPI, library_keywords, map_jobs, team_attr, trainer_inputs,
+                            validate_dataset, wandb_with_settings)
 
 # %% auto #0
 __all__ = ['Episodes', 'td_targets', 'td_advantages', 'normalize_advantages', 'discounted_returns', 'kl_td_targets', 'value_loss',
@@ -184,7 +187,7 @@ from dataclasses import fields
 from ..config import (AdvantageFields, BufferFields, CheckpointFields, CriticFields, DeviceFields,
                               EvalFields, GenerationFields, LoggingFields, MultiTurnFields, ReferenceKLFields,
                               RolloutFields, RunFields, SamplingFields, ScheduleFields, TaskFields, TeamFields,
-                              TrainerConfig, TurnFields, ValueHeadFields, compose)
+                              TrainerConfig, TurnFields, ValueHeadFields, compose, no_effect)
 
 _AC_UNUSED: dict = {}          # every composed field is read (reference KL too: see "Reference KL" above)
 
@@ -224,13 +227,12 @@ class ActorCriticConfig(TrainerConfig):
 
 # %% ../../nbs/31_actor_critic.ipynb #b42701c3
 def _iac_relations(c, owner: str):
-    "A separate critic per agent and a value head on each actor read different fields: refuse the other kind's."
+    "A separate critic per agent and a value head on each actor read different fields: the other kind's warn."
     if c.use_separate_critic:
         for f, d in (("value_clip_range", 0.2), ("value_head_hidden_dim", None)):
-            if getattr(c, f) != d:
-                raise config_error(owner, f"{f}={getattr(c, f)!r} applies to value heads on the actors "
-                                          "(use_separate_critic=False); separate critics never read it: remove it or "
-                                          "set use_separate_critic=False")
+            if getattr(c, f) != d:              # comlrl 1.4.3 accepts both here and ignores them: a warning, no stop
+                no_effect(owner, f, getattr(c, f), "it applies to value heads on the actors "
+                          "(use_separate_critic=False) and separate critics never read it")
         return
     if c.critic_value_head_hidden_dim is not None:
         raise config_error(owner, f"critic_value_head_hidden_dim={c.critic_value_head_hidden_dim!r} sizes separate "
@@ -307,7 +309,7 @@ Episodes = Rollout          # the old name of a batch of episodes: a Rollout (20
 _all_ = ["Episodes"]
 
 # %% ../../nbs/31_actor_critic.ipynb #e08d38da
-class ActorCriticTrainer:
+class ActorCriticTrainer(TrainerAPI):
     "The loop shared by MAACTrainer and IACTrainer (see those); not used directly."
     config_class, algo = ActorCriticConfig, "actor_critic"
     __getattr__ = team_attr                    # tr.agents, tr.tokenizers, tr.optimizers, ...: the team's
@@ -316,11 +318,16 @@ class ActorCriticTrainer:
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, critic_model=None, critics=None,
-                 critic_tokenizer=None, evaluator: Optional[Callable] = None):
+                 critic_tokenizer=None, evaluator: Optional[Callable] = None, *, metrics_callback=None,
+                 centralized_adapter=None):
+        """`metrics_callback(rollouts) -> {name: number}` adds its numbers to each batch's metrics line
+        (its episodes); `centralized_adapter` belongs to CentralizedMAGRPOTrainer (refused here)."""
+        library_keywords(self, metrics_callback, centralized_adapter)             # the library's keywords, checked
         args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                                 external_transition)
         formatters = trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset,
                                     eval_logger, eval_aggregator, wandb_config)     # args, n, reward_fn, datasets, ...
+        self.reward_fn.prompt_layout = "agents"     # a library-form reward gets every agent's prompt, per item
         self.evaluator = evaluator          # an evaluation to run instead of this one (MARLHF's, with the task reward)
         self.external_transition, self.model_config = external_transition, model_config
         self._check_critic_sources(critic_model, critics)              # before any model loads
@@ -328,6 +335,7 @@ class ActorCriticTrainer:
         self.critics, self.critic_of = self._build_critics(critic_model, critics, critic_tokenizer)
         self._make_optimizers()
         self._init_loop_state()
+        self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
 
     def _check_critic_sources(self, critic_model, critics):
         "Checks of the critic arguments that need no model loaded (see IACTrainer)."

@@ -19,8 +19,11 @@ from ..advantages import advantage_stats, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..distributed import DistContext
-from ..team import Team, team_attr, trainer_inputs, validate_dataset
-from ..engine import Run, SampleBuffers, eval_count, minibatches, plot_run, restart_phase
+from ..team import (Team, TrainerAPI, library_keywords, team_attr, trainer_inputs, validate_dataset,
+                            wandb_with_settings)
+from ..engine import Run, eval_count, restart_phase
+from ..sampling import SampleBuffers, minibatches
+from ..tracking import plot_run
 from ..config import CollaborationFields, TrainerConfig, compose
 from ..rollout import Sample, Turn, merge_turns, samples_from
 from .reinforce import MAGRPOConfig
@@ -53,7 +56,7 @@ class CentralizedMAGRPOConfig(TrainerConfig):
     "Settings of centralized MAGRPO: MAGRPOConfig's fields (one turn) plus collaboration_mode='centralized'."
 
 # %% ../../nbs/32_centralized.ipynb #c7f7d0e1
-class CentralizedMAGRPOTrainer:
+class CentralizedMAGRPOTrainer(TrainerAPI):
     "One joint actor writes every role's answer; MAGRPO's group-relative update on the whole joint completion."
     config_class, algo = CentralizedMAGRPOConfig, "centralized_magrpo"
     __getattr__ = team_attr                  # tr.agents, tr.tokenizers, tr.optimizers, ...: the team's (one actor)
@@ -62,7 +65,11 @@ class CentralizedMAGRPOTrainer:
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, centralized_prompt_builder=None,
                  centralized_parser=None, eval_logger=None, eval_aggregator=None, wandb_config: Optional[dict] = None,
-                 train_reward=None):
+                 train_reward=None, *, metrics_callback=None, centralized_adapter=None):
+        """`centralized_adapter`: the library's adapter object (08_centralized_text), used as the prompt builder
+        and parser; `metrics_callback(rollouts) -> {name: number}` adds its numbers to each batch's metrics line."""
+        (centralized_prompt_builder, centralized_parser), _ = library_keywords(      # before any work
+            self, metrics_callback, centralized_adapter, (centralized_prompt_builder, centralized_parser))
         args = self._check_args(args, agents, num_agents, tokenizer, reward_func, eval_logger, eval_aggregator)
         trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset, eval_logger,
                        eval_aggregator, wandb_config)                    # args, n, reward_fn, datasets, ...
@@ -73,6 +80,7 @@ class CentralizedMAGRPOTrainer:
         self.state = {"epoch": 0, "batch_in_epoch": 0, "global_batch": 0, "optimizer_steps": [0]}
         self.buffers = SampleBuffers(1, args.rollout_buffer_size)          # the actor's samples, drained by updates
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
+        self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
 
 # %% ../../nbs/32_centralized.ipynb #4dbaee51
 def check_one_actor(who: str, n: int, agents, tokenizer):
@@ -317,8 +325,3 @@ def start_phase(self: CentralizedMAGRPOTrainer, output_dir, seed: int) -> Centra
     """A new training phase on the same team (models, optimizers, references): position 0, empty buffers, sampling
     keys from `seed`, metrics under `output_dir`, no checkpoints of its own (MARLHFIter's rounds checkpoint it)."""
     return restart_phase(self, output_dir, seed, self.buffers)
-
-# %% ../../nbs/32_centralized.ipynb #139d5a5c
-from . import reinforce as _reinforce
-_reinforce.CentralizedMAGRPOConfig = CentralizedMAGRPOConfig
-_reinforce.CentralizedMAGRPOTrainer = CentralizedMAGRPOTrainer

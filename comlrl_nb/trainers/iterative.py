@@ -22,9 +22,10 @@ from ..replay import ReplayBuffer, check_replay_options
 from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, ComparatorSide,
                                    centralized_parse_error, sample_comparator, select_comparisons)
 from ..reward_model import _pair_texts
-from ..team import Team
+from ..team import Team, TrainerAPI, library_keywords, wandb_with_settings
 from ..distributed import DistContext
-from ..engine import MetricsLogger, Run, new_figure, read_metrics
+from ..engine import Run
+from ..tracking import MetricsLogger, callback_metrics, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
                                       dpo_metrics, madpo_args, madpo_update)
@@ -119,7 +120,7 @@ class MARLHFIterConfig(TrainerConfig):
 # %% ../../nbs/53_iterative.ipynb #d7a0b002
 from .evaluation import eval_samples, evaluate_team
 
-class PreferenceRounds:
+class PreferenceRounds(TrainerAPI):
     "Rounds of iterative preference training: collect against a comparator, store, select, train on the selection."
     agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
     dist = DistContext(from_env=False)     # every process runs it whole; MADPOIter sets its own (data parallel)
@@ -182,7 +183,11 @@ class MADPOIterTrainer(PreferenceRounds):
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, comparator_tokenizer=None,
                  comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
                  comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None,
-                 centralized_comparator_adapter=None):
+                 centralized_comparator_adapter=None, *, metrics_callback=None, centralized_adapter=None):
+        """`metrics_callback(pairs) -> {name: number}` is called once per round with the round's training pairs,
+        its numbers in the round's line; `centralized_adapter`: the library's adapter, as the prompt builder/parser."""
+        (centralized_prompt_builder, centralized_parser), _ = library_keywords(      # before any work
+            self, metrics_callback, centralized_adapter, (centralized_prompt_builder, centralized_parser))
         self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
                                       centralized_parser, centralized_comparator_adapter)
         check_task(reward_func, eval_logger, eval_aggregator)
@@ -199,6 +204,7 @@ class MADPOIterTrainer(PreferenceRounds):
         self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator, builder,
                            parser)
         self._tokens = None
+        self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
 
 # %% ../../nbs/53_iterative.ipynb #bc2fe657
 from .central import JointActor
@@ -504,6 +510,13 @@ def _log_round(self: PreferenceRounds, run: Run, nu: int, st: dict, chosen: list
                 f"won {st['comparator_win_rate']:.0%} of the rest), trained on {len(chosen)}")
     return row
 
+@patch
+def _log_round(self: MADPOIterTrainer, run: Run, nu: int, st: dict, chosen: list, trained: dict) -> dict:
+    "The round's line, with metrics_callback(the round's training pairs) in it (MARLHFIter's backend calls its own)."
+    cb = getattr(self, "metrics_callback", None)
+    extra = callback_metrics(cb, chosen) if cb else {}
+    return PreferenceRounds._log_round(self, run, nu, st, chosen, {**trained, **extra})
+
 # %% ../../nbs/53_iterative.ipynb #acb06bfc
 class RunEntries:
     "A run component made of two functions: the checkpoint entries it writes, and how it reads them back."
@@ -650,7 +663,14 @@ class MARLHFIterTrainer(PreferenceRounds):
                  reward_tokenizer=None, backend_kwargs: Optional[dict] = None, comparator_tokenizer=None,
                  comparator_client=None, comparator_generator=None, comparator_prompt_builder=None,
                  comparator_parser=None, centralized_prompt_builder=None, centralized_parser=None,
-                 centralized_comparator_adapter=None):
+                 centralized_comparator_adapter=None, *, metrics_callback=None, centralized_adapter=None,
+                 critics=None, critic_model=None):
+        """The library's keywords: `metrics_callback(rollouts) -> {name: number}` (its backend calls it per policy
+        batch), `centralized_adapter` (as the prompt builder and parser), `critics=` / `critic_model=` (the
+        actor-critic backend's, added to `backend_kwargs`)."""
+        (centralized_prompt_builder, centralized_parser), backend_kwargs = library_keywords(      # before any work
+            self, metrics_callback, centralized_adapter, (centralized_prompt_builder, centralized_parser),
+            backend_kwargs, critics=critics, critic_model=critic_model)
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
         self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
@@ -669,6 +689,8 @@ class MARLHFIterTrainer(PreferenceRounds):
                            parser)
         self._rm_initial = {k: v.detach().cpu().clone() for k, v in self.reward_model.state_dict().items()}
         self._rm_fitted = False
+        if metrics_callback is not None: self.policy_trainer.metrics_callback = metrics_callback   # its policy phase
+        self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
 
     def learned_reward(self, *completions, agent_prompts=None, **_) -> list[float]:
         "The policy phase's reward: the frozen reward model's score of each joint response."

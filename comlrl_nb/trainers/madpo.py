@@ -21,8 +21,9 @@ from ..preference import (build_pair_dataset, check_preference_config, collect_p
 from ..distributed import DistContext
 from ..rewards import RewardFunction
 from ..comparators import centralized_prompt, parse_agent_sections
-from ..team import Team
-from ..engine import MetricsLogger, Run, eval_count, plot_run
+from ..team import Team, TrainerAPI, library_keywords, wandb_with_settings
+from ..engine import Run, eval_count
+from ..tracking import MetricsLogger, plot_run
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
@@ -64,7 +65,7 @@ class FromTeam:
     def __get__(self, obj, owner=None): return self if obj is None else getattr(obj.team, self.name)
     def __set__(self, obj, value): setattr(obj.team, self.name, value)
 
-class MADPOTrainer:
+class MADPOTrainer(TrainerAPI):
     "Multi-agent DPO on preference pairs the team collects itself (see the loop below)."
     config_class, algo = MADPOConfig, "madpo"
     agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
@@ -73,7 +74,12 @@ class MADPOTrainer:
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None,
-                 centralized_prompt_builder=None, centralized_parser=None, centralized_comparator_adapter=None):
+                 centralized_prompt_builder=None, centralized_parser=None, centralized_comparator_adapter=None, *,
+                 metrics_callback=None, centralized_adapter=None):
+        """`metrics_callback(pairs) -> {name: number}` adds its numbers to each batch's metrics line (the batch's
+        pairs); `centralized_adapter`: the library's adapter, as `centralized_prompt_builder` / `centralized_parser`."""
+        (centralized_prompt_builder, centralized_parser), _ = library_keywords(      # before any work
+            self, metrics_callback, centralized_adapter, (centralized_prompt_builder, centralized_parser))
         self.args = args = madpo_args(self.config_class, args, num_agents, agents, centralized_prompt_builder,
                                       centralized_parser, centralized_comparator_adapter)
         self.n, central = args.num_agents, args.collaboration_mode == "centralized"
@@ -92,6 +98,7 @@ class MADPOTrainer:
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
         if central: self._setup_centralized(centralized_prompt_builder, centralized_parser,
                                             centralized_comparator_adapter)
+        self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
@@ -174,7 +181,7 @@ def check_adapter(args, adapter, builder=None, parser=None):
 # %% ../../nbs/42_madpo.ipynb #bed1b915
 def adapter_hooks(adapter) -> tuple[Callable, Callable]:
     "An adapter as (builder(role_prompts, item), parser(text, n, item)); its parse error means 'does not parse'."
-    from comlrl_nb.porting import CentralizedComparatorParseError
+    from comlrl_nb.centralized_text import CentralizedComparatorParseError
     def parser(text, n, item=None):
         try: return adapter.parse_completion(text, item, n)
         except CentralizedComparatorParseError: return None

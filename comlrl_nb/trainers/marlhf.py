@@ -17,9 +17,10 @@ from ..preference import build_pair_dataset, check_preference_config, load_pairs
 from ..generation import fast_decodable
 from ..reward_model import JointRewardModel, _pair_texts, joint_text
 from ..rewards import RewardFunction, format_prompt, resolve_formatters
-from ..team import validate_dataset
+from ..team import TrainerAPI, library_keywords, validate_dataset, wandb_with_settings
 from ..comparators import centralized_prompt, parse_agent_sections
-from ..engine import CheckpointManager, MetricsLogger
+from ..checkpoints import CheckpointManager
+from ..tracking import MetricsLogger
 from .reinforce import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer,
                                           MAReMaxTrainer, _validate_reinforce)
 from .madpo import (FromTeam, adapter_hooks, central_candidates, central_evaluate,
@@ -121,7 +122,7 @@ def central_hooks(args, builder=None, parser=None, adapter=None) -> dict:
     return {"centralized_prompt_builder": builder, "centralized_parser": parser}
 
 # %% ../../nbs/43_marlhf.ipynb #66e1bea7
-class MARLHFTrainer:
+class MARLHFTrainer(TrainerAPI):
     "Preference pairs -> joint reward model (Bradley-Terry) -> policies trained by an RL backend on the frozen reward."
     config_class, algo = MARLHFConfig, "marlhf"
     agents, tokenizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam()
@@ -131,7 +132,14 @@ class MARLHFTrainer:
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
                  eval_aggregator=None, wandb_config: Optional[dict] = None, oracle=None, reward_model=None,
                  reward_tokenizer=None, backend_kwargs: Optional[dict] = None, centralized_prompt_builder=None,
-                 centralized_parser=None, centralized_comparator_adapter=None):
+                 centralized_parser=None, centralized_comparator_adapter=None, *, metrics_callback=None,
+                 centralized_adapter=None, critics=None, critic_model=None):
+        """The library's keywords: `metrics_callback(rollouts) -> {name: number}` (its backend calls it per policy
+        batch), `centralized_adapter` (as the prompt builder and parser), `critics=` / `critic_model=` (the
+        actor-critic backend's, added to `backend_kwargs`)."""
+        (centralized_prompt_builder, centralized_parser), backend_kwargs = library_keywords(      # before any work
+            self, metrics_callback, centralized_adapter, (centralized_prompt_builder, centralized_parser),
+            backend_kwargs, critics=critics, critic_model=critic_model)
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
         self.n, self.ref_agents, self.pairs = args.num_agents, None, []
@@ -146,6 +154,8 @@ class MARLHFTrainer:
         self.team = (self.central or self.policy_trainer).team      # the backend's agents (centralized: as n roles)
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
         self.train_dataset, self.eval_dataset = self.policy_trainer.train_dataset, self.policy_trainer.eval_dataset
+        if metrics_callback is not None: self.policy_trainer.metrics_callback = metrics_callback   # its policy phase
+        self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
 
     def _prompt(self, item, i: int) -> str: return self.team.prompt(item, i)
     def _map_agents(self, fn: Callable[[int], Any]) -> list: return self.team.map(fn)
@@ -467,6 +477,7 @@ def train(self: MARLHFTrainer, resume_from_checkpoint=None, stop_after_batch: Op
     if dist.enabled: self.output_dir = Path(dist.gather(str(self.output_dir))[0])   # every process: main's choice
     self.policy_trainer.output_dir = self.output_dir        # the policy phase writes into this run's directory
     self.policy_trainer.metrics_callback = getattr(self, "metrics_callback", None)    # called in the policy phase
+    self.policy_trainer.run_identity = {"algorithm": "MARLHF"}    # its tracker records this algorithm
     try: return self._train_phases(resume_from_checkpoint, stop_after_batch, opts)
     finally: release_output_dir(lock)
 

@@ -21,9 +21,11 @@ from ..advantages import advantage_stats, check_advantage_mode, node_advantages,
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
 from ..distributed import DistContext
-from ..team import Team, team_attr, trainer_inputs, validate_dataset
-from ..engine import (Run, SampleBuffers, Sampler, batches_ahead, eval_count, minibatches, plot_run,
-                              restart_phase)
+from ..team import (Team, TrainerAPI, library_keywords, team_attr, trainer_inputs, validate_dataset,
+                            wandb_with_settings)
+from ..engine import Run, eval_count, restart_phase
+from ..sampling import SampleBuffers, Sampler, batches_ahead, minibatches
+from ..tracking import plot_run
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'MAREINFORCETrainer',
@@ -99,7 +101,7 @@ def _check_hooks(args, reward_func, eval_logger, eval_aggregator, transition):
         raise ValueError(f"num_turns={args.num_turns} needs external_transition= (it builds each next turn's prompts)")
 
 # %% ../../nbs/30_reinforce.ipynb #c6b28374
-class MAGRPOTrainer:
+class MAGRPOTrainer(TrainerAPI):
     "Multi-agent REINFORCE with a group baseline (mode set by the config); see the notebook for the loop."
     config_class, algo = MAGRPOConfig, "magrpo"
     __getattr__ = team_attr                  # tr.agents, tr.tokenizers, tr.optimizers, ...: the team's
@@ -108,7 +110,11 @@ class MAGRPOTrainer:
     def __init__(self, agent_model=None, agents=None, num_agents: Optional[int] = None, tokenizer=None,
                  reward_func=None, reward_processor=None, formatters=None, args=None, train_dataset=None,
                  eval_dataset=None, model_config: Optional[dict] = None, external_transition=None, eval_logger=None,
-                 eval_aggregator=None, wandb_config: Optional[dict] = None, evaluator: Optional[Callable] = None):
+                 eval_aggregator=None, wandb_config: Optional[dict] = None, evaluator: Optional[Callable] = None, *,
+                 metrics_callback=None, centralized_adapter=None):
+        """`metrics_callback(rollouts) -> {name: number}` adds its numbers to each batch's metrics line;
+        `centralized_adapter` belongs to CentralizedMAGRPOTrainer (refused here). See `library_keywords` (24_team)."""
+        library_keywords(self, metrics_callback, centralized_adapter)             # the library's keywords, checked
         args = self._check_args(args, agents, num_agents, reward_func, eval_logger, eval_aggregator,
                                 external_transition)
         formatters = trainer_inputs(self, args, reward_func, reward_processor, formatters, train_dataset, eval_dataset,
@@ -122,6 +128,7 @@ class MAGRPOTrainer:
         self.sampler = Sampler(self.team, args.seed)                         # owns the sampled-ahead completions
         self.dist = DistContext()           # data parallel under `accelerate launch` (a no-op in one process)
         self._update_times = {}             # per agent: [log-prob forward s, backward + optimizer step s] of this batch
+        self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
 
 # %% ../../nbs/30_reinforce.ipynb #fa38b303
 @patch
