@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from fastcore.basics import patch
-from .core import as_list, logger, resolve_device
+from .core import as_list, atomic_write_text, logger, resolve_device
 from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_completions, generate_team, stackable
@@ -153,13 +153,23 @@ def load_state_dict(self: Team, sd: dict):
         for m, s in zip(self.ref_agents, sd["refs"]): m.load_state_dict(s)
 
 # %% ../nbs/24_team.ipynb #e7baa0d6
+def _config_token_ids(d: Path, tokenizer):
+    "Fill a saved config.json's missing pad/eos ids from the tokenizer (what comlrl writes; set ids stay as they are)."
+    f = d / "config.json"
+    if not f.is_file(): return                                   # an adapter directory has no config.json
+    cfg = json.loads(f.read_text())
+    ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+    missing = {k: v for k, v in ids.items() if cfg.get(k) is None and v is not None}
+    if missing: atomic_write_text(f, json.dumps({**cfg, **missing}, indent=2, sort_keys=True) + "\n")
+
 @patch
 def save_pretrained(self: Team, output_dir) -> Path:
-    "Write each agent's model and tokenizer to output_dir/agent_<i>/."
+    "Write each agent's model and tokenizer to output_dir/agent_<i>/ (config.json with the tokenizer's pad/eos ids)."
     out = Path(output_dir)
     for i, (m, t) in enumerate(zip(self.agents, self.tokenizers)):
         m.save_pretrained(out / f"agent_{i}")
         t.save_pretrained(out / f"agent_{i}")
+        _config_token_ids(out / f"agent_{i}", t)
     return out
 
 # %% ../nbs/24_team.ipynb #8dc4fd9c

@@ -686,3 +686,17 @@ def test_unknown_model_config_keys_warn_once_and_train(caplog):
     m, tok = make_tiny_model(seed=0)
     MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a), model_config=mc,
                   args=MAGRPOConfig(output_dir=None))
+
+
+def test_saved_agent_config_carries_the_tokenizers_pad_and_eos_ids(tmp_path):
+    "comlrl writes the tokenizer's pad/eos ids into each saved agent's config.json; a model config lacking them gets them."
+    import json
+    from comlrl_nb import MAGRPOConfig, MAGRPOTrainer, make_tiny_model
+    m, tok = make_tiny_model(seed=0)
+    m.config.pad_token_id = m.config.eos_token_id = None
+    tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [0.0] * len(a),
+                       args=MAGRPOConfig(output_dir=None))
+    tr.save_model(tmp_path / "out")
+    for i in (0, 1):
+        cfg = json.loads((tmp_path / "out" / f"agent_{i}" / "config.json").read_text())
+        assert (cfg["pad_token_id"], cfg["eos_token_id"]) == (tok.pad_token_id, tok.eos_token_id), cfg
