@@ -120,7 +120,8 @@ class RewardFunction:
         self.pass_items, self.pass_prompts = "batch_items" in takes, "prompts" in takes
         self.pass_agent_prompts = "agent_prompts" in takes           # this package's per-agent lists, by name only
         self.per_item = self.form == "prompts_first" or (self.pass_prompts and not self.pass_agent_prompts)
-        self.kw_prompts = _var_kw(fn) and self.form != "prompts_first" and not self.pass_prompts   # **kwargs: as comlrl
+        self.kw_prompts = _var_kw(fn) and self.form != "prompts_first" and not (self.pass_prompts or
+                                                                                 self.pass_agent_prompts)  # as comlrl
         self.list_of_lists, self.prompt_layout = self.form == "lists", prompt_layout
         self.__name__ = _fn_name(fn)
 

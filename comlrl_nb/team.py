@@ -20,8 +20,9 @@ from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve
 from .sampling import adamw
 
 # %% auto #0
-__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs',
-           'config_num_agents', 'library_keywords', 'wandb_with_settings', 'TrainerAPI']
+__all__ = ['SAMPLING_FIELDS', 'ARCH_KEYS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'architecture',
+           'check_architectures', 'team_attr', 'trainer_inputs', 'config_num_agents', 'library_keywords',
+           'wandb_with_settings', 'TrainerAPI']
 
 # %% ../nbs/24_team.ipynb #b3459ab2
 def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> list:
@@ -132,6 +133,38 @@ def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys:
     return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
                          stack=self._stack, **{**self.sampling, **sampling})
 
+# %% ../nbs/24_team.ipynb #c8e10a01
+ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "intermediate_size", "head_dim", "hidden_act", "rope_theta", "rms_norm_eps",
+             "max_position_embeddings", "tie_word_embeddings", "n_embd", "n_layer", "n_head", "n_inner")
+
+def architecture(model) -> Optional[dict]:
+    "The settings of a model's config that decide its shapes and function (None for a model without a config)."
+    cfg = getattr(getattr(model, "base_model", model), "config", None) or getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "to_dict"): return None
+    d = cfg.to_dict()
+    return {k: d[k] for k in ARCH_KEYS if k in d}
+
+# %% ../nbs/24_team.ipynb #c8e10a02
+def check_architectures(agents, saved) -> None:
+    "Refuse a resume into agents whose architecture differs from the checkpoint's, naming the agent and the settings."
+    for i, (m, was) in enumerate(zip(agents, saved or [])):
+        now = architecture(m)
+        if was is None or now is None: continue
+        diff = [k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+        if diff: raise ValueError(
+            f"cannot resume: agent {i} was a model with {', '.join(f'{k}={was.get(k)!r}' for k in diff)} in the "
+            f"checkpoint, and this run's agent {i} has {', '.join(f'{k}={now.get(k)!r}' for k in diff)}; resume with "
+            "the models the run started with, or start a new run")
+
+def _load_weights(model, state: dict, what: str):
+    "model.load_state_dict(state), torch's shape errors named (which model, the first mismatch) with the fix."
+    try: model.load_state_dict(state)
+    except RuntimeError as e:
+        first = next((l.strip() for l in str(e).splitlines() if "size mismatch" in l or "Missing" in l), str(e)[:200])
+        raise ValueError(f"cannot resume: the checkpoint's weights do not fit {what} ({first}); resume with the "
+                         "models the run started with, or start a new run") from None
+
 # %% ../nbs/24_team.ipynb #3329224d
 @patch
 def set_param_groups(self: Team, i: int, extra: Sequence[dict] = ()):
@@ -141,16 +174,19 @@ def set_param_groups(self: Team, i: int, extra: Sequence[dict] = ()):
 
 @patch
 def state_dict(self: Team) -> dict:
-    "The agents, their optimizers and the frozen references (None without them)."
+    "The agents, their optimizers, the frozen references (None without them) and each agent's architecture."
     return {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
-            "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}
+            "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None,
+            "architectures": [architecture(m) for m in self.agents]}
 
 @patch
 def load_state_dict(self: Team, sd: dict):
-    for m, s in zip(self.agents, sd["agents"]): m.load_state_dict(s)
+    "Restore a `state_dict`, after checking that each agent is the model it was (a named error if not)."
+    check_architectures(self.agents, sd.get("architectures"))          # older checkpoints have none: not checked
+    for i, (m, s) in enumerate(zip(self.agents, sd["agents"])): _load_weights(m, s, f"agent {i}")
     for o, s in zip(self.optimizers, sd["optimizers"]): o.load_state_dict(s)
     if self.ref_agents and sd.get("refs"):
-        for m, s in zip(self.ref_agents, sd["refs"]): m.load_state_dict(s)
+        for i, (m, s) in enumerate(zip(self.ref_agents, sd["refs"])): _load_weights(m, s, f"agent {i}'s reference")
 
 # %% ../nbs/24_team.ipynb #e7baa0d6
 def _config_token_ids(d: Path, tokenizer):

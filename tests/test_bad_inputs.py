@@ -1046,3 +1046,28 @@ def test_pruning_killed_midway_leaves_no_half_checkpoint(tmp_path, monkeypatch):
     for p in complete:  # every checkpoint that claims completeness loads
         torch.load(p / "state.pt", weights_only=False)
     assert not list(tmp_path.glob(".checkpoint-*"))                       # the interrupted deletion was finished
+
+
+# ------------------------------------------------------------------ resume into other models (P3, S3)
+def _stopped_run(tmp_path, m, tok):
+    from comlrl_nb import MAGRPOConfig, MAGRPOTrainer
+    cfg = MAGRPOConfig(num_train_epochs=1, num_generations=2, max_new_tokens=3, rollout_batch_size=1, eval_interval=0,
+                       output_dir=str(tmp_path), progress_bar=False, save_steps=1, save_plot=False)
+    return MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=lambda a, b: [float(len(x)) for x in a], args=cfg,
+                         train_dataset=[{"prompt": "x"}, {"prompt": "y"}, {"prompt": "z"}])
+
+
+@pytest.mark.parametrize("change, shown", [(dict(hidden_size=48), "hidden_size=32"),
+                                           (dict(rope_theta=500.0), "rope_theta=")])
+def test_resume_into_agents_of_another_architecture_names_it(tmp_path, change, shown):
+    "The library refuses a resume whose models changed; here too, naming the agent and the settings (not torch's raw "
+    "size-mismatch error, and never silently for a change that keeps the shapes)."
+    m, tok = make_tiny_model(seed=0)
+    _stopped_run(tmp_path, m, tok).train(stop_after_batch=1)
+    other, _ = make_tiny_model(seed=0, **{k: v for k, v in change.items() if k == "hidden_size"})
+    for k, v in change.items():
+        setattr(other.config, k, v)
+    with pytest.raises(ValueError) as e:
+        _stopped_run(tmp_path, other, tok).train(resume_from_checkpoint=True)
+    assert "cannot resume: agent 0 was a model with" in str(e.value) and shown in str(e.value), str(e.value)
+    assert "size mismatch for" not in str(e.value).split("(")[0]
