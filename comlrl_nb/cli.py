@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 from .core import apply_threads, atomic_write_json, auto_precision, logger, resolve_device, setup_logging
-from .config_files import config_from_dict, read_config_file
+from .config_files import ConfigData, config_from_dict, read_config_file
 from .tasks import TASKS, Task, get_task
 from .runs import exit_status, prepare_output_dir
 
@@ -58,9 +58,15 @@ def load_config_file(path) -> dict:
     "A YAML or JSON mapping from a file, with a clear error for anything else (see 27_config_files)."
     return read_config_file(path)
 
-def build_config(config_cls, overrides: dict):
-    "Instantiate a config dataclass, rejecting unknown keys with a suggestion (see 27_config_files)."
-    return config_from_dict(config_cls, overrides)
+def build_config(config_cls, overrides: dict, origin: Optional[dict] = None):
+    """Instantiate a config dataclass, rejecting unknown keys with a suggestion and values of the wrong type (see
+    27_config_files); a bad value that is still the one `origin` (a `--config` file's data) gave is named by file and
+    line."""
+    data = ConfigData(overrides)
+    if isinstance(origin, ConfigData):
+        data.path = origin.path
+        data.lines = {k: l for k, l in origin.lines.items() if k in overrides and overrides[k] is origin[k]}
+    return config_from_dict(config_cls, data)
 
 # %% ../nbs/80_cli.ipynb #3aaf33cc
 def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -> dict:
@@ -221,7 +227,7 @@ def cmd_eval(args) -> dict:
     run_cfg = {k: v for k, v in _run_config(args.agents).items() if k in names
                and k not in ("output_dir", "num_agents")}
     preset = _algo_overrides(args.algo, cfg_cls, task, args.model or "saved", user)
-    cfg = build_config(cfg_cls, {**preset, **run_cfg, "num_agents": task.num_agents, **user})
+    cfg = build_config(cfg_cls, {**preset, **run_cfg, "num_agents": task.num_agents, **user}, user)
     splits = {"eval": task.eval_dataset, "train": task.train_dataset, "all": task.train_dataset + task.eval_dataset}
     rows = task.train_dataset if args.dataset else splits[args.split]
     rows = rows[:args.max_rows] if args.max_rows else rows
@@ -303,6 +309,7 @@ def _overrides(args) -> dict:
         if "=" not in kv: raise ValueError(f"--set expects KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
         ov[k.strip()] = _coerce(v)
+        if isinstance(ov, ConfigData): ov.lines.pop(k.strip(), None)      # now the command line's, not the file's
     return ov
 
 def _models(spec: str, n: int, algo: str = "magrpo", models: int | None = None, backend_critic: bool = False) -> dict:
@@ -343,7 +350,7 @@ def cmd_train(args) -> dict:
     user = _overrides(args)
     ov = {**_algo_overrides(args.algo, cfg_cls, task, args.model, user), "num_agents": task.num_agents,
           "output_dir": args.output_dir, **user}
-    cfg = build_config(cfg_cls, ov)
+    cfg = build_config(cfg_cls, ov, user)
     if cfg.output_dir is not None:                       # a used or unwritable directory: refused before models load
         prepare_output_dir(cfg.output_dir, args.algo, args.resume)
     print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output "
