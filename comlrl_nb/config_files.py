@@ -87,19 +87,28 @@ def _json_keys(text: str):
         i += 1
     return lines, dup
 
-def parse_json(text: str, path, what: str = "file"):
+def parse_json(text: str, path, what: str = "file", key_lines: bool = True, first_line: int = 1):
     """JSON text as Python data, a key given twice in one object refused (naming both lines), errors naming the line
-    and column; returns (data, {object path: {key: line}})."""
-    try: data = json.loads(text)
+    and column; returns (data, {object path: {key: line}}) (`key_lines=False`: an empty map, and a faster parse for
+    big files; `first_line`: the file's line number of the text's first line, when it is one line of a file)."""
+    repeated = []
+    def pairs(kv):
+        d = dict(kv)
+        if len(d) < len(kv): repeated.append(True)
+        return d
+    off = first_line - 1
+    try: data = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as e:
-        raise UserFileError(path, f"not valid JSON ({e.msg})", _JSON_FIX, e.lineno, e.colno) from None
+        raise UserFileError(path, f"not valid JSON ({e.msg})", _JSON_FIX, e.lineno + off, e.colno) from None
     except RecursionError: raise UserFileError(path, "nested too deeply to read", f"flatten the {what}") from None
+    if not (repeated or key_lines): return data, {}
     lines, dup = _json_keys(text)
     if dup is not None:
         where, key, first, second = dup
         inside = f" (in {'.'.join(map(str, where))})" if where else ""
-        raise UserFileError(path, f"the key {key!r} is given twice{inside}, on lines {first} and {second}; JSON keeps "
-                                  "only the last, silently", "remove one of them", second)
+        twice = f"on lines {first + off} and {second + off}" if first != second else "in one line"
+        raise UserFileError(path, f"the key {key!r} is given twice{inside}, {twice}; JSON keeps only the last, "
+                                  "silently", "remove one of them", second + off)
     return data, lines
 
 # %% ../nbs/27_config_files.ipynb #988eb486
