@@ -169,3 +169,113 @@ def test_a_module_that_fails_to_import_names_its_file_and_line(files, monkeypatc
                  "mypkg_s3.rewards:says"]) == 2
     err = capsys.readouterr().err
     assert f"{pkg / 'rewards.py'}, line 2: `RATE = 1 / 0` failed: ZeroDivisionError" in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------ every flag checked before models load (S3)
+@pytest.mark.parametrize("argv, msg", [
+    (["eval", "--model", "tiny", "--samples", "0"], "--samples 0 is invalid: give a whole number >= 1 (joint responses "
+                                                    "per row; leave it out for the config's num_generations)"),
+    (["eval", "--model", "tiny", "--samples", "-3"], "--samples -3 is invalid: give a whole number >= 1"),
+    (["eval", "--model", "tiny", "--max-rows", "0"], "--max-rows 0 is invalid: give a whole number >= 1"),
+    (["eval", "--model", "tiny", "--max-rows", "-2"], "--max-rows -2 is invalid"),
+    (["eval", "--model", "tiny", "--samples", "two"], "argument --samples: invalid int value: 'two'"),
+    (["eval", "--model", "./no/such/model"], "--model ./no/such/model: no such directory"),
+    (["train", "--model", "tiny", "--heldout-samples", "-1"], "--heldout-samples -1 is invalid: give a whole number >= "
+                                                              "0 (joint responses per held-out item before and after "
+                                                              "training; 0 skips the held-out check)"),
+    (["train", "--model", "tiny", "--threads", "0"], "--threads 0 is invalid: give a whole number >= 1"),
+    (["train", "--model", "tiny", "--threads", "many"], "argument --threads: invalid int value: 'many'"),
+    (["train", "--model", "tiny", "--num-agents", "0", "--dataset", "{d}/rows.jsonl", "--reward", "{d}/r.py:says"],
+     "--num-agents 0 is invalid: give a whole number >= 1"),
+    (["train", "--model", "tiny", "--allow-config-change", "seed"], "--allow-config-change applies only with --resume"),
+    (["train", "--model", "tiny", "--resume", "--allow-config-change", "sed"],
+     "--allow-config-change sed: MAGRPOConfig has no field 'sed'; did you mean 'seed'?"),
+    (["train", "--model", "tiny", "--output-dir", "{d}/rows.jsonl"], "--output-dir {d}/rows.jsonl is a file"),
+    (["train", "--model", "{d}/rows.jsonl"], "--model {d}/rows.jsonl is a file; give a model directory"),
+    (["train", "--bogus-flag"], "unrecognized arguments: --bogus-flag"),
+    (["comparator-query", "--prompt", "x", "--n", "0"], "--n 0 is invalid: give a whole number >= 1"),
+    (["comparator-query", "--prompt", "x", "--top-p", "1.5"], "--top-p 1.5 is invalid: give a number in (0, 1]"),
+    (["comparator-query", "--prompt", "x", "--temperature", "-1"], "--temperature -1.0 is invalid: give a number >= 0"),
+])
+def test_every_flag_is_checked_with_its_range_before_models_load(files, argv, msg, capsys, monkeypatch):
+    import comlrl_nb.models as M
+    monkeypatch.setattr(M, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert main([a.format(d=files) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert msg.format(d=files) in err and err.count("\n") == 1, err
+
+
+@pytest.fixture(scope="module")
+def saved_team(tmp_path_factory):
+    from comlrl_nb.models import make_tiny_model
+    d = tmp_path_factory.mktemp("team") / "final"
+    m, tok = make_tiny_model()
+    for i in range(2):
+        m.save_pretrained(d / f"agent_{i}")
+        tok.save_pretrained(d / f"agent_{i}")
+    return d
+
+
+def _damaged(saved_team, tmp_path, damage):
+    import shutil
+    d = tmp_path / "final"
+    shutil.copytree(saved_team, d)
+    damage(d)
+    return d
+
+
+def _truncate(f, keep=0.5):
+    b = f.read_bytes()
+    f.write_bytes(b[:int(len(b) * keep)])
+
+
+def _config(d, **change):
+    c = json.loads((d / "config.json").read_text())
+    c.update(change)
+    (d / "config.json").write_text(json.dumps(c))
+
+
+DAMAGE = {
+    "weights cut in half": (lambda d: _truncate(d / "agent_1" / "model.safetensors"),
+                            r"agent_1 \(.*agent_1\): .*model.safetensors is truncated: \d+ of its \d+ bytes are there"),
+    "weights cut inside the header": (lambda d: _truncate(d / "agent_0" / "model.safetensors", 0.001),
+                                      r"agent_0 \(.*\): .*model.safetensors is truncated \(\d+ bytes, not even its "
+                                      r"header\)"),
+    "no weights": (lambda d: (d / "agent_1" / "model.safetensors").unlink(),
+                   r"agent_1 \(.*\): .* has no weights \(model.safetensors or pytorch_model.bin\)"),
+    "agent_1 missing": (lambda d: __import__("shutil").rmtree(d / "agent_1"),
+                        r"agent_1/ is missing \(found agent_0\); the save was interrupted"),
+    "a wider model's config": (lambda d: _config(d / "agent_1", hidden_size=64, head_dim=16),
+                               r"agent_1 \(.*\): its weights do not fit its config.json \(LlamaForCausalLM\): "
+                               r"model.embed_tokens.weight is \[320, 32\] in the weights, \[320, 64\] for the model"),
+    "another architecture": (lambda d: (d / "agent_0" / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 32, "n_layer": 2, "n_head": 4,
+         "vocab_size": 320, "bos_token_id": 0, "eos_token_id": 0})),
+        r"agent_0 \(.*\): the weights in .* are of another architecture than its config.json \(GPT2LMHeadModel\)"),
+    "fewer layers in the weights": (lambda d: _config(d / "agent_1", num_hidden_layers=3),
+                                    r"agent_1 \(.*\): its weights lack \d+ of the model's tensors \(e.g. "
+                                    r"model.layers.2"),
+    "config.json broken": (lambda d: (d / "agent_0" / "config.json").write_text('{"model_type": "llama",\n "x": }'),
+                           r"agent_0/config.json, line 2, column 7: not valid JSON"),
+    "no tokenizer": (lambda d: [f.unlink() for f in (d / "agent_1").glob("tokenizer*")],
+                     r"agent_1 \(.*\): .* has no tokenizer"),
+    "a stray agent_x": (lambda d: (d / "agent_x").mkdir(), r"agent_x/ is not agent_<number>/"),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGE))
+def test_eval_names_the_damaged_agent_before_loading_any(saved_team, tmp_path, name, capsys, monkeypatch):
+    import re
+    import comlrl_nb.models as M
+    damage, msg = DAMAGE[name]
+    d = _damaged(saved_team, tmp_path, damage)
+    monkeypatch.setattr(M, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert main(["eval", "--agents", str(d), "--samples", "1", "--max-rows", "1"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(msg, err) and err.count("\n") == 1, err
+
+
+def test_an_intact_saved_team_still_evaluates(saved_team, capsys):
+    assert main(["eval", "--agents", str(saved_team), "--samples", "1", "--max-rows", "2", "--set",
+                 "max_new_tokens=4"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 2
