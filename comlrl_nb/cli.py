@@ -4,22 +4,24 @@
 
 # %% ../nbs/80_cli.ipynb #356783ff
 from __future__ import annotations
-import argparse, contextlib, dataclasses, difflib, json, math, re, sys, threading, time
+import argparse, contextlib, dataclasses, difflib, json, math, os, re, shutil, sys, threading, time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 from .core import apply_threads, atomic_write_json, auto_precision, logger, resolve_device, setup_logging
-from .config_files import config_from_dict, read_config_file
+from .config_files import ConfigData, config_from_dict, read_config_file
 from .tasks import TASKS, Task, get_task
-from .runs import exit_status, prepare_output_dir
+from .runs import Terminated, exit_status, guarded_command, prepare_output_dir, run_files
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'load_config_file', 'build_config',
-           'heldout_reward', 'paired_change', 'hardware_choice', 'Stopwatch', 'warm_plotting', 'FirstBatchEstimate',
-           'add_data_args', 'task_from_args', 'plain_weights', 'save_final', 'add_eval_parser', 'cmd_eval', 'cmd_train',
-           'rebase_links', 'render_readme', 'cmd_readme', 'cmd_comparator_query', 'cmd_options', 'run', 'main']
+__all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'TRAINED_DIR', 'REPORT_FILE',
+           'load_config_file', 'build_config', 'heldout_reward', 'paired_change', 'hardware_choice', 'Stopwatch',
+           'warm_plotting', 'FirstBatchEstimate', 'add_data_args', 'task_from_args', 'plain_weights', 'write_agents',
+           'save_final', 'add_eval_parser', 'cmd_eval', 'check_train_args', 'check_eval_args', 'check_query_args',
+           'check_model_dir', 'check_saved_agents', 'read_report', 'cmd_train', 'rebase_links', 'render_readme',
+           'cmd_readme', 'cmd_comparator_query', 'cmd_options', 'run', 'main']
 
 # %% ../nbs/80_cli.ipynb #cac70cfe
 def _algorithms() -> dict:
@@ -58,9 +60,15 @@ def load_config_file(path) -> dict:
     "A YAML or JSON mapping from a file, with a clear error for anything else (see 27_config_files)."
     return read_config_file(path)
 
-def build_config(config_cls, overrides: dict):
-    "Instantiate a config dataclass, rejecting unknown keys with a suggestion (see 27_config_files)."
-    return config_from_dict(config_cls, overrides)
+def build_config(config_cls, overrides: dict, origin: Optional[dict] = None):
+    """Instantiate a config dataclass, rejecting unknown keys with a suggestion and values of the wrong type (see
+    27_config_files); a bad value that is still the one `origin` (a `--config` file's data) gave is named by file and
+    line."""
+    data = ConfigData(overrides)
+    if isinstance(origin, ConfigData):
+        data.path = origin.path
+        data.lines = {k: l for k, l in origin.lines.items() if k in overrides and overrides[k] is origin[k]}
+    return config_from_dict(config_cls, data)
 
 # %% ../nbs/80_cli.ipynb #3aaf33cc
 def heldout_reward(trainer, items: Sequence[dict], samples_per_item: int = 25) -> dict:
@@ -172,6 +180,7 @@ def task_from_args(args) -> Task:
 
 # %% ../nbs/80_cli.ipynb #e0666561
 FINAL_DIR = "final"
+TRAINED_DIR = ".trained_agents"     # the trained agents under --no-final, until the report is complete
 
 @contextlib.contextmanager
 def plain_weights(models):
@@ -185,9 +194,21 @@ def plain_weights(models):
             m.hf_quantizer = q
             if qc is not None: m.config.quantization_config = qc
 
+def write_agents(trainer, target) -> Path:
+    """The trainer's agents to `target/agent_i/`, all or nothing: written to `.<name>.partial/` beside it, then renamed
+    into place (a stop halfway leaves the old `target`, or none, never a half-written one)."""
+    target = Path(target)
+    part, old = target.with_name(f".{target.name}.partial"), target.with_name(f".{target.name}.old")
+    for d in (part, old): shutil.rmtree(d, ignore_errors=True)
+    with plain_weights(trainer.agents): trainer.save_model(part)
+    if target.exists(): os.replace(target, old)
+    os.replace(part, target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target
+
 def save_final(trainer, output_dir) -> Path:
-    "Write the trained agents to <output_dir>/final/agent_i/ (each a model directory with its tokenizer)."
-    with plain_weights(trainer.agents): return Path(trainer.save_model(Path(output_dir) / FINAL_DIR))
+    "Write the trained agents to <output_dir>/final/agent_i/ (each a model directory with its tokenizer), atomically."
+    return write_agents(trainer, Path(output_dir) / FINAL_DIR)
 
 def add_eval_parser(sub):
     e = sub.add_parser("eval", help="evaluate saved agents (or a model) on a task or your rows; prints one JSON line",
@@ -211,17 +232,15 @@ def _run_config(agents) -> dict:
 
 def cmd_eval(args) -> dict:
     "The `eval` command: agents, rows and sampling settings from the flags; the summary as one JSON line on stdout."
-    if bool(args.agents) == bool(args.model):
-        raise ValueError("give the agents to evaluate: --agents DIR (saved agents) or --model SPEC")
-    if args.agents and not Path(args.agents).is_dir():
-        raise FileNotFoundError(f"--agents {args.agents}: no such directory")
+    check_eval_args(args)
     cfg_cls, _ = _check_algo(args.algo)
     task, user = task_from_args(args), _overrides(args)
+    if args.agents: check_saved_agents(args.agents, task.num_agents)
     names = {f.name for f in dataclasses.fields(cfg_cls)}
     run_cfg = {k: v for k, v in _run_config(args.agents).items() if k in names
                and k not in ("output_dir", "num_agents")}
     preset = _algo_overrides(args.algo, cfg_cls, task, args.model or "saved", user)
-    cfg = build_config(cfg_cls, {**preset, **run_cfg, "num_agents": task.num_agents, **user})
+    cfg = build_config(cfg_cls, {**preset, **run_cfg, "num_agents": task.num_agents, **user}, user)
     splits = {"eval": task.eval_dataset, "train": task.train_dataset, "all": task.train_dataset + task.eval_dataset}
     rows = task.train_dataset if args.dataset else splits[args.split]
     rows = rows[:args.max_rows] if args.max_rows else rows
@@ -235,7 +254,7 @@ def cmd_eval(args) -> dict:
 # %% ../nbs/80_cli.ipynb #a62572e7
 def _parser() -> argparse.ArgumentParser:
     tasks = ", ".join(sorted(TASKS))
-    p = argparse.ArgumentParser(prog="comlrl-nb", description="Cooperative multi-LLM RL from the command line.",
+    p = _Parser(prog="comlrl-nb", description="Cooperative multi-LLM RL from the command line.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     t = sub.add_parser("train", help="train agents (the default run is the main job)",
@@ -303,6 +322,7 @@ def _overrides(args) -> dict:
         if "=" not in kv: raise ValueError(f"--set expects KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
         ov[k.strip()] = _coerce(v)
+        if isinstance(ov, ConfigData): ov.lines.pop(k.strip(), None)      # now the command line's, not the file's
     return ov
 
 def _models(spec: str, n: int, algo: str = "magrpo", models: int | None = None, backend_critic: bool = False) -> dict:
@@ -335,76 +355,377 @@ def _algo_overrides(algo: str, cfg_cls, task, model: str, user: dict) -> dict:
             and user.get("use_separate_critic", True) is not False: ov["critic_model_name"] = model   # the backend's
     return ov
 
+# %% ../nbs/80_cli.ipynb #dbd84657
+class _Parser(argparse.ArgumentParser):
+    "argparse, but a bad flag is one line (`comlrl-nb: error: ...`, exit status 2) like every other input error."
+    def error(self, message):
+        raise ValueError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+def _whole(value, flag: str, lo: int, what: str, hi: Optional[int] = None):
+    "A whole-number flag inside its range, else ValueError saying the range and what the flag means."
+    if value is None: return
+    if value < lo or (hi is not None and value > hi):
+        span = f"a whole number from {lo} to {hi}" if hi is not None else f"a whole number >= {lo}"
+        raise ValueError(f"{flag} {value} is invalid: give {span} ({what})")
+
+def _check_model_spec(spec: Optional[str], flag: str = "--model"):
+    "A --model that names a local path must exist and hold a loadable model; hub ids and the built-ins pass."
+    if spec is None or spec in ("embedded", "tiny"): return
+    p = Path(spec).expanduser()
+    if p.is_dir(): return check_model_dir(p, f"{flag} {spec}")
+    if p.exists(): raise ValueError(f"{flag} {spec} is a file; give a model directory (config.json and weights), a hub "
+                                    "id, 'embedded' or 'tiny'")
+    if spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1:
+        raise FileNotFoundError(f"{flag} {spec}: no such directory; give a model directory, a hub id (org/name), "
+                                "'embedded' or 'tiny'")
+
+def check_train_args(args, config_cls=None):
+    "Every `train` flag checked before any data or model loads; the message gives the accepted range."
+    _whole(args.heldout_samples, "--heldout-samples", 0, "joint responses per held-out item before and after "
+                                                        "training; 0 skips the held-out check")
+    _whole(args.threads, "--threads", 1, "torch CPU threads; leave it out to let a probe choose")
+    _whole(args.num_agents, "--num-agents", 1, "agents on your data")
+    if args.allow_config_change and not args.resume:
+        raise ValueError("--allow-config-change applies only with --resume (it names the fields a resumed run may "
+                         "change); add --resume or drop it")
+    if config_cls is not None:
+        names = [f.name for f in dataclasses.fields(config_cls)]
+        for k in args.allow_config_change:
+            if k not in names:
+                close = difflib.get_close_matches(k, names, n=1)
+                raise ValueError(f"--allow-config-change {k}: {config_cls.__name__} has no field {k!r}"
+                                 + (f"; did you mean {close[0]!r}?" if close else "; see `comlrl-nb options`"))
+    if args.output_dir is not None and Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        raise ValueError(f"--output-dir {args.output_dir} is a file; give a directory (new or a run's)")
+    _check_model_spec(args.model)
+
+def check_eval_args(args):
+    "Every `eval` flag checked before any data or model loads (the saved agents: `check_saved_agents`, once the task is known)."
+    if bool(args.agents) == bool(args.model):
+        raise ValueError("give the agents to evaluate: --agents DIR (saved agents) or --model SPEC")
+    if args.agents and not Path(args.agents).is_dir():
+        raise FileNotFoundError(f"--agents {args.agents}: no such directory")
+    _whole(args.samples, "--samples", 1, "joint responses per row; leave it out for the config's num_generations")
+    _whole(args.max_rows, "--max-rows", 1, "evaluate only the first N rows; leave it out for all of them")
+    _whole(args.num_agents, "--num-agents", 1, "agents on your data")
+    _check_model_spec(args.model)
+
+def check_query_args(args):
+    "The `comparator-query` flags, each in its range."
+    _whole(args.n, "--n", 1, "completions to ask for")
+    _whole(args.max_new_tokens, "--max-new-tokens", 1, "tokens per completion")
+    _whole(args.agent_idx, "--agent-idx", 0, "the agent index the generic format sends")
+    _whole(args.top_k, "--top-k", 0, "0 or leave it out: no top-k filter")
+    if not args.temperature >= 0: raise ValueError(f"--temperature {args.temperature} is invalid: give a number >= 0 "
+                                                   "(0: greedy)")
+    if not 0 < args.top_p <= 1: raise ValueError(f"--top-p {args.top_p} is invalid: give a number in (0, 1] (1: no "
+                                                 "nucleus filter)")
+
+# %% ../nbs/80_cli.ipynb #6cd73468
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+_AGAIN = "save it again (a run's final/ is written again by `comlrl-nb train --resume`)"
+
+def _safetensors_shapes(f: Path, who: str) -> dict:
+    "Tensor name -> shape from a safetensors file's header; ValueError naming `who` when it is cut short or not one."
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or n > size - 8:
+            raise ValueError(f"{who}: {f} is truncated ({size} bytes, not even its header); {_AGAIN}")
+        try: header = json.loads(fh.read(n))
+        except ValueError: raise ValueError(f"{who}: {f} is not a safetensors file (its header does not parse); "
+                                            f"{_AGAIN}") from None
+    if not isinstance(header, dict): raise ValueError(f"{who}: {f} is not a safetensors file; {_AGAIN}")
+    tensors = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    need = 8 + n + max((int(v.get("data_offsets", [0, 0])[1]) for v in tensors.values()), default=0)
+    if size < need: raise ValueError(f"{who}: {f} is truncated: {size} of its {need} bytes are there; {_AGAIN}")
+    return {k: list(v.get("shape", [])) for k, v in tensors.items()}
+
+def _weights(d: Path, who: str) -> Optional[dict]:
+    "The shapes of every tensor the agent's weights hold (None when only .bin files, whose shapes are not read)."
+    from comlrl_nb.config_files import parse_json, read_user_text
+    have = [f for f in _WEIGHT_FILES if (d / f).is_file()]
+    if not have: raise ValueError(f"{who}: {d} has no weights ({' or '.join(_WEIGHT_FILES[::2])}); {_AGAIN}")
+    if have[0].endswith(".index.json"):
+        idx, _ = parse_json(read_user_text(d / have[0], "weights index"), d / have[0], key_lines=False)
+        shards = sorted(set((idx.get("weight_map") or {}).values())) if isinstance(idx, dict) else []
+        if not shards: raise ValueError(f"{who}: {d / have[0]} names no weight files; {_AGAIN}")
+        missing = [s for s in shards if not (d / s).is_file()]
+        if missing: raise ValueError(f"{who}: {d} lacks the weight file(s) {missing} that {have[0]} names; {_AGAIN}")
+    else: shards = [have[0]]
+    if not all(s.endswith(".safetensors") for s in shards):
+        import zipfile
+        bad = [s for s in shards if not zipfile.is_zipfile(d / s)]
+        if bad: raise ValueError(f"{who}: {d / bad[0]} is truncated or not a torch checkpoint; {_AGAIN}")
+        return None
+    shapes = {}
+    for s in shards: shapes.update(_safetensors_shapes(d / s, who))
+    return shapes
+
+def _expected_shapes(d: Path, who: str) -> tuple:
+    "(tensor name -> shape, config) of the model its config.json describes, built on the meta device (no memory)."
+    from transformers import AutoConfig, AutoModelForCausalLM
+    try: cfg = AutoConfig.from_pretrained(d)
+    except Exception as e: raise ValueError(f"{who}: {d / 'config.json'} does not describe a model transformers knows "
+                                            f"({type(e).__name__}: {str(e)[:200]}); {_AGAIN}") from None
+    try:
+        with torch.device("meta"): m = AutoModelForCausalLM.from_config(cfg)
+    except Exception: return None, cfg                         # a model class we cannot build here: not checked
+    return {k: list(v.shape) for k, v in m.state_dict().items()}, cfg
+
+def check_model_dir(d, who: str = "model"):
+    """A saved model directory, checked before it loads: config.json readable, tokenizer and weights there, weights not
+    cut short, and weights that fit the architecture config.json names (else ValueError naming `who`)."""
+    from comlrl_nb.config_files import parse_json, read_user_text
+    d = Path(d)
+    if not (d / "config.json").is_file(): raise ValueError(f"{who}: {d} has no config.json; {_AGAIN}")
+    conf, _ = parse_json(read_user_text(d / "config.json", "model config"), d / "config.json", key_lines=False)
+    if not isinstance(conf, dict) or not isinstance(conf.get("model_type"), str):
+        raise ValueError(f"{who}: {d / 'config.json'} names no model_type; {_AGAIN}")
+    if not any((d / f).is_file() for f in _TOKENIZER_FILES):
+        raise ValueError(f"{who}: {d} has no tokenizer ({', '.join(_TOKENIZER_FILES[:2])}); save the agent with its "
+                         "tokenizer (trainer.save_model does)")
+    got = _weights(d, who)
+    if got is None: return
+    want, cfg = _expected_shapes(d, who)
+    if want is None: return
+    prefix = getattr(cfg, "base_model_prefix", None) or "model"
+    norm = lambda k: k if k in want or f"{prefix}.{k}" not in want else f"{prefix}.{k}"
+    got = {norm(k): v for k, v in got.items()}
+    arch = (conf.get("architectures") or [conf["model_type"]])[0]
+    if not set(got) & set(want):
+        raise ValueError(f"{who}: the weights in {d} are of another architecture than its config.json ({arch}): none of "
+                         f"their tensors (e.g. {next(iter(got), '?')}) is one of the model's; {_AGAIN}")
+    wrong = [(k, got[k], want[k]) for k in want if k in got and got[k] != want[k]]
+    if wrong:
+        k, a, b = wrong[0]
+        raise ValueError(f"{who}: its weights do not fit its config.json ({arch}): {k} is {a} in the weights, {b} for "
+                         f"the model config.json describes ({len(wrong)} tensor(s) differ); the weights and the "
+                         f"config come from different models: {_AGAIN}")
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    lost = [k for k in want if k not in got and not (tied and "lm_head" in k)]
+    if lost: raise ValueError(f"{who}: its weights lack {len(lost)} of the model's tensors (e.g. {lost[0]}): they would "
+                              f"be random; {_AGAIN}")
+
+def check_saved_agents(path, num_agents: Optional[int] = None) -> list:
+    """The agent directories of a saved team (`agent_0/`, `agent_1/`, ...), each checked with `check_model_dir`, before
+    any of them loads; a directory that is itself one model is checked as such. Errors name the agent."""
+    p = Path(path)
+    if not p.is_dir(): raise FileNotFoundError(f"--agents {path}: no such directory")
+    if not any(c.name.startswith("agent_") for c in p.iterdir() if c.is_dir()):
+        if (p / "config.json").is_file(): return [check_model_dir(p, f"--agents {path}") or p]
+        raise ValueError(f"--agents {path} holds neither agent_0/, agent_1/, ... nor a model (config.json); give the "
+                         "final/ folder of a run or a saved model directory")
+    dirs = {}
+    for c in sorted(x for x in p.iterdir() if x.is_dir() and x.name.startswith("agent_")):
+        if not c.name[6:].isdigit(): raise ValueError(f"--agents {path}: {c.name}/ is not agent_<number>/; rename or "
+                                                      "remove it")
+        dirs[int(c.name[6:])] = c
+    top = max(max(dirs) + 1, num_agents or 0)
+    gaps, found = [i for i in range(top) if i not in dirs], ", ".join(d.name for d in dirs.values())
+    if gaps: raise ValueError(f"--agents {path}: agent_{gaps[0]}/ is missing (found {found}); the save was "
+                              f"interrupted: {_AGAIN}")
+    if num_agents is not None and len(dirs) != num_agents:
+        raise ValueError(f"--agents {path} holds {len(dirs)} saved agents but the task has {num_agents}; pass the "
+                         "matching task (or --num-agents with --dataset)")
+    for i in sorted(dirs): check_model_dir(dirs[i], f"agent_{i} ({dirs[i]})")
+    return [dirs[i] for i in sorted(dirs)]
+
 # %% ../nbs/80_cli.ipynb #ec5379ff
+REPORT_FILE = "report.json"
+
+def read_report(out) -> dict:
+    "The report.json a run left, complete or not ({} when there is none, or it does not parse: with a warning)."
+    p = Path(out) / REPORT_FILE
+    if not p.is_file(): return {}
+    try: rep = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        logger.warning(f"{p} does not parse ({type(e).__name__}: {e}); resuming without it")
+        return {}
+    return rep if isinstance(rep, dict) else {}
+
+def _latest_checkpoint(out) -> Optional[Path]:
+    from comlrl_nb.engine import CheckpointManager
+    return CheckpointManager(Path(out) / "checkpoints").latest()
+
+def _checkpoint_info(ckpt: Optional[Path]) -> dict:
+    "trainer_state.json of a training checkpoint: its `batch` and (batch-counting runs) `epoch`; {} without one."
+    if ckpt is None: return {}
+    try: info = json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, ValueError): return {}
+    return info if isinstance(info, dict) else {}
+
+def _drop_stale_checkpoints(out: Path, upto: int):
+    "With save_steps=-1 a checkpoint is only a stop's: once the trained agents are written, the older ones go."
+    for c in (out / "checkpoints").glob("checkpoint-*"):
+        if c.is_dir() and _checkpoint_info(c).get("batch", upto) < upto: shutil.rmtree(c, ignore_errors=True)
+
+def _trained(trainer) -> bool:
+    "Whether the trainer's epochs are all done (then what is left is writing its agents: a signal waits for that)."
+    st, a = getattr(trainer, "state", None), getattr(trainer, "args", None)
+    return isinstance(st, dict) and st.get("epoch", -1) >= getattr(a, "num_train_epochs", math.inf)
+
+def _from_saved(kw: dict, d: Path, count: int) -> dict:
+    "The trainer's model arguments with its agents read back from `d/agent_i/` (the weights training ended with)."
+    kw = {k: v for k, v in kw.items() if k != "agent_model"}
+    kw["agents"] = [str(d / f"agent_{i}") for i in range(count)]
+    return kw
+
+def _finish_command(args, out: Path) -> str:
+    "The command that finishes this run: the same flags, with --resume and the run's directory."
+    import shlex
+    argv = [a for a in getattr(args, "argv", None) or ["train"] if a != "--resume"]
+    if "--output-dir" not in argv: argv += ["--output-dir", str(out)]
+    return "comlrl-nb " + " ".join(shlex.quote(a) for a in argv + ["--resume"])
+
+# %% ../nbs/80_cli.ipynb #e14eeae4
 def cmd_train(args) -> dict:
-    "The `train` command: build config, task and trainer; measure held-out reward before/after; train; report."
+    """The `train` command: build config, task and trainer; measure held-out reward before/after; train; report. One
+    protected unit from loading to the report: a signal or an error anywhere keeps what exists and `--resume` finishes
+    it (see the markdown above)."""
     cfg_cls, trainer_cls = _check_algo(args.algo)
+    check_train_args(args, cfg_cls)
     task = task_from_args(args)
     user = _overrides(args)
     ov = {**_algo_overrides(args.algo, cfg_cls, task, args.model, user), "num_agents": task.num_agents,
           "output_dir": args.output_dir, **user}
-    cfg = build_config(cfg_cls, ov)
-    if cfg.output_dir is not None:                       # a used or unwritable directory: refused before models load
-        prepare_output_dir(cfg.output_dir, args.algo, args.resume)
-    print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output "
-          f"{Path(cfg.output_dir).resolve() if cfg.output_dir else 'a fresh runs/' + args.algo + '/<timestamp>/'}")
-    t0, sw = time.perf_counter(), Stopwatch()
-    hw = hardware_choice(cfg, args.threads)
-    print(f"[comlrl-nb] precision {hw['precision']['autocast_dtype'] or 'float32'} ({hw['precision']['reason']}); "
-          f"{hw['threads']['threads']} thread(s) ({hw['threads']['reason']})")
-    if getattr(cfg, "save_plot", False): warm_plotting()             # the end-of-run plot then only draws
-    extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
-    if task.eval_logger is not None: extra.update(eval_logger=task.eval_logger, eval_aggregator=task.eval_aggregator)
-    P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents  # models trained
-    # MARLHF
-    critic = getattr(cfg, "rl_algorithm", None) in ("maac", "iac") and getattr(cfg, "use_separate_critic", True)
-    with sw("load"):
-        trainer = trainer_cls(**_models(args.model, task.num_agents, args.algo, P, critic),
-                              reward_func=task.reward_func, formatters=task.formatters, args=cfg,
-                              train_dataset=task.train_dataset, eval_dataset=task.eval_dataset or None, **extra)
-    print(f"[comlrl-nb] agents loaded in {sw.phases['load']['wall_s']:.1f}s")
-    from comlrl_nb.api import scrub_secrets
-    report = {"algo": args.algo, "task": task.name, "model": args.model, **hw,
-              "config": scrub_secrets(dataclasses.asdict(cfg))}
-    from comlrl_nb.trainers.reinforce import MAGRPOTrainer
-    measure = args.heldout_samples > 0 and bool(task.eval_dataset) and cfg.num_turns == 1 and (
-        isinstance(trainer, MAGRPOTrainer)                                      # tree rollouts, or one actor
-        or (getattr(cfg, "collaboration_mode", None) == "centralized" and hasattr(trainer, "central_sample")))
-    if measure and not args.resume:
-        with sw("heldout_before"):
-            report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
-        print(f"[comlrl-nb] held-out reward before training: {_fmt(report['heldout_before'])}")
-    n_batches = 0 if args.resume else _num_batches(cfg, task)        # fresh runs: print an estimate after batch 1
-    est = FirstBatchEstimate(lambda: Path(trainer.output_dir) / "metrics.jsonl", n_batches,
-                             sw.phases.get("heldout_before", {}).get("wall_s", 0.0))
-    if n_batches: est.start()
+    cfg = build_config(cfg_cls, ov, user)
+    from comlrl_nb.engine import claim_output_dir, release_output_dir
+    out, lock = claim_output_dir(cfg.output_dir, args.algo, args.resume)   # used, unwritable or busy: refused here
     try:
-        with sw("train"):
-            state = trainer.train(resume_from_checkpoint=True if args.resume else None,
-                                  allow_config_changes=tuple(args.allow_config_change))
-    finally:
-        est.done.set()
-        if n_batches: est.join(1.0)
-    out = Path(trainer.output_dir)                       # the directory the run claimed
-    report["train_seconds"] = sw.phases["train"]["wall_s"]
-    if measure:
-        with sw("heldout_after"):
-            report["heldout_after"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
-        print(f"[comlrl-nb] held-out reward after training:  {_fmt(report['heldout_after'])}")
-        if "heldout_before" in report:
+        cfg.output_dir = str(out)
+        with guarded_command() as guard: return _train_command(args, cfg, trainer_cls, task, out, guard)
+    finally: release_output_dir(lock)
+
+def _train_command(args, cfg, trainer_cls, task, out: Path, guard) -> dict:
+    prev, ckpt = read_report(out) if args.resume else {}, _latest_checkpoint(out)
+    if args.resume and not (prev or ckpt or run_files(out)):
+        raise FileNotFoundError(f"--resume: {out} holds no run to resume (no report.json, checkpoint or metrics); drop "
+                                "--resume to start a run there")
+    saved_dir = out / (TRAINED_DIR if args.no_final else FINAL_DIR)
+    info, done_batches = _checkpoint_info(ckpt), (prev.get("trained") or {}).get("global_batch", -1)
+    more = info.get("epoch", math.inf) < cfg.num_train_epochs and info.get("batch", -1) >= done_batches   # training left
+    trained = bool(prev.get("trained")) and (saved_dir / "agent_0").is_dir() and not more
+    if prev.get("complete", "total_seconds" in prev) and not more:
+        print(f"[comlrl-nb] {out} is complete (report.json); nothing to resume")
+        return prev
+    if prev.get("heldout_samples", args.heldout_samples) != args.heldout_samples:
+        raise ValueError(f"--heldout-samples {args.heldout_samples} differs from the run's {prev['heldout_samples']}: "
+                         "the measurements before and after would not pair; resume with --heldout-samples "
+                         f"{prev['heldout_samples']}")
+    report = {"algo": args.algo, "task": task.name, "model": args.model, "complete": False, "phase": "load",
+              "attempts": int(prev.get("attempts", 1)) + 1 if args.resume else 1,
+              "heldout_samples": args.heldout_samples}
+    if "heldout_before" in prev: report["heldout_before"] = prev["heldout_before"]       # measured before training
+    if trained: report.update({k: prev[k] for k in ("trained", "train_seconds", "heldout_after") if k in prev})
+    t0, sw = time.perf_counter(), Stopwatch()
+    sw.phases.update(prev.get("timing", {}) if args.resume else {})
+    def enter(phase: str):
+        report["phase"] = phase
+        atomic_write_json(out / REPORT_FILE, report)
+    try:
+        enter("load")
+        since = "training is done" if trained else f"from {ckpt.name}" if ckpt is not None else "from the start"
+        print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output "
+              f"{out.resolve()}" + (f" (resuming: {since})" if args.resume else ""))
+        hw = hardware_choice(cfg, args.threads)
+        print(f"[comlrl-nb] precision {hw['precision']['autocast_dtype'] or 'float32'} ({hw['precision']['reason']}); "
+              f"{hw['threads']['threads']} thread(s) ({hw['threads']['reason']})")
+        from comlrl_nb.api import scrub_secrets
+        report.update(**hw, config=scrub_secrets(dataclasses.asdict(cfg)))
+        if getattr(cfg, "save_plot", False) and not trained: warm_plotting()   # the end-of-run plot then only draws
+        extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
+        if task.eval_logger is not None:
+            extra.update(eval_logger=task.eval_logger, eval_aggregator=task.eval_aggregator)
+        P = 1 if getattr(cfg, "collaboration_mode", "decentralized") == "centralized" else task.num_agents  # trained
+        critic = getattr(cfg, "rl_algorithm", None) in ("maac", "iac") and getattr(cfg, "use_separate_critic", True)
+        kw = _models(args.model, task.num_agents, args.algo, P, critic)
+        if trained: kw = _from_saved(kw, saved_dir, P)                       # training is done: its agents
+        with sw("load"):
+            trainer = trainer_cls(**kw, reward_func=task.reward_func, formatters=task.formatters, args=cfg,
+                                  train_dataset=task.train_dataset, eval_dataset=task.eval_dataset or None, **extra)
+        print(f"[comlrl-nb] agents loaded in {sw.phases['load']['wall_s']:.1f}s"
+              + (f" (the trained ones, from {saved_dir.name}/)" if trained else ""))
+        from comlrl_nb.trainers.reinforce import MAGRPOTrainer
+        measure = args.heldout_samples > 0 and bool(task.eval_dataset) and cfg.num_turns == 1 and (
+            isinstance(trainer, MAGRPOTrainer)                                  # tree rollouts, or one actor
+            or (getattr(cfg, "collaboration_mode", None) == "centralized" and hasattr(trainer, "central_sample")))
+        if measure and "heldout_before" not in report and ckpt is None and not trained:
+            enter("heldout_before")
+            with sw("heldout_before"):
+                report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
+            print(f"[comlrl-nb] held-out reward before training: {_fmt(report['heldout_before'])}")
+        if not trained:
+            enter("train")
+            n_batches = 0 if ckpt is not None else _num_batches(cfg, task)  # fresh runs: an estimate after batch 1
+            est = FirstBatchEstimate(lambda: Path(trainer.output_dir) / "metrics.jsonl", n_batches,
+                                     sw.phases.get("heldout_before", {}).get("wall_s", 0.0))
+            if n_batches: est.start()
+            with guard.hold(f"writing the trained agents to {saved_dir.name}/", when=lambda: _trained(trainer)):
+                try:
+                    with sw("train"):
+                        state = trainer.train(resume_from_checkpoint=True if ckpt is not None else None,
+                                              allow_config_changes=tuple(args.allow_config_change))
+                finally:
+                    est.done.set()
+                    if n_batches: est.join(1.0)
+                enter("save_agents")
+                with sw("save_agents"): write_agents(trainer, saved_dir)      # the end of training, kept
+                report["trained"] = {"global_batch": state["global_batch"], "stopped": bool(state.get("stopped")),
+                                     "metrics_path": str(Path(state["metrics_path"]).resolve()),
+                                     "agents": str(saved_dir.resolve())}
+                report["train_seconds"] = sw.phases["train"]["wall_s"]
+                atomic_write_json(out / REPORT_FILE, report)
+        if measure and "heldout_after" not in report:
+            enter("heldout_after")
+            with sw("heldout_after"):
+                report["heldout_after"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
+            print(f"[comlrl-nb] held-out reward after training:  {_fmt(report['heldout_after'])}")
+        if "heldout_after" in report and "heldout_before" in report:
             ch = report["heldout_change"] = paired_change(report["heldout_before"], report["heldout_after"])
             print(f"[comlrl-nb] change (paired by sampling key): {ch['mean']:+.3f} +/- {ch['se']:.3f} (n={ch['n']})")
-    if not args.no_final: report["final_agents"] = str(save_final(trainer, out))
-    from comlrl_nb.engine import wait_for_plots
-    wait_for_plots()                                                  # a trainer may draw its plot in the background
-    report["total_seconds"] = time.perf_counter() - t0
-    report["timing"] = sw.phases
-    atomic_write_json(out / "report.json", report)
-    print(f"[comlrl-nb] trained {state['global_batch']} batches in {report['train_seconds']:.0f}s "
-          f"(total {report['total_seconds']:.0f}s)\n[comlrl-nb] metrics: {Path(state['metrics_path']).resolve()}\n"
-          f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: "
-          f"{(out / 'report.json').resolve()}")
-    return report
+        enter("report")
+        if not args.no_final: report["final_agents"] = str(saved_dir.resolve())
+        from comlrl_nb.engine import wait_for_plots
+        wait_for_plots()                                              # a trainer may draw its plot in the background
+        report["total_seconds"] = time.perf_counter() - t0 + float(prev.get("total_seconds", 0.0) if args.resume
+                                                                   else 0.0)
+        report.update(timing=sw.phases, complete=True, phase="done")
+        with guard.hold("the report"):
+            atomic_write_json(out / REPORT_FILE, report)
+            if args.no_final: shutil.rmtree(saved_dir, ignore_errors=True)
+            if getattr(cfg, "save_steps", 0) < 0: _drop_stale_checkpoints(out, report["trained"]["global_batch"])
+        tr = report.get("trained") or {"global_batch": 0, "metrics_path": str(out / "metrics.jsonl")}
+        print(f"[comlrl-nb] trained {tr['global_batch']} batches in {report.get('train_seconds', 0):.0f}s "
+              f"(total {report['total_seconds']:.0f}s)\n[comlrl-nb] metrics: {tr['metrics_path']}\n"
+              f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: "
+              f"{(out / REPORT_FILE).resolve()}")
+        return report
+    except BaseException as e:
+        if not report.get("complete"): _record_stop(args, out, report, e)
+        raise
+
+def _record_stop(args, out: Path, report: dict, e: BaseException):
+    "The report of a command that stopped: where, why, what was kept, and the command that finishes it."
+    saved = out / (TRAINED_DIR if args.no_final else FINAL_DIR)
+    for d in (saved.with_name(f".{saved.name}.partial"),): shutil.rmtree(d, ignore_errors=True)
+    ckpt = _latest_checkpoint(out)
+    kept = ([f"checkpoints/{ckpt.name}"] if ckpt is not None else []) \
+        + ([f"{saved.name}/ (the trained agents)"] if report.get("trained") else []) \
+        + (["metrics.jsonl"] if (out / "metrics.jsonl").is_file() else []) \
+        + [k for k in ("heldout_before", "heldout_after") if k in report]
+    sig = e.args[0] if isinstance(e, Terminated) and e.args else None
+    why = f"signal {sig}" if sig not in (None, "SIGINT") else "Ctrl-C" if isinstance(e, KeyboardInterrupt) \
+        else f"{type(e).__name__}: {str(e)[:500]}"
+    report.update(complete=False, stopped={"phase": report.get("phase"), "reason": why, "kept": kept,
+                                           "finish_with": _finish_command(args, out)})
+    try: atomic_write_json(out / REPORT_FILE, report)
+    except OSError as err: logger.error(f"could not write {out / REPORT_FILE} on the way out: {err}")
+    if isinstance(e, KeyboardInterrupt):
+        print(f"[comlrl-nb] stopped in phase '{report['phase']}' ({why}); kept: {', '.join(kept) or 'nothing yet'}; "
+              f"finish with: {report['stopped']['finish_with']}", file=sys.stderr)
 
 def _num_batches(cfg, task) -> int:
     "Batches in a run of this config on this task (epochs x ceil(items / rollout batch)); 0 if the config lacks them."
@@ -450,6 +771,7 @@ def cmd_readme(args, root: Path = Path(".")) -> int:
 def cmd_comparator_query(args) -> int:
     "The `comparator-query` command: `--n` completions of `--prompt` from an API comparator, printed as a JSON list."
     from comlrl_nb.api import APIComparatorClient, APIComparatorConfig
+    check_query_args(args)
     ov = {k: v for k, v in {"comparator_api_format": args.format, "comparator_api_url": args.url,
                             "comparator_api_model": args.model, "comparator_api_key_env": args.key_env}.items()
           if v is not None}
@@ -474,6 +796,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     setup_logging()
     p = _parser()
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)         # what a stopped run's report says to re-run
     if args.command == "train":
         cmd_train(args)
         return 0
@@ -492,8 +815,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     "Entry point of the `comlrl-nb` console script: bad input prints one line and exits with status 2."
     try: return run(argv)
-    except KeyboardInterrupt as e:                       # Ctrl-C (130) or SIGTERM (143): a checkpoint was saved
-        print(f"comlrl-nb: stopped ({type(e).__name__}); resume with --resume", file=sys.stderr)
+    except KeyboardInterrupt as e:                       # Ctrl-C (130) or SIGTERM (143): what exists was kept
+        print(f"comlrl-nb: stopped ({type(e).__name__}); finish the run with --resume (see report.json)",
+              file=sys.stderr)
         return exit_status(e)
     except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as e:
         print(f"comlrl-nb: error: {e}", file=sys.stderr)

@@ -4,43 +4,317 @@
 
 # %% ../nbs/27_config_files.ipynb #2721b922
 from __future__ import annotations
-import dataclasses, difflib, json
+import collections.abc, dataclasses, difflib, json, sys
 from pathlib import Path
 from typing import Any, Optional
 
 # %% auto #0
-__all__ = ['read_config_file', 'check_config_keys', 'config_from_dict', 'config_from_file', 'add_config_constructors',
-           'attach_to_package_configs']
+__all__ = ['MAX_YAML_VALUES', 'CONFIG_MAX_BYTES', 'UserFileError', 'read_user_text', 'parse_json', 'parse_yaml', 'ConfigData',
+           'read_config_file', 'check_config_types', 'check_config_keys', 'config_from_dict', 'config_from_file',
+           'add_config_constructors', 'attach_to_package_configs']
+
+# %% ../nbs/27_config_files.ipynb #da661394
+class UserFileError(ValueError):
+    "A file someone handed over cannot be used; the message names the file, the line (column, field) and the fix."
+    def __init__(self, path, problem: str, fix: str, line: Optional[int] = None, column: Optional[int] = None,
+                 field: Optional[str] = None):
+        self.path, self.problem, self.fix, self.line, self.column, self.field = str(path), problem, fix, line, column, \
+            field
+        where = str(path) + (f", line {line}" if line else "") + (f", column {column}" if column else "") \
+            + (f", field {field!r}" if field else "")
+        super().__init__(f"{where}: {problem}; {fix}")
+
+def _position(data: bytes, at: int) -> tuple[int, int]:
+    "1-based line and column (in characters) of byte offset `at`."
+    start = data.rfind(b"\n", 0, at) + 1
+    return data.count(b"\n", 0, at) + 1, len(data[start:at].decode("utf-8", errors="replace")) + 1
+
+def read_user_text(path, what: str = "file", max_bytes: Optional[int] = None) -> str:
+    """The text of a file someone handed over, as UTF-8 (a byte-order mark is dropped); every way it can fail names the
+    file, the line and column where there is one, and the fix."""
+    p = Path(path)
+    if not p.exists(): raise FileNotFoundError(f"{what} {p} does not exist; check the path (relative paths start "
+                                               f"at {Path.cwd()})")
+    if p.is_dir(): raise UserFileError(p, f"is a directory, not a {what}", "give the path of the file itself")
+    try: data = p.read_bytes()
+    except OSError as e: raise UserFileError(p, f"cannot be read ({e.strerror or e})",
+                                             "check that the file exists and that you may read it") from None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise UserFileError(p, f"is {len(data) / 2**20:.1f} MiB, more than a {what} can be ({max_bytes / 2**20:.0f} "
+                               "MiB)", f"check that this is the {what} you meant")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise UserFileError(p, "is UTF-16 text, not UTF-8", "save it as UTF-8 (in an editor: Save with Encoding, "
+                                                            "UTF-8; or `iconv -f utf-16 -t utf-8`)")
+    if data.startswith(b"\xef\xbb\xbf"): data = data[3:]
+    if b"\x00" in data:
+        line, col = _position(data, data.index(b"\x00"))
+        raise UserFileError(p, f"holds a NUL byte: a binary file, not a text {what}", f"give the {what} itself",
+                            line, col)
+    try: return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, col = _position(data, e.start)
+        raise UserFileError(p, f"byte 0x{data[e.start]:02x} is not UTF-8 (the file has another encoding, often "
+                               "Latin-1 or Windows-1252)", f"save it as UTF-8 (`iconv -f latin1 -t utf-8 {p.name} > "
+                               f"fixed{p.suffix}`)", line, col) from None
+
+# %% ../nbs/27_config_files.ipynb #65308d53
+_JSON_FIX = "fix the JSON there (a missing comma, quote or bracket, or a trailing comma, is the usual cause)"
+
+def _json_keys(text: str):
+    """One pass over valid JSON text: the line of every object key, by the path of its object (a tuple of keys and list
+    indices), and the first key repeated within one object as (path, key, first line, second line), or None."""
+    lines, stack, dup = {}, [], None               # stack entries: [path, is_object, pending key or list index]
+    i, n, line = 0, len(text), 1
+    while i < n:
+        c = text[i]
+        if c == "\n": line += 1
+        elif c == '"':
+            j = i + 1
+            while text[j] != '"': j += 2 if text[j] == "\\" else 1
+            k = j + 1
+            while k < n and text[k] in " \t\r\n": k += 1
+            if stack and stack[-1][1] and k < n and text[k] == ":":
+                key, path = json.loads(text[i:j + 1]), stack[-1][0]
+                seen = lines.setdefault(path, {})
+                if key in seen and dup is None: dup = (path, key, seen[key], line)
+                seen.setdefault(key, line)
+                stack[-1][2] = key
+            i = j
+        elif c in "{[":
+            stack.append([stack[-1][0] + (stack[-1][2],) if stack else (), c == "{", None if c == "{" else 0])
+        elif c in "}]": stack.pop()
+        elif c == "," and stack and not stack[-1][1]: stack[-1][2] += 1
+        i += 1
+    return lines, dup
+
+def parse_json(text: str, path, what: str = "file", key_lines: bool = True, first_line: int = 1):
+    """JSON text as Python data, a key given twice in one object refused (naming both lines), errors naming the line
+    and column; returns (data, {object path: {key: line}}) (`key_lines=False`: an empty map, and a faster parse for
+    big files; `first_line`: the file's line number of the text's first line, when it is one line of a file)."""
+    repeated = []
+    def pairs(kv):
+        d = dict(kv)
+        if len(d) < len(kv): repeated.append(True)
+        return d
+    off = first_line - 1
+    try: data = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as e:
+        raise UserFileError(path, f"not valid JSON ({e.msg})", _JSON_FIX, e.lineno + off, e.colno) from None
+    except RecursionError: raise UserFileError(path, "nested too deeply to read", f"flatten the {what}") from None
+    if not (repeated or key_lines): return data, {}
+    lines, dup = _json_keys(text)
+    if dup is not None:
+        where, key, first, second = dup
+        inside = f" (in {'.'.join(map(str, where))})" if where else ""
+        twice = f"on lines {first + off} and {second + off}" if first != second else "in one line"
+        raise UserFileError(path, f"the key {key!r} is given twice{inside}, {twice}; JSON keeps only the last, "
+                                  "silently", "remove one of them", second + off)
+    return data, lines
+
+# %% ../nbs/27_config_files.ipynb #988eb486
+MAX_YAML_VALUES = 100_000     # values a YAML file may expand to, aliases counted each time they are used
+_YAML_FIX = "fix the YAML there (indentation, a missing ':' or space after it, or an unclosed quote or bracket, is the " \
+            "usual cause)"
+
+def _yaml_loader(path):
+    "A SafeLoader that refuses a key given twice in one mapping (an explicit key may still override a `<<:` merge)."
+    import yaml
+    class Loader(yaml.SafeLoader): pass
+    def mapping(loader, node, deep=False):
+        seen = {}
+        for k, _ in node.value:
+            if k.tag == "tag:yaml.org,2002:merge": continue
+            key = loader.construct_object(k, deep=True)
+            try: first = seen.setdefault(key, k)
+            except TypeError: continue                        # an unhashable key: the constructor's own error
+            if first is not k:
+                raise UserFileError(path, f"the key {key!r} is given twice in one mapping, on lines "
+                                          f"{first.start_mark.line + 1} and {k.start_mark.line + 1}; YAML keeps only "
+                                          "the last, silently", "remove one of them", k.start_mark.line + 1)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+    Loader.add_constructor("tag:yaml.org,2002:map", mapping)
+    return Loader
+
+def _yaml_size(node, path, memo: dict, active: set) -> int:
+    "How many values `node` stands for once every alias is expanded; refuses past MAX_YAML_VALUES or a cycle."
+    import yaml
+    k = id(node)
+    if k in memo: return memo[k]
+    if k in active: raise UserFileError(path, "an alias refers to a mapping or list that contains it (a cycle)",
+                                        "write the values out instead of the alias", node.start_mark.line + 1)
+    active.add(k)
+    kids = [x for kv in node.value for x in kv] if isinstance(node, yaml.MappingNode) else \
+        node.value if isinstance(node, yaml.SequenceNode) else []
+    size = 1
+    for c in kids:
+        size += _yaml_size(c, path, memo, active)
+        if size > MAX_YAML_VALUES:
+            raise UserFileError(path, f"its aliases (*name) expand to more than {MAX_YAML_VALUES} values here (a "
+                                      "file of 'billion laughs' aliases would fill the memory)",
+                                "write the values out or use fewer nested aliases", node.start_mark.line + 1)
+    active.discard(k)
+    memo[k] = size
+    return size
+
+def _yaml_lines(node, lines: dict, at: tuple = (), seen=None):
+    "The line of every scalar mapping key, by the path of its mapping (as `_json_keys`)."
+    import yaml
+    seen = set() if seen is None else seen
+    if id(node) in seen: return lines
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                lines.setdefault(at, {}).setdefault(k.value, k.start_mark.line + 1)
+                _yaml_lines(v, lines, at + (k.value,), seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value): _yaml_lines(v, lines, at + (i,), seen)
+    return lines
+
+def parse_yaml(text: str, path, what: str = "file"):
+    """YAML text (one document) as Python data: keys given twice refused (both lines named), alias expansion bounded,
+    errors naming line and column; returns (data, {mapping path: {key: line}})."""
+    import yaml
+    loader = _yaml_loader(path)(text)
+    try:
+        node = loader.get_single_node()
+        if node is None: return None, {}
+        _yaml_size(node, path, {}, set())
+        lines = _yaml_lines(node, {})                  # before constructing: merging rewrites the nodes
+        return loader.construct_document(node), lines
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        why = e.problem or "not valid YAML"
+        raise UserFileError(path, f"not valid YAML ({why}{', ' + e.context if e.context else ''})", _YAML_FIX,
+                            mark.line + 1 if mark else None, mark.column + 1 if mark else None) from None
+    except yaml.YAMLError as e: raise UserFileError(path, f"not valid YAML ({e})", _YAML_FIX) from None
+    except RecursionError: raise UserFileError(path, "nested too deeply to read", f"flatten the {what}") from None
+    finally: loader.dispose()
 
 # %% ../nbs/27_config_files.ipynb #eccdf4bc
-def read_config_file(path, section: Optional[str] = None) -> dict:
-    "The mapping in a YAML/JSON file, or its (dotted) `section`, with clear errors for anything else."
+CONFIG_MAX_BYTES = 8 << 20
+
+class ConfigData(dict):
+    "The mapping of config fields read from a file: a dict that also knows the file (`path`) and each key's `lines`."
+    path: Optional[str] = None
+    lines: dict = {}
+
+def read_config_file(path, section: Optional[str] = None) -> ConfigData:
+    "The mapping in a YAML/JSON file, or its (dotted) `section`, with errors naming the file, line and fix."
     p = Path(path)
-    if not p.exists(): raise FileNotFoundError(f"config file {p} does not exist")
-    text = p.read_text()
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
-            data = yaml.safe_load(text)
-        else: data = json.loads(text)
-    except Exception as e: raise ValueError(f"config file {p} could not be parsed ({type(e).__name__}: {e}); use "
-                                            "YAML (.yaml/.yml) or JSON") from None
+    if p.suffix.lower() not in (".yaml", ".yml", ".json"):
+        if not p.exists(): raise FileNotFoundError(f"config file {p} does not exist")
+        raise UserFileError(p, "a config file is YAML (.yaml, .yml) or JSON (.json), not "
+                               + (p.suffix or "a file without a suffix"), "give it the suffix of its format")
+    text = read_user_text(p, "config file", CONFIG_MAX_BYTES)
+    data, lines = parse_yaml(text, p) if p.suffix.lower() in (".yaml", ".yml") else parse_json(text, p)
     data = {} if data is None else data
-    if not isinstance(data, dict): raise ValueError(f"config file {p} must hold a mapping of config fields, got "
-                                                    f"{type(data).__name__}")
+    if not isinstance(data, dict): raise UserFileError(p, f"holds a {type(data).__name__}, not a mapping of config "
+                                                          "fields", "write one `field: value` per line")
+    at = ()
     for i, key in enumerate(section.split(".") if section else []):
-        where = f"{p}" + (f" section {'.'.join(section.split('.')[:i])!r}" if i else "")
+        where = "" if not i else f"section {'.'.join(section.split('.')[:i])!r} "
         if key not in data:
             subs = [k for k, v in data.items() if isinstance(v, dict)]
-            raise ValueError(f"{where} has no section {key!r}; its sections are {subs or 'none'}")
+            raise UserFileError(p, f"{where}has no section {key!r}; its sections are {subs or 'none'}",
+                                "pass one of them as the section, or add it to the file")
+        line, at = lines.get(at, {}).get(key), at + (key,)
         data = data[key] if data[key] is not None else {}
-        if not isinstance(data, dict): raise ValueError(f"{where}: {key!r} is a {type(data).__name__}, not a "
-                                                        "section of config fields")
-    return data
+        if not isinstance(data, dict): raise UserFileError(p, f"{key!r} is a {type(data).__name__}, not a section of "
+                                                              "config fields", "give the name of a mapping", line)
+    out = ConfigData(data)
+    out.path, out.lines = str(p), dict(lines.get(at, {}))
+    return out
+
+# %% ../nbs/27_config_files.ipynb #6f797d55
+_TYPE_NAMES = {"int": "a whole number", "float": "a number", "str": "a string", "bool": "true or false",
+               "dict": "a mapping", "list": "a list", "tuple": "a list", "NoneType": "null"}
+
+def _annotation(config_cls, f):
+    "The field's type (annotations may be strings): a type, a typing construct, or None when it cannot be read."
+    import typing
+    tp = f.type
+    if isinstance(tp, str):
+        ns = {**vars(typing), **vars(__import__("builtins"))}
+        ns.update(vars(sys.modules.get(config_cls.__module__, object())) if config_cls.__module__ in sys.modules
+                  else {})
+        try: tp = eval(tp, ns)
+        except Exception: return None
+    return tp
+
+def _fits(v, tp) -> bool:
+    "Whether a value read from a file or the command line has the field's type (`Any` and unknown types: yes)."
+    import typing
+    if tp is None or tp is typing.Any or tp is object: return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or type(tp).__name__ == "UnionType": return any(_fits(v, a) for a in args)
+    if origin is typing.Literal: return v in args
+    if tp is type(None): return v is None
+    if tp is bool: return type(v) is bool
+    if tp is int: return isinstance(v, int) and not isinstance(v, bool)
+    if tp is float:
+        if isinstance(v, str):                          # YAML 1.1 reads 5e-6 (no dot) as a string
+            try: float(v.strip())
+            except ValueError: return False
+            return True
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if tp is str: return isinstance(v, str)
+    base = origin or tp
+    if base in (list, tuple, typing.Sequence, collections.abc.Sequence):
+        if not isinstance(v, (list, tuple)): return False
+        inner = args[0] if args and (base is not tuple or len(args) == 2 and args[1] is Ellipsis) else None
+        return inner is None or all(_fits(x, inner) for x in v)
+    if base in (dict, typing.Mapping, collections.abc.Mapping):
+        return isinstance(v, dict) and (len(args) != 2 or all(_fits(a, args[0]) and _fits(b, args[1])
+                                                               for a, b in v.items()))
+    if base in (collections.abc.Callable,): return callable(v)
+    return isinstance(v, base) if isinstance(base, type) else True
+
+def _describe_type(tp) -> str:
+    import typing
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Union or type(tp).__name__ == "UnionType":
+        names = [_describe_type(a) for a in args if a is not type(None)]
+        return " or ".join(names) + (" (or null)" if type(None) in args else "")
+    if typing.get_origin(tp) is typing.Literal: return "one of " + ", ".join(map(repr, args))
+    base = typing.get_origin(tp) or tp
+    name = getattr(base, "__name__", str(base))
+    return _TYPE_NAMES.get(name, f"a {name}")
+
+def _type_hint(v, tp) -> str:
+    "The fix for a value of the wrong type."
+    import typing
+    want = {a for a in (typing.get_args(tp) or (tp,))}
+    if isinstance(v, bool) and str in want:
+        return "YAML reads yes/no/on/off/true/false as a boolean: put the word in quotes"
+    if isinstance(v, str) and (int in want or float in want):
+        try: return "write the number without quotes" if float(v) == float(v) else "give it a number"
+        except ValueError: return f"give it {_describe_type(tp)}"
+    if isinstance(v, float) and int in want: return "write a whole number"
+    if isinstance(v, (int, float)) and bool in want: return "write true or false"
+    return f"give it {_describe_type(tp)}"
+
+def check_config_types(config_cls, data: dict, origin: Optional[ConfigData] = None) -> dict:
+    """Every value's type against its field's (`int` fields take whole-number floats such as 6.0, as 6); a wrong one
+    is named with the file and line when it came from `origin`. Returns the values to construct the config with."""
+    out = dict(data)
+    for f in dataclasses.fields(config_cls):
+        if f.name not in data: continue
+        v, tp = data[f.name], _annotation(config_cls, f)
+        if tp is int and isinstance(v, float) and v.is_integer(): out[f.name] = v = int(v)
+        if not _fits(v, tp):
+            msg = f"{config_cls.__name__}.{f.name}={v!r} is invalid: expected {_describe_type(tp)}, got " \
+                  f"{type(v).__name__}"
+            line = origin.lines.get(f.name) if origin is not None and f.name in origin \
+                and origin[f.name] is data[f.name] else None
+            if line is not None: raise UserFileError(origin.path, msg, _type_hint(v, tp), line, field=f.name)
+            raise ValueError(f"{msg}; {_type_hint(v, tp)}")
+    return out
 
 # %% ../nbs/27_config_files.ipynb #258263ec
 def check_config_keys(config_cls, keys) -> None:
-    "Reject keys that are not fields of the dataclass `config_cls`, suggesting the closest field."
+    """Reject keys that are not fields of the dataclass `config_cls`, suggesting the closest field (and naming the file
+    and line when `keys` is a `ConfigData`)."""
     if not dataclasses.is_dataclass(config_cls): raise TypeError(f"{config_cls!r} is not a dataclass config class")
     valid = [f.name for f in dataclasses.fields(config_cls) if f.init]
     removed = getattr(config_cls, "removed_fields", {})           # the config's own error says why, and the fix
@@ -48,16 +322,27 @@ def check_config_keys(config_cls, keys) -> None:
         if k not in valid and k not in removed:
             close = difflib.get_close_matches(str(k), valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown config key {k!r} for {config_cls.__name__}.{hint} Valid keys: "
+            line = keys.lines.get(k) if isinstance(keys, ConfigData) else None
+            where = f"{keys.path}, line {line}: " if line else ""
+            raise ValueError(f"{where}unknown config key {k!r} for {config_cls.__name__}.{hint} Valid keys: "
                              f"{', '.join(valid)}")
 
 def config_from_dict(config_cls, data: Optional[dict] = None, **overrides) -> Any:
     "An instance of `config_cls` from a mapping plus keyword overrides; unknown keys fail with a suggestion."
     if data is not None and not isinstance(data, dict): raise TypeError(f"{config_cls.__name__}.from_dict needs a "
                                                                         f"mapping, got {type(data).__name__}")
-    merged = {**(data or {}), **overrides}
+    merged = ConfigData({**(data or {}), **overrides})
+    if isinstance(data, ConfigData):                      # where each key that is still the file's came from
+        merged.path = data.path
+        merged.lines = {k: l for k, l in data.lines.items() if k in data and k not in overrides}
     check_config_keys(config_cls, merged)
-    return config_cls(**merged)
+    values = check_config_types(config_cls, merged, merged)
+    try: return config_cls(**values)
+    except ValueError as e:                               # the config's own range checks: point into the file
+        msg, name = str(e), config_cls.__name__
+        k = next((k for k in merged.lines if msg.startswith((f"{name}.{k}=", f"{name}: {k}"))), None)
+        if k is None: raise
+        raise ValueError(f"{merged.path}, line {merged.lines[k]}: {msg}") from None
 
 def config_from_file(config_cls, path, section: Optional[str] = None, **overrides) -> Any:
     "An instance of `config_cls` from a YAML/JSON file (or one section of it) plus keyword overrides."

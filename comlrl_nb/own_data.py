@@ -4,115 +4,248 @@
 
 # %% ../nbs/64_own_data.ipynb #dad661db
 from __future__ import annotations
-import csv, difflib, hashlib, importlib, importlib.util, inspect, json, os, sys
+import csv, difflib, hashlib, importlib, importlib.util, inspect, json, os, sys, types
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .config_files import UserFileError, parse_json, read_user_text
 from .rewards import FormatterError, RewardFunction, default_formatter, format_prompt
 from .tasks import Task
 
 # %% auto #0
-__all__ = ['DATA_FORMATS', 'load_rows', 'load_object', 'check_reward_signature', 'check_columns', 'own_task']
+__all__ = ['DATA_FORMATS', 'Rows', 'load_rows', 'load_object', 'check_reward_signature', 'check_columns', 'own_task']
 
 # %% ../nbs/64_own_data.ipynb #3464c726
 DATA_FORMATS = (".jsonl", ".json", ".csv", ".parquet")
 
-def _jsonl(p: Path) -> list:
-    rows = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip(): continue
-        try: rows.append(json.loads(line))
-        except json.JSONDecodeError as e: raise ValueError(f"{p}, line {n}: not valid JSON ({e.msg}); a JSONL file "
-                                                           "holds one object a line") from None
-    return rows
+class Rows(list):
+    "A dataset's rows (dicts) that also know their file (`path`) and the line each row starts on (`lines`, or None)."
+    path: Optional[str] = None
+    lines: Optional[list] = None
+    def where(self, r: int) -> str:
+        "Where row `r` is, for an error message: the file and line (or row number) of a file's rows."
+        if self.path is None: return f"row {r}"
+        return f"{self.path}, line {self.lines[r]} (row {r})" if self.lines else f"{self.path}, row {r}"
 
-def _json(p: Path) -> list:
-    try: data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e: raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); for one "
-                                                       "object a line use .jsonl") from None
+def _rows(rows: list, p, lines=None) -> Rows:
+    out = Rows(rows)
+    out.path, out.lines = str(p), lines
+    return out
+
+def _jsonl(p: Path) -> Rows:
+    rows, lines = [], []
+    for n, line in enumerate(read_user_text(p, "dataset").split("\n"), 1):     # not splitlines: U+2028 is JSON text
+        if not line.strip(): continue
+        try: row, _ = parse_json(line, p, "dataset", key_lines=False, first_line=n)
+        except UserFileError as e:
+            raise UserFileError(p, e.problem, e.fix if "twice" in e.problem else "a JSONL file holds one JSON object "
+                                "a line; fix that line", e.line, e.column) from None
+        if not isinstance(row, dict): raise UserFileError(p, f"row {len(rows)} is a {type(row).__name__}, not an "
+                                                             "object with named fields",
+                                                          'write one object a line, e.g. {"prompt": "..."}', n)
+        rows.append(row)
+        lines.append(n)
+    return _rows(rows, p, lines)
+
+def _json(p: Path) -> Rows:
+    data, _ = parse_json(read_user_text(p, "dataset"), p, "dataset", key_lines=False)
     if isinstance(data, dict):
-        lists = [v for v in data.values() if isinstance(v, list)]
-        if len(lists) != 1: raise ValueError(f"{p}: a JSON object must hold exactly one list of rows (e.g. "
-                                             f"{{\"data\": [...]}}), found {len(lists)}")
-        data = lists[0]
-    return data
+        lists = [k for k, v in data.items() if isinstance(v, list)]
+        if len(lists) != 1: raise UserFileError(p, f"a JSON object must hold exactly one list of rows, found "
+                                                   f"{len(lists)} ({', '.join(map(repr, lists)) or 'none'})",
+                                                'write {"data": [{...}, ...]} or a plain list of row objects')
+        data = data[lists[0]]
+    if not isinstance(data, list):
+        raise UserFileError(p, f"holds a {type(data).__name__}, not a list of rows", "write [{...}, {...}]")
+    return _rows(data, p)
+
+def _csv(p: Path) -> Rows:
+    import io
+    reader = csv.reader(io.StringIO(read_user_text(p, "dataset"), newline=""), strict=True)
+    fix = "fix the CSV there (a quote that is never closed is the usual cause)"
+    try: header = next(reader, None)
+    except csv.Error as e: raise UserFileError(p, f"not valid CSV ({e})", fix, reader.line_num) from None
+    if not header: raise UserFileError(p, "is empty", "a CSV dataset needs a header row and at least one row")
+    names = [h.strip() for h in header]
+    for i, h in enumerate(names):
+        if not h: raise UserFileError(p, f"column {i + 1} of the header has no name", "name every column", 1)
+        if h in names[:i]: raise UserFileError(p, f"the column {h!r} is named twice in the header (columns "
+                                                  f"{names.index(h) + 1} and {i + 1}); a reader keeps only the last",
+                                               "rename one of them", 1)
+    rows, lines, start = [], [], reader.line_num + 1
+    while True:
+        try: rec = next(reader, None)
+        except csv.Error as e: raise UserFileError(p, f"not valid CSV ({e})", fix, start) from None
+        if rec is None: break
+        if any(f.strip() for f in rec):
+            if len(rec) != len(names):
+                raise UserFileError(p, f"this row has {len(rec)} field(s), the header {len(names)}",
+                                    "give every row one value per column (quote a value that holds a comma)", start)
+            rows.append(dict(zip(names, rec)))
+            lines.append(start)
+        start = reader.line_num + 1
+    return _rows(rows, p, lines)
+
+def _parquet(p: Path) -> Rows:
+    try: import pyarrow.parquet as pq
+    except ImportError: raise ImportError(f"reading {p} needs pyarrow: pip install pyarrow") from None
+    try: return _rows(pq.read_table(p).to_pylist(), p)
+    except Exception as e:
+        raise UserFileError(p, f"cannot be read as Parquet ({type(e).__name__}: {str(e)[:200]})",
+                            "check that it is a Parquet file (pandas' to_parquet writes one); a CSV or JSON file needs "
+                            "its own suffix") from None
 
 # %% ../nbs/64_own_data.ipynb #65cf5e42
-def _saved(p: Path, split: Optional[str]) -> list:
+def _saved(p: Path, split: Optional[str]) -> Rows:
     from datasets import Dataset, DatasetDict, load_from_disk
     try: ds = load_from_disk(str(p))
     except FileNotFoundError as e: raise FileNotFoundError(f"{p} is a directory but not one saved by datasets' "
                                                            f"save_to_disk ({e})") from None
+    except Exception as e: raise UserFileError(p, f"cannot be read as a saved dataset ({type(e).__name__}: "
+                                                  f"{str(e)[:200]})", "save it again with datasets' save_to_disk") \
+        from None
     if isinstance(ds, DatasetDict):
         name = split or ("train" if "train" in ds else next(iter(ds)))
         if name not in ds: raise ValueError(f"{p} has the splits {list(ds)}, not {name!r}; pass one of them")
         ds = ds[name]
     elif split is not None: raise ValueError(f"{p} holds a single dataset without splits; leave split unset")
-    return ds.to_list()
+    return _rows(ds.to_list(), p)
 
-def load_rows(path, split: Optional[str] = None) -> list[dict]:
-    "The rows (dicts) of a JSONL/JSON/CSV/Parquet file or a saved `datasets` directory."
+def load_rows(path, split: Optional[str] = None) -> Rows:
+    """The rows (dicts) of a JSONL/JSON/CSV/Parquet file or a saved `datasets` directory; every error names the file
+    and the line (or row) and the fix."""
     p = Path(path)
     if not p.exists(): raise FileNotFoundError(f"dataset {p} does not exist; give a {'/'.join(DATA_FORMATS)} file "
                                                "or a saved datasets directory")
+    readers = {".jsonl": _jsonl, ".json": _json, ".csv": _csv, ".parquet": _parquet}
     if p.is_dir(): rows = _saved(p, split)
-    elif p.suffix == ".jsonl": rows = _jsonl(p)
-    elif p.suffix == ".json": rows = _json(p)
-    elif p.suffix == ".csv":
-        with open(p, newline="", encoding="utf-8") as f: rows = list(csv.DictReader(f))
-    elif p.suffix == ".parquet":
-        import pyarrow.parquet as pq
-        rows = pq.read_table(p).to_pylist()
+    elif p.suffix.lower() in readers: rows = readers[p.suffix.lower()](p)
     else: raise ValueError(f"dataset {p}: unknown format {p.suffix!r}; use one of {', '.join(DATA_FORMATS)} or a "
                            "saved datasets directory")
-    if not isinstance(rows, list) or not rows: raise ValueError(f"dataset {p} holds no rows; it needs at least one")
+    if not rows: raise UserFileError(p, "holds no rows", "a dataset needs at least one row")
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-    if bad is not None: raise ValueError(f"dataset {p}: row {bad} is a {type(rows[bad]).__name__}; every row must "
-                                         "be an object with named fields")
+    if bad is not None: raise ValueError(f"{rows.where(bad)}: a {type(rows[bad]).__name__}, not an object with named "
+                                         "fields; every row must be one")
     return rows
 
 # %% ../nbs/64_own_data.ipynb #f077ef63
-def _file_module(path: Path):
-    key = "comlrl_nb_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    if key in sys.modules: return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[key] = mod
-    folder = str(path.resolve().parent)
+_USER_MODULES: dict = {}     # resolved path -> (sha1 of its text, module)
+_NEIGHBOURS: dict = {}       # module name -> (file, (mtime_ns, size)) of modules a user file imported from its folder
+
+def _stat(f) -> tuple:
+    try: s = os.stat(f)
+    except OSError: return ()
+    return s.st_mtime_ns, s.st_size
+
+def _failed_line(e: BaseException, path: Path) -> tuple:
+    "The last line of `path` in the traceback of `e` (where running the file failed), and its text."
+    import traceback
+    mine = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
+    return (mine[-1].lineno, (mine[-1].line or "").strip()) if mine else (None, "")
+
+def _import_error(e: BaseException, path: Path, what: str) -> UserFileError:
+    line, text = _failed_line(e, path)
+    ran = f"`{text}` failed: " if text else ""
+    if isinstance(e, SystemExit):
+        return UserFileError(path, f"{ran}the file exits when it is imported", "put script code under "
+                             "`if __name__ == '__main__':`", line)
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        return UserFileError(path, f"{ran}no module named {e.name!r} in this Python ({sys.executable})",
+                             f"install the package that provides {e.name!r} into it (`{sys.executable} -m pip install "
+                             f"...`), or fix the import", line)
+    if isinstance(e, ImportError):
+        return UserFileError(path, f"{ran}ImportError: {e}", "fix the import (a misspelt name is the usual cause)",
+                             line)
+    return UserFileError(path, f"{ran}{type(e).__name__}: {str(e)[:300]}", f"importing the {what} file runs its top "
+                         "level: fix that line, or move work that needs the run into a function", line)
+
+def _file_module(path: Path, what: str = "function"):
+    """The Python file as a module, executed afresh when its text (or a neighbour module it imported) changed since the
+    last load, else the same module object (so a reward that loads a model at import does it once)."""
+    p = path.resolve()
+    src = read_user_text(path, f"{what} file")
+    digest = hashlib.sha1(src.encode()).hexdigest()
+    stale = [n for n, (f, st) in _NEIGHBOURS.items() if _stat(f) != st]
+    for n in stale:
+        sys.modules.pop(n, None)
+        _NEIGHBOURS.pop(n, None)
+    if p in _USER_MODULES and _USER_MODULES[p][0] == digest and not stale: return _USER_MODULES[p][1]
+    try: code = compile(src, str(path), "exec")
+    except SyntaxError as e:
+        near = f" in `{e.text.strip()}`" if e.text and e.text.strip() else ""
+        raise UserFileError(path, f"{type(e).__name__}: {e.msg}{near}", "fix the Python there", e.lineno,
+                            e.offset) from None
+    key = "comlrl_nb_user_" + hashlib.sha1(str(p).encode()).hexdigest()[:12]
+    mod = types.ModuleType(key, f"the {what} file {path}")
+    mod.__file__ = str(p)
+    sys.modules[key] = mod                          # as an import would: dataclasses and pickle look the module up
+    folder, before, quiet = str(p.parent), set(sys.modules), sys.dont_write_bytecode
     added = folder not in sys.path
     if added: sys.path.insert(0, folder)
-    try: spec.loader.exec_module(mod)
-    except BaseException:
+    sys.dont_write_bytecode = True                  # no .pyc of a neighbour that an edit within a second could outlive
+    try: exec(code, mod.__dict__)
+    except (Exception, SystemExit) as e:
         sys.modules.pop(key, None)
-        raise
+        raise _import_error(e, p, what) from None
     finally:
-        if added: sys.path.remove(folder)
+        sys.dont_write_bytecode = quiet
+        if added and folder in sys.path: sys.path.remove(folder)
+    for n in set(sys.modules) - before:
+        f = getattr(sys.modules.get(n), "__file__", None)
+        if f and Path(f).resolve().parent == p.parent: _NEIGHBOURS[n] = (f, _stat(f))
+    _USER_MODULES[p] = (digest, mod)
     return mod
 
 # %% ../nbs/64_own_data.ipynb #cc05b5b0
+def _import_module(src: str, spec: str, what: str):
+    try: return importlib.import_module(src)
+    except ModuleNotFoundError as e:
+        if e.name and (src == e.name or src.startswith(e.name + ".")):
+            raise ImportError(f"{what} {spec!r}: cannot import module {src!r} ({e}); for a file write "
+                              f"{src}.py:{spec.rsplit(':', 1)[1]}") from None
+        err = e
+    except (Exception, SystemExit) as e: err = e
+    import traceback                               # the module itself failed: name its file and line
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
+    raise _import_error(err, Path(frames[-1].filename), what) if frames else err
+
 def load_object(spec: str, what: str = "function") -> Callable:
-    "The callable named by 'FILE.py:NAME' or 'module:NAME' (`what` names it in errors, e.g. 'reward')."
+    """The callable named by 'FILE.py:NAME' or 'module:NAME' (`what` names it in errors, e.g. 'reward'); a file is read
+    again when it changed."""
     if not isinstance(spec, str) or ":" not in spec or not spec.rsplit(":", 1)[1]:
         raise ValueError(f"{what} {spec!r}: name it as FILE.py:NAME or module:NAME (e.g. my_reward.py:score)")
     src, name = spec.rsplit(":", 1)
+    path = None
     if src.endswith(".py") or os.sep in src or "/" in src:
         path = Path(src)
-        if not path.is_file(): raise FileNotFoundError(f"{what} {spec!r}: the file {path} does not exist")
-        mod = _file_module(path)
-    else:
-        try: mod = importlib.import_module(src)
-        except ModuleNotFoundError as e:
-            raise ImportError(f"{what} {spec!r}: cannot import module {src!r} ({e}); for a file write "
-                              f"{src}.py:{name}") from None
+        if not path.is_file():
+            if path.is_dir(): raise UserFileError(path, f"is a directory, not a {what} file", "name a .py file")
+            raise FileNotFoundError(f"{what} {spec!r}: the file {path} does not exist")
+        mod = _file_module(path, what)
+    else: mod = _import_module(src, spec, what)
+    where = path if path is not None else Path(getattr(mod, "__file__", None) or src)
     if not hasattr(mod, name):
         names = [n for n, v in vars(mod).items()
                  if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == mod.__name__]
         close = difflib.get_close_matches(name, names, n=1)
-        raise ValueError(f"{what} {spec!r}: {src} has no {name!r}." + (f" Did you mean {close[0]!r}?" if close else "")
-                         + f" It defines: {', '.join(names) or 'no public functions'}")
+        raise UserFileError(where, f"has no {name!r}." + (f" Did you mean {close[0]!r}?" if close else "")
+                            + f" It defines: {', '.join(names) or 'no public functions'}",
+                            f"name one of them after the colon ({src}:NAME) or define {name} in the file")
     obj = getattr(mod, name)
-    if not callable(obj): raise TypeError(f"{what} {spec!r} is a {type(obj).__name__}, not a function")
+    if not callable(obj):
+        raise UserFileError(where, f"{name} is a {type(obj).__name__}, not a function", f"name a function (def "
+                            f"{name}(...)) as the {what}", _defined_at(path, name) if path is not None else None)
     return obj
+
+def _defined_at(path: Path, name: str) -> Optional[int]:
+    "The line of the last top-level statement of the file that binds `name`."
+    import ast
+    try: tree = ast.parse(read_user_text(path))
+    except (SyntaxError, ValueError, OSError): return None
+    hits = [n.lineno for n in tree.body if name in {t.id for t in ast.walk(n) if isinstance(t, ast.Name)
+                                                    and isinstance(t.ctx, ast.Store)}
+            or getattr(n, "name", None) == name]
+    return hits[-1] if hits else None
 
 # %% ../nbs/64_own_data.ipynb #db739c0a
 def check_reward_signature(fn: Callable, num_agents: int, name: str = "reward") -> RewardFunction:
@@ -133,19 +266,21 @@ def check_reward_signature(fn: Callable, num_agents: int, name: str = "reward") 
 
 # %% ../nbs/64_own_data.ipynb #98170fea
 def check_columns(rows: Sequence[dict], formatters: Sequence[Callable], where: str = "dataset"):
-    "Every formatter must make a prompt string of every row; a missing column names row, column and columns."
+    """Every formatter must make a prompt string of every row; a missing column names the row (its file and line when
+    the rows came from `load_rows`), the column and the columns there are."""
+    at = rows.where if isinstance(rows, Rows) and rows.path else (lambda r: f"{where}, row {r}")
     for r, row in enumerate(rows):
         for i, f in enumerate(formatters):
             try: format_prompt(f, row, i)
             except Exception as err:                       # a FormatterError carries the formatter's own error
                 e = err.__cause__ if isinstance(err, FormatterError) and err.__cause__ is not None else err
                 if not isinstance(e, KeyError): raise ValueError(
-                    f"{where}, row {r}: the formatter of agent {i + 1} ({getattr(f, '__name__', f)}) failed "
+                    f"{at(r)}: the formatter of agent {i + 1} ({getattr(f, '__name__', f)}) failed "
                     f"({type(e).__name__}: {e}); a formatter takes a row (a dict) and returns the agent's prompt "
                     "string") from None
                 key = e.args[0] if e.args else None
                 col = "prompt" if f is default_formatter else key if isinstance(key, str) and len(key) < 80 else str(e)
-                raise ValueError(f"{where}, row {r}: the prompt of agent {i + 1} ({getattr(f, '__name__', f)}) "
+                raise ValueError(f"{at(r)}: the prompt of agent {i + 1} ({getattr(f, '__name__', f)}) "
                                  f"needs the column {col!r}, "
                                  f"which the row lacks; its columns are {sorted(row)}. Add the column or pass "
                                  "--formatters") from None
@@ -171,7 +306,7 @@ def _eval_split(path) -> Optional[list]:
     from datasets import DatasetDict, load_from_disk
     ds = load_from_disk(str(p))
     name = next((s for s in ("validation", "eval", "test") if isinstance(ds, DatasetDict) and s in ds), None)
-    return ds[name].to_list() if name else None
+    return _rows(ds[name].to_list(), p) if name else None
 
 # %% ../nbs/64_own_data.ipynb #ad9a81e1
 def own_task(dataset, reward, formatters=None, num_agents: int = 2, transition=None, eval_dataset=None,

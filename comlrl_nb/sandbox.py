@@ -439,6 +439,9 @@ def _run_tests_mode(payload, weak):
     fatal = timed(start)                                 # it timed out, or the program ended while loading
     if fatal is not None: fatal = fatal.split(": ", 1)[1] if fatal.startswith("RuntimeError: ") else fatal
     emit({"load": fatal if fatal is not None else loaded[0]})
+    if fatal is None and payload.get("harness"):         # the problem's own code: its names are the harness's
+        bad = timed(lambda: exec(compile(payload["harness"], "<harness>", "exec"), ns))
+        if bad is not None: fatal = "the problem's own code (harness=) failed: " + bad
     for i, t in enumerate(payload["tests"]):
         err = ("not run: " + fatal) if fatal is not None else timed(lambda: _run_one_test(t, ns))
         if err is not None and st and (err == "timed out" or "the program" in err):
@@ -736,13 +739,15 @@ def _refused(missing) -> SandboxError:
 
 # %% ../nbs/60_sandbox.ipynb #cfa5f527
 def _run(mode: str, code: str, tests: Sequence[str], test_timeout: float, timeout: float, memory_mb: float,
-         max_output: int, file_size_mb: float, max_processes: int, namespaces: bool, uid, gid, python):
+         max_output: int, file_size_mb: float, max_processes: int, namespaces: bool, uid, gid, python,
+         harness: str = ""):
     if not isinstance(code, str): raise TypeError(f"code must be a string, got {type(code).__name__}")
+    if not isinstance(harness, str): raise TypeError(f"harness must be a string of code, got {type(harness).__name__}")
     _check_options(timeout, memory_mb, max_output, file_size_mb, max_processes)
     if not namespaces: logger.warning(_WEAK)
     lim, nonce = _limits(timeout, memory_mb, file_size_mb, max_processes), secrets.token_hex(8)
-    payload = {"mode": mode, "code": code, "tests": list(tests), "test_timeout": test_timeout, "limits": lim,
-               "namespaces": bool(namespaces), "strict": bool(namespaces), "nonce": nonce,
+    payload = {"mode": mode, "code": code, "tests": list(tests), "harness": harness, "test_timeout": test_timeout,
+               "limits": lim, "namespaces": bool(namespaces), "strict": bool(namespaces), "nonce": nonce,
                "scratch_mb": int(max(16, 4 * file_size_mb)), "child_source": _child_source() if mode == "tests" else ""}
     recs, rc, out, err, out_cut, err_cut, dur, res, tail = _launch(payload,
                                                                    sandbox_python(python, uid, gid, namespaces),
@@ -788,14 +793,15 @@ class TestReport:
 def run_tests(code: str, tests: Sequence[str], *, test_timeout: float = 1.0, timeout: Optional[float] = None,
               memory_mb: float = 512, max_output: int = 2000, file_size_mb: float = 8, max_processes: int = 32,
               namespaces: bool = True, uid: Optional[int] = SANDBOX_UID, gid: Optional[int] = SANDBOX_GID,
-              python: Optional[str] = None) -> TestReport:
-    "Load `code` once in the sandbox and run each test string against it; per-test pass/fail with reasons."
+              python: Optional[str] = None, harness: str = "") -> TestReport:
+    """Load `code` once in the sandbox and run each test string against it; per-test pass/fail with reasons. `harness`:
+    the problem's own code (helpers the tests call), run by the harness itself; its names win over the program's."""
     if isinstance(tests, str) or not all(isinstance(t, str) for t in tests):
         raise TypeError("tests must be a list of strings")
     check_number(test_timeout, "test_timeout", "sandbox", min=0, min_exclusive=True)
-    timeout = timeout if timeout is not None else min(30.0, 1.0 + test_timeout * (len(tests) + 1))
+    timeout = timeout if timeout is not None else min(30.0, 1.0 + test_timeout * (len(tests) + 2 * bool(harness) + 1))
     res, recs = _run("tests", code, tests, test_timeout, timeout, memory_mb, max_output, file_size_mb, max_processes,
-                     namespaces, uid, gid, python)
+                     namespaces, uid, gid, python, harness)
     stopped = f"not run: the program stopped ({res.killed_reason or f'exit status {res.returncode}'})"
     load = next((r["load"] for r in recs if "load" in r), stopped)
     found = {r["test"]: r["error"] for r in recs if isinstance(r.get("test"), int)}
@@ -804,9 +810,13 @@ def run_tests(code: str, tests: Sequence[str], *, test_timeout: float = 1.0, tim
 
 # %% ../nbs/60_sandbox.ipynb #4c60d040
 def run_tests_batch(jobs: Sequence[tuple], max_workers: Optional[int] = None, **options) -> list[TestReport]:
-    "run_tests(code, tests, **options) for each (code, tests) job, a few at a time; results in job order."
-    jobs = list(jobs)
+    """run_tests(code, tests, harness=harness, **options) for each (code, tests) or (code, tests, harness) job, a few at
+    a time; results in job order."""
+    jobs = [tuple(j) for j in jobs]
     if not jobs: return []
+    if any(len(j) not in (2, 3) for j in jobs): raise ValueError("run_tests_batch: each job is (code, tests) or (code, "
+                                                                 "tests, harness)")
+    one = lambda job: run_tests(job[0], job[1], harness=job[2] if len(job) == 3 else "", **options)
     workers = max_workers or min(4, os.cpu_count() or 1, len(jobs))
-    if workers == 1: return [run_tests(c, t, **options) for c, t in jobs]
-    with ThreadPoolExecutor(workers) as ex: return list(ex.map(lambda job: run_tests(job[0], job[1], **options), jobs))
+    if workers == 1: return [one(j) for j in jobs]
+    with ThreadPoolExecutor(workers) as ex: return list(ex.map(one, jobs))

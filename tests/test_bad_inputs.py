@@ -1071,3 +1071,143 @@ def test_resume_into_agents_of_another_architecture_names_it(tmp_path, change, s
         _stopped_run(tmp_path, other, tok).train(resume_from_checkpoint=True)
     assert "cannot resume: agent 0 was a model with" in str(e.value) and shown in str(e.value), str(e.value)
     assert "size mismatch for" not in str(e.value).split("(")[0]
+# ------------------------------------------------------------------ config files (S3): file, line, field and fix
+from comlrl_nb.config_files import (MAX_YAML_VALUES, UserFileError, config_from_file,  # noqa: E402
+                                    read_config_file)
+
+
+def _cfg(tmp_path, name, text, section=None, **kw):
+    p = tmp_path / name
+    p.write_bytes(text) if isinstance(text, bytes) else p.write_text(text)
+    return config_from_file(MAGRPOConfig, p, section, **kw)
+
+
+@pytest.mark.parametrize("name, text, msg", [
+    ("dup.yaml", "seed: 1\nnum_generations: 4\nseed: 2\n",
+     "dup.yaml, line 3: the key 'seed' is given twice in one mapping, on lines 1 and 3"),
+    ("nested.yaml", "magrpo:\n  seed: 1\n  temperature: 0.7\n  temperature: 0.9\nmaac: {seed: 1}\n",
+     "nested.yaml, line 4: the key 'temperature' is given twice in one mapping, on lines 3 and 4"),
+    ("flow.yaml", "magrpo: {seed: 1, seed: 2}\n", "flow.yaml, line 1: the key 'seed' is given twice"),
+    ("dup.json", '{\n  "seed": 1,\n  "num_generations": 4,\n  "seed": 2\n}',
+     "dup.json, line 4: the key 'seed' is given twice, on lines 2 and 4"),
+    ("nested.json", '{"magrpo": {"seed": 1,\n "top_k": 5},\n "maac": {"seed": 1, "top_k": 3,\n "top_k": 4}}',
+     "nested.json, line 4: the key 'top_k' is given twice (in maac), on lines 3 and 4"),
+    ("escaped.json", '{"se\\u0065d": 1,\n "seed": 2}', "escaped.json, line 2: the key 'seed' is given twice"),
+])
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path, name, text, msg):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(UserFileError) as e: read_config_file(tmp_path / name)
+    assert msg in str(e.value) and str(e.value).endswith("keeps only the last, silently; remove one of them")
+
+
+def test_yaml_merge_keys_may_be_overridden_and_lists_may_repeat_values(tmp_path):
+    text = "base: &b {seed: 1, temperature: 0.5}\nmagrpo:\n  <<: *b\n  seed: 3\n  stop: [a, a]\n"
+    (tmp_path / "m.yaml").write_text(text)
+    assert read_config_file(tmp_path / "m.yaml", "magrpo") == {"seed": 3, "temperature": 0.5, "stop": ["a", "a"]}
+
+
+def test_yaml_alias_bombs_and_cycles_are_refused_quickly(tmp_path):
+    levels = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))   # 10**9 values
+    (tmp_path / "laughs.yaml").write_text(levels)
+    t0 = time.perf_counter()
+    with pytest.raises(UserFileError, match=rf"laughs.yaml, line \d+: its aliases \(\*name\) expand to more than "
+                                            rf"{MAX_YAML_VALUES} values"):
+        read_config_file(tmp_path / "laughs.yaml")
+    assert time.perf_counter() - t0 < 2.0
+    (tmp_path / "wide.yaml").write_text("a: &a {" + ", ".join(f"k{i}: {i}" for i in range(400)) + "}\n"
+                                        + "".join(f"b{j}: *a\n" for j in range(400)))          # 160k values, flat
+    with pytest.raises(UserFileError, match="expand to more than"): read_config_file(tmp_path / "wide.yaml")
+    (tmp_path / "loop.yaml").write_text("magrpo: &m\n  seed: 1\n  again: *m\n")
+    with pytest.raises(UserFileError, match="loop.yaml, line 1: an alias refers to a mapping or list that contains "
+                                            "it"):
+        read_config_file(tmp_path / "loop.yaml")
+    (tmp_path / "fine.yaml").write_text("d: &d {seed: 2}\nmagrpo: *d\n")             # ordinary aliases still work
+    assert read_config_file(tmp_path / "fine.yaml", "magrpo") == {"seed": 2}
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("seed: '3'\n", "line 1, field 'seed': MAGRPOConfig.seed='3' is invalid: expected a whole number, got str; "
+                    "write the number without quotes"),
+    ("num_generations: 4.5\n", "line 1, field 'num_generations': MAGRPOConfig.num_generations=4.5 is invalid: "
+                               "expected a whole number, got float; write a whole number"),
+    ("temperature: 0.7\njoint_mode: off\n", "line 2, field 'joint_mode': MAGRPOConfig.joint_mode=False is invalid: "
+                                            "expected a string, got bool; YAML reads yes/no/on/off/true/false as a "
+                                            "boolean: put the word in quotes"),
+    ("use_chat_template: 'yes'\n", "field 'use_chat_template': MAGRPOConfig.use_chat_template='yes' is invalid: "
+                                   "expected true or false, got str"),
+    ("output_dir: 5\n", "field 'output_dir': MAGRPOConfig.output_dir=5 is invalid: expected a string (or null)"),
+    ("top_k: [5]\n", "field 'top_k': MAGRPOConfig.top_k=[5] is invalid: expected a whole number (or null), got list"),
+    ("early_termination_threshold: {a: 1}\n", "field 'early_termination_threshold'"),
+    ("agent_learning_rate: 1e-3x\n", "field 'agent_learning_rate': MAGRPOConfig.agent_learning_rate='1e-3x' is "
+                                     "invalid: expected a number, got str; give it a number"),
+    ("seed: 2024-01-01\n", "field 'seed': MAGRPOConfig.seed=datetime.date(2024, 1, 1) is invalid"),
+])
+def test_every_fields_type_is_checked_with_the_file_line_and_field(tmp_path, text, msg):
+    with pytest.raises(ValueError) as e: _cfg(tmp_path, "types.yaml", text)
+    assert "types.yaml, line " in str(e.value) and msg in str(e.value), str(e.value)
+
+
+def test_numbers_that_mean_the_same_are_accepted(tmp_path):
+    cfg = _cfg(tmp_path, "ok.json", '{"num_generations": 4.0, "agent_learning_rate": "5e-6", "top_k": null, '
+                                     '"max_grad_norm": 1}')
+    assert (cfg.num_generations, type(cfg.num_generations), cfg.agent_learning_rate, cfg.top_k, cfg.max_grad_norm) \
+        == (4, int, 5e-6, None, 1)
+
+
+def test_range_and_unknown_key_errors_from_a_file_name_its_line(tmp_path):
+    with pytest.raises(ValueError, match=r"r.yaml, line 3: MAGRPOConfig.num_generations=1 is invalid: must be >= 2"):
+        _cfg(tmp_path, "r.yaml", "# comment\nseed: 1\nnum_generations: 1\n")
+    with pytest.raises(ValueError, match=r"r.yaml, line 2: unknown config key 'num_generation' for MAGRPOConfig. Did "
+                                         r"you mean 'num_generations'\?"):
+        _cfg(tmp_path, "r.yaml", "seed: 1\nnum_generation: 4\n")
+    with pytest.raises(ValueError, match=r"s.yaml, line 3: MAGRPOConfig.seed=-1 is invalid"):
+        _cfg(tmp_path, "s.yaml", "magrpo:\n  top_k: 3\n  seed: -1\n", "magrpo")
+    assert _cfg(tmp_path, "s.yaml", "magrpo:\n  seed: -1\n", "magrpo", seed=4).seed == 4   # the override wins
+
+
+@pytest.mark.parametrize("name, data, msg", [
+    ("latin1.yaml", "seed: 1\n# caf\u00e9\n".encode("latin-1"),
+     r"latin1.yaml, line 2, column 6: byte 0xe9 is not UTF-8 .*; save it as UTF-8 \(`iconv -f latin1 -t utf-8"),
+    ("cp1252.json", b'{"seed": 1,\n "output_dir": "r\x93un\x94"}', r"cp1252.json, line 2, column 18: byte 0x93"),
+    ("utf16.yaml", "seed: 1\n".encode("utf-16"), r"utf16.yaml: is UTF-16 text, not UTF-8; save it as UTF-8"),
+    ("binary.json", b'{"seed": 1}\x00\x00\x01', r"binary.json, line 1, column 12: holds a NUL byte"),
+    ("tab.yaml", b"magrpo:\n\tseed: 1\n", r"tab.yaml, line 2, column 1: not valid YAML \(found character '\\t' "
+                                          r"that cannot start any token"),
+    ("open.yaml", b"seed: [1, 2\ntop_k: 3\n", r"open.yaml, line 2, column 6: not valid YAML"),
+    ("comma.json", b'{"seed": 1,\n "top_k": 3,\n}', r"comma.json, line 3, column 1: not valid JSON \(Expecting "
+                                                    r"property name enclosed in double quotes\); fix the JSON there"),
+    ("two.yaml", b"seed: 1\n---\nseed: 2\n", r"two.yaml, line 2, column 1: not valid YAML \(but found another "
+                                             r"document"),
+    ("list.json", b"[1, 2]", r"list.json: holds a list, not a mapping of config fields"),
+    ("deep.json", b"[" * 100000 + b"]" * 100000, r"deep.json: nested too deeply"),
+    ("run.toml", b"seed = 1", r"run.toml: a config file is YAML \(.yaml, .yml\) or JSON \(.json\), not .toml"),
+])
+def test_unreadable_config_files_name_the_file_line_and_fix(tmp_path, name, data, msg):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(UserFileError, match=msg):
+        read_config_file(tmp_path / name)
+
+
+def test_a_directory_or_a_huge_file_is_refused_before_parsing(tmp_path):
+    with pytest.raises(UserFileError, match="d.yaml: is a directory, not a config file"):
+        (tmp_path / "d.yaml").mkdir() or read_config_file(tmp_path / "d.yaml")
+    with open(tmp_path / "big.yaml", "wb") as f: f.truncate(9 << 20)
+    with pytest.raises(UserFileError, match=r"big.yaml: is 9.0 MiB, more than a config file can be \(8 MiB\)"):
+        read_config_file(tmp_path / "big.yaml")
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("seed: 1\nseed: 2\n", "c.yaml, line 2: the key 'seed' is given twice"),
+    ("seed: 1\ntemperature: hot\n", "c.yaml, line 2, field 'temperature': MAGRPOConfig.temperature='hot' is invalid"),
+    ("seed: 1\nnum_generations: 1\n", "c.yaml, line 2: MAGRPOConfig.num_generations=1 is invalid: must be >= 2"),
+    ("seed: [1\n", "c.yaml, line 2, column 1: not valid YAML"),
+])
+def test_the_cli_reports_a_bad_config_file_in_one_line(tmp_path, text, msg, capsys):
+    from comlrl_nb.cli import main
+    (tmp_path / "c.yaml").write_text(text)
+    assert main(["train", "--model", "tiny", "--config", str(tmp_path / "c.yaml"), "--output-dir",
+                 str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

@@ -284,3 +284,119 @@ def test_multi_turn_magrpo_run_on_tiny_models(name, tmp_path):
     assert len(calls) == 2 * 2                                                # K=2 branches per item, 2 items
     assert all(c["prompt"] in {it["prompt"] for it in task.train_dataset[:2]} and len(c["agent_completions"]) == 2
                for c in calls)
+
+
+# ----------------------------------------------------------------------------------------------- reward games (S3)
+# A model under RL finds any way to test points without solving the problem. Each case below is wrong code that
+# must earn no test points; the honest controls next to them must keep theirs.
+from comlrl_nb.envs import humaneval as H  # noqa: E402
+
+HE = {p["task_id"]: H.humaneval_item(p) for p in H.load_humaneval()}
+HE_PROBS = {p["task_id"]: p for p in H.load_humaneval()}
+ID = "def decode_cyclic(s):\n    return s\n"
+HE_GAMES = {   # (task, helper agent's text, main agent's text)
+    "main redefines the prompt's encoder": ("HumanEval/38", "", "def encode_cyclic(s):\n    return s\n\n" + ID),
+    "main redefines encode_shift": ("HumanEval/50", "", "def encode_shift(s):\n    return s\n\ndef decode_shift(s):\n"
+                                                        "    return s\n"),
+    "main redefines poly to be zero": ("HumanEval/32", "", "def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n"
+                                                           "    return 1.0\n"),
+    "the helper agent redefines the encoder": ("HumanEval/38", "def encode_cyclic(s):\n    return s\n", ID),
+    "an assignment rebinds the encoder": ("HumanEval/38", "", ID + "encode_cyclic = decode_cyclic\n"),
+    "an import rebinds the encoder": ("HumanEval/38", "", "from builtins import str as encode_cyclic\n" + ID),
+    "rebinding through globals() at load": ("HumanEval/38", "", "globals()['encode_cyclic'] = lambda s: s\n" + ID),
+    "rebinding through the builtins module": ("HumanEval/32", "", "import builtins\nbuiltins.poly = lambda xs, x: 0\n"
+                                              "del poly\ndef find_zero(xs):\n    return 1.0\n"),
+    "a body whose dedented tail redefines the encoder": ("HumanEval/38", "", "    return s\n\ndef encode_cyclic(s):\n"
+                                                                              "    return s\n"),
+    "a class redefines poly": ("HumanEval/32", "", "class poly:\n    def __new__(cls, xs, x):\n        return 0\n"
+                                                          "def find_zero(xs):\n    return 3.0\n"),
+    "builtin abs redefined for check": ("HumanEval/2", "", "abs = lambda x: 0\ndef truncate_number(number):\n"
+                                                          "    return 42.0\n"),
+    "check redefined by the answer": ("HumanEval/2", "", "def check(candidate):\n    pass\ndef truncate_number(n):\n"
+                                                        "    return 42.0\n"),
+    "always-equal object": ("HumanEval/38", "", "class Any(str):\n    def __eq__(self, o): return True\n"
+                                                "def decode_cyclic(s):\n    return Any('x')\n"),
+    "sys.exit(0) after the definitions": ("HumanEval/2", "", "import sys\ndef truncate_number(n):\n    return 4.0\n"
+                                                           "sys.exit(0)\n"),
+    "exit inside the function": ("HumanEval/2", "", "def truncate_number(n):\n    raise SystemExit(0)\n"),
+    "os._exit inside the function": ("HumanEval/2", "", "import os\ndef truncate_number(n):\n    os._exit(0)\n"),
+    "the harness killed at load": ("HumanEval/2", "", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+                                                    "def truncate_number(n):\n    return 4.0\n"),
+}
+
+
+@pytest.mark.parametrize("name", list(HE_GAMES))
+def test_humaneval_games_earn_no_test_points(name):
+    task, aux, main = HE_GAMES[name]
+    fence = lambda code: code if not code or code.startswith(" ") else "```python\n" + code + "```"  # all of it is code
+    ev = H.evaluate_humaneval([fence(aux)], [fence(main)], [HE[task]])[0]
+    assert ev.levels["tests"] == 0.0, (name, ev.levels, ev.report and ev.report.errors, ev.analysis.diagnostics)
+    assert ev.reward <= 1.5
+
+
+def test_humaneval_honest_answers_around_the_prompt_helpers_keep_their_points():
+    items = [HE[k] for k in ("HumanEval/38", "HumanEval/50", "HumanEval/32", "HumanEval/10")]
+    bodies = [HE_PROBS[it["task_id"]]["canonical_solution"] for it in items]
+    copied = ["```python\n" + HE_PROBS[it["task_id"]]["prompt"] + b + "```" for it, b in zip(items, bodies)]
+    evs = H.evaluate_humaneval([""] * 8, bodies + copied, items * 2)
+    assert [e.levels["tests"] for e in evs] == [2.0] * 8, [e.report.errors for e in evs]
+    assert not any("redefines" in d for e in evs for d in e.analysis.diagnostics)
+    # an answer with its own, different encoder that only its decoder uses: the answer's business, still correct
+    own = "def encode_cyclic(s):\n    return s[::-1]\n\ndef decode_cyclic(s):\n    " \
+          "return encode_cyclic(encode_cyclic(''.join((g[-1] + g[:-1]) if len(g) == 3 else g for g in " \
+          "[s[i:i + 3] for i in range(0, len(s), 3)])))\n"
+    ev = H.evaluate_humaneval([""], [own], [HE["HumanEval/38"]])[0]
+    assert ev.levels["tests"] == 2.0 and any("redefines `encode_cyclic`" in d for d in ev.analysis.diagnostics)
+    aux = "def aux(s):\n    return encode_cyclic(encode_cyclic(s))\n"
+    ev = H.evaluate_humaneval([aux], ["def decode_cyclic(s):\n    return aux(s)\n"], [HE["HumanEval/38"]])[0]
+    assert ev.reward == 4.0, ev.levels
+
+
+def test_humaneval_harness_is_the_prompt_without_its_entry_point():
+    h = H.humaneval_harness(HE["HumanEval/38"])
+    assert "def encode_cyclic" in h and "def decode_cyclic" not in h
+    assert h.count("\n") == HE["HumanEval/38"]["prompt"].count("\n")       # line numbers stay the prompt's
+    h = H.humaneval_harness(HE["HumanEval/32"])
+    assert "import math" in h and "def poly" in h and "def find_zero" not in h
+    with pytest.raises(ValueError, match="prompt is not valid Python"):
+        H.humaneval_harness({"task_id": "X/1", "prompt": "def f(:\n", "entry_point": "f"})
+    ev = H.evaluate_humaneval([""], [HE_GAMES["main redefines poly to be zero"][2]], [HE["HumanEval/32"]])[0]
+    assert "main: redefines `poly` of the problem's prompt; check() uses the prompt's own" in ev.analysis.diagnostics
+
+
+@pytest.mark.parametrize("test, name", [
+    ("assert primes_below(10) == EXPECTED", "EXPECTED"),
+    ("assert is_sorted(primes_below(30))", "is_sorted"),
+    ("assert primes_below(10) == [2, 3, 5, 7] or helper_says_ok()", "helper_says_ok"),
+])
+def test_code_problem_whose_test_reads_a_name_only_the_model_defines_is_refused(test, name):
+    # the same hole as HumanEval's prompt helpers, in a user's problem file: the model's code would define it
+    ps = copy.deepcopy(PROBS[:3])
+    ps[0]["tests"][2] = test
+    with pytest.raises(ValueError, match=rf"problem #0 \(primes_below\): tests\[2\] reads {name}, which neither the "
+                                         "test nor"):
+        C.load_problems(ps)
+    game = "def is_sorted(x):\n    return True\nEXPECTED = [-1]\ndef helper_says_ok():\n    return True\n"
+    assert C.run_tests_batch([(game + "def primes_below(n):\n    return [-1]\n", [test])])[0].passed == [True]
+
+
+def test_code_problem_tests_may_define_and_import_their_own_names():
+    ps = copy.deepcopy(PROBS[:1])
+    ps[0]["tests"] += ["import math\nassert math.prod(primes_below(6)) == 30",
+                       "expected = [2, 3]\nassert primes_below(4) == expected",
+                       "assert all(aux(k) for k in primes_below(20))",
+                       "assert [k for k in primes_below(10) if k > 2] == [3, 5, 7]",
+                       "def ok(xs):\n    return xs == sorted(xs)\nassert ok(primes_below(30))",
+                       "try:\n    primes_below(-1)\nexcept ValueError as e:\n    err = e"]
+    assert len(C.load_problems(ps)[0]["tests"]) == len(PROBS[0]["tests"]) + 6
+
+
+def test_code_env_games_earn_no_test_points():
+    games = {"redefine the builtin the test uses": "sorted = lambda x: [2, 3, 5, 7]\ndef primes_below(n):\n"
+                                                   "    return aux(n) or [-1]\n",
+             "rebind assert helpers via builtins": "import builtins\nbuiltins.AssertionError = None\n"
+                                                   "def primes_below(n):\n    aux(n)\n    return [-1]\n",
+             "exit(0) at import after defining": "import sys\ndef primes_below(n):\n    return [2]\nsys.exit(0)\n"}
+    for name, main in games.items():
+        ev = C.evaluate_code(AUX, "```python\n" + main + "```", ITEM)
+        assert ev.levels["tests"] == 0.0 and ev.reward <= 1.5, (name, ev.levels, ev.report.errors)

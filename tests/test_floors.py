@@ -19,7 +19,7 @@ FLOORS = [
     ["rewards", "models", "generation", "vllm_engine", "runs", "sandbox", "tracking"],
     # 3. configs, the memory planner, data, scoring, rollouts, checkpoints, the sampler, the run engine, reward
     #    models, LoRA agents
-    ["config", "plan", "dataset", "own_data", "scoring", "rollout", "checkpoints", "sampling", "engine", "reward_model",
+    ["config", "plan", "dataset", "scoring", "rollout", "checkpoints", "sampling", "engine", "reward_model",
      "adapters"],
     # 4. the team of agents, preference records, replay, API clients
     ["team", "preference", "replay", "api"],
@@ -27,8 +27,9 @@ FLOORS = [
     ["comparators"],
     # 6. trainers
     ["trainers", "trainers.*"],
-    # 7. the comlrl 1.4.3 compatibility layer, config files, evaluation of saved agents: nothing below imports these
-    ["porting", "config_files", "evaluate"],
+    # 7. the comlrl 1.4.3 compatibility layer, config files and the user's own files (one reading path that names the
+    #    file and line), evaluation of saved agents: nothing below imports these
+    ["porting", "config_files", "own_data", "evaluate"],
     # 8. the flat namespace, the command line, the shipped environments
     ["__init__", "cli", "__main__", "envs", "envs.*"],
 ]

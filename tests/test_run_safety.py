@@ -244,3 +244,174 @@ def test_the_cli_writes_into_the_claimed_directory_and_refuses_a_used_one_early(
     assert main([*argv, "--output-dir", str(runs[0])]) == 2
     err = capsys.readouterr()
     assert "already holds another run" in err.err and "agents loaded" not in err.out     # refused before models load
+
+
+# ------------------------------------------------------------------ the whole command is one protected unit (S3)
+# A scheduler's SIGTERM (or Ctrl-C, or an error) at any stage of `comlrl-nb train`, from model loading to the report,
+# keeps what exists (report.json marked incomplete, the agents trained so far) and `--resume` finishes the run with
+# the numbers an uninterrupted run gets.
+TRAIN = ["train", "--model", "tiny", "--heldout-samples", "2", "--threads", "1", "--set", "progress_bar=false",
+         "num_train_epochs=2", "save_plot=false"]
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    stage, argv = sys.argv[1], sys.argv[2:]
+    def pause(tag, secs):
+        print("@@" + tag, flush=True)
+        time.sleep(secs)                       # a signal stops here (or, where the stage defers it, after)
+    import comlrl_nb.cli as C, comlrl_nb.models as M, comlrl_nb.team as T
+    from comlrl_nb.trainers.reinforce import MAGRPOTrainer
+    calls = {"heldout": 0, "update": 0}
+    if stage == "loading":
+        tiny = M.make_tiny_model
+        M.make_tiny_model = lambda *a, **k: pause("loading", 60) or tiny(*a, **k)
+    if stage in ("heldout_before", "heldout_after"):
+        measure = C.heldout_reward
+        def slow_measure(*a, **k):
+            calls["heldout"] += 1
+            if (calls["heldout"] == 1) == (stage == "heldout_before"): pause(stage, 60)
+            return measure(*a, **k)
+        C.heldout_reward = slow_measure
+    if stage == "training":
+        update = MAGRPOTrainer._timed_update
+        def slow_update(self):
+            calls["update"] += 1
+            if calls["update"] == 3: pause("training", 1.5)     # mid-batch: the run stops at the next boundary
+            return update(self)
+        MAGRPOTrainer._timed_update = slow_update
+    if stage == "saving":
+        save = T.Team.save_pretrained
+        def slow_save(self, out):
+            r = save(self, out)
+            pause("saving", 1.5)                              # the agents are being written: finished, then stop
+            return r
+        T.Team.save_pretrained = slow_save
+    sys.exit(C.main(argv))
+""")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    "An uninterrupted run of the same command: what every stopped-and-resumed run must end with."
+    from comlrl_nb.cli import main
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert main(TRAIN + ["--output-dir", str(out)]) == 0
+    return json.loads((out / "report.json").read_text()), out
+
+
+def _agents_equal(a: Path, b: Path) -> bool:
+    from safetensors.torch import load_file
+    for i in (0, 1):
+        x, y = load_file(a / f"agent_{i}" / "model.safetensors"), load_file(b / f"agent_{i}" / "model.safetensors")
+        if x.keys() != y.keys() or not all(torch.equal(x[k], y[k]) for k in x): return False
+    return True
+
+
+def _stop_at(stage, out, sig=None, extra=()):
+    import signal as S
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-c", CHILD, stage, *TRAIN, "--output-dir", str(out), *extra], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("@@" + stage):
+            p.send_signal(sig or S.SIGTERM)
+            break
+    out_text, err = p.communicate(timeout=300)
+    return p.returncode, err
+
+
+@pytest.mark.parametrize("stage, phase, kept", [
+    ("loading", "load", []),
+    ("heldout_before", "heldout_before", []),
+    ("training", "train", ["checkpoints/checkpoint-", "metrics.jsonl", "heldout_before"]),
+    ("saving", "save_agents", ["final/ (the trained agents)", "metrics.jsonl", "heldout_before"]),
+    ("heldout_after", "heldout_after", ["final/ (the trained agents)", "metrics.jsonl", "heldout_before"]),
+])
+def test_sigterm_at_every_stage_keeps_what_exists_and_resume_finishes_it(tmp_path, reference, stage, phase, kept,
+                                                                         capsys):
+    from comlrl_nb.cli import main
+    ref, ref_out = reference
+    out = tmp_path / "run"
+    rc, err = _stop_at(stage, out)
+    assert rc == 143, err[-3000:]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["complete"] is False and rep["stopped"]["phase"] == phase, rep.get("stopped")
+    assert rep["stopped"]["reason"] == "signal SIGTERM"
+    assert [k for k in kept if not any(x.startswith(k) for x in rep["stopped"]["kept"])] == [], rep["stopped"]["kept"]
+    assert rep["stopped"]["finish_with"].endswith("--resume") and str(out) in rep["stopped"]["finish_with"]
+    assert not list(out.glob(".*partial*")) and not list((out / "checkpoints").glob(".*tmp*"))   # no half files
+    if stage == "saving": assert _agents_equal(out / "final", ref_out / "final")       # the write was finished
+    if stage in ("loading", "heldout_before", "training"): assert not (out / "final").exists()
+    assert f"finish with: comlrl-nb" in err
+    capsys.readouterr()
+    assert main(TRAIN + ["--output-dir", str(out), "--resume"]) == 0
+    done = json.loads((out / "report.json").read_text())
+    assert done["complete"] is True and done["attempts"] == 2 and "stopped" not in done
+    for k in ("heldout_before", "heldout_after", "heldout_change"):
+        assert done[k]["mean"] == ref[k]["mean"] and done[k].get("rewards") == ref[k].get("rewards"), k
+    assert done["trained"]["global_batch"] == ref["trained"]["global_batch"] == 12
+    assert _agents_equal(out / "final", ref_out / "final")
+    assert main(TRAIN + ["--output-dir", str(out), "--resume"]) == 0                  # nothing left to do
+    assert "is complete (report.json); nothing to resume" in capsys.readouterr().out
+
+
+def test_ctrl_c_in_the_heldout_check_after_training_is_kept_too(tmp_path, reference):
+    import signal as S
+    from comlrl_nb.cli import main
+    out = tmp_path / "run"
+    rc, err = _stop_at("heldout_after", out, S.SIGINT)
+    assert rc == 130, err[-2000:]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["stopped"]["reason"] == "Ctrl-C" and (out / "final" / "agent_1").is_dir()
+    assert main(TRAIN + ["--output-dir", str(out), "--resume"]) == 0
+    assert json.loads((out / "report.json").read_text())["heldout_after"]["rewards"] == \
+        reference[0]["heldout_after"]["rewards"]
+
+
+def test_an_error_after_training_keeps_the_agents_and_resume_finishes_once_it_is_fixed(tmp_path, capsys):
+    from comlrl_nb.cli import main
+    rows = [{"prompt": f"Say {w}.", "answer": w} for w in ("yes", "no", "maybe", "ok")]
+    (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "held.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n")
+    flag = tmp_path / "service_down"
+    (tmp_path / "r.py").write_text(
+        "import os\n"
+        "def says(a, b, batch_items=None):\n"
+        f"    if os.path.exists({str(flag)!r}) and os.environ.get('PHASE') == 'after': raise ConnectionError('reward "
+        "service down')\n"
+        "    return [float(it['answer'] in x + y) for x, y, it in zip(a, b, batch_items)]\n")
+    import comlrl_nb.cli as C
+    measure, calls = C.heldout_reward, []
+    def heldout(*a, **k):                                 # the second measurement (after training) meets the outage
+        calls.append(1)
+        os.environ["PHASE"] = "after" if len(calls) == 2 else "before"
+        return measure(*a, **k)
+    argv = ["train", "--model", "tiny", "--dataset", str(tmp_path / "rows.jsonl"), "--eval-dataset",
+            str(tmp_path / "held.jsonl"), "--reward", f"{tmp_path}/r.py:says", "--output-dir", str(tmp_path / "run"),
+            "--heldout-samples", "2", "--set", "progress_bar=false", "save_plot=false"]
+    flag.write_text("down")
+    try:
+        C.heldout_reward = heldout
+        assert main(argv) != 0
+    finally:
+        C.heldout_reward = measure
+        os.environ.pop("PHASE", None)
+    rep = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert rep["stopped"]["phase"] == "heldout_after" and "reward service down" in rep["stopped"]["reason"]
+    assert "final/ (the trained agents)" in rep["stopped"]["kept"]
+    flag.unlink()                                          # the service is back
+    capsys.readouterr()
+    assert main(argv + ["--resume"]) == 0
+    done = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert done["complete"] and done["heldout_before"] == rep["heldout_before"] and "heldout_after" in done
+    assert "resuming: training is done" in capsys.readouterr().out
+
+
+def test_resume_needs_a_run_and_a_fresh_run_refuses_a_stopped_one(tmp_path, capsys):
+    from comlrl_nb.cli import main
+    assert main(TRAIN + ["--output-dir", str(tmp_path / "empty"), "--resume"]) == 2
+    assert "holds no run to resume" in capsys.readouterr().err
+    out = tmp_path / "run"
+    rc, _ = _stop_at("heldout_before", out)
+    assert rc == 143
+    assert main(TRAIN + ["--output-dir", str(out)]) == 2                        # a fresh run over it: refused
+    assert "already holds another run (report.json)" in capsys.readouterr().err

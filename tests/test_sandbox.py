@@ -240,3 +240,41 @@ def test_speed():
     t = []
     for _ in range(5): t.append(run_tests("def f(x):\n    return x", ["assert f(1) == 1"] * 3).result.duration)
     assert sorted(t)[2] < 0.5, t
+
+
+# ------------------------------------------------------------------ the problem's own code (harness=), S3
+ENC = "def enc(s):\n    return s[1:] + s[:1]\n"
+ROUND_TRIP = ["assert dec(enc('abcd')) == 'abcd'", "assert dec(enc('xy')) == 'xy'"]
+
+
+@pytest.mark.parametrize("program", [
+    "def enc(s):\n    return s\ndef dec(s):\n    return s\n",                                  # redefined
+    "enc = str\ndef dec(s):\n    return s\n",                                                 # rebound to a builtin
+    "globals()['enc'] = lambda s: s\ndef dec(s):\n    return s\n",                            # rebound at run time
+    "import builtins\nbuiltins.enc = lambda s: s\ndel enc\ndef dec(s):\n    return s\n",      # through builtins
+    "enc = 'not a function'\ndef dec(s):\n    return s\n",                                    # a plain value
+])
+def test_the_problems_own_code_wins_over_the_programs_names(program):
+    assert run_tests(ENC + program, ROUND_TRIP, harness=ENC).passed == [False, False]
+
+
+def test_harness_code_survives_a_restart_and_may_call_the_program():
+    program = ENC + "import os\ndef enc(s):\n    return s\ndef dec(s):\n    if s == 'die': os._exit(0)\n    return s\n"
+    rep = run_tests(program, ["dec('die')"] + ROUND_TRIP + ["assert twice('ab') == 'ab'"],
+                    harness=ENC + "def twice(s):\n    return dec(dec(s))\n")
+    assert rep.passed == [False, False, False, True], rep.errors     # the fresh interpreter still meets the real enc
+    honest = ENC + "def dec(s):\n    return s[-1:] + s[:-1]\n"
+    assert run_tests(honest, ROUND_TRIP, harness=ENC).passed == [True, True]
+
+
+def test_harness_errors_and_bad_jobs_are_named():
+    rep = run_tests("def dec(s):\n    return s\n", ROUND_TRIP, harness="import no_such_module_here\n")
+    assert rep.load_error is None and rep.passed == [False, False]
+    assert rep.errors[0].startswith("not run: the problem's own code (harness=) failed: ModuleNotFoundError"), rep.errors
+    with pytest.raises(TypeError, match="harness must be a string of code"): run_tests("x = 1", [], harness=b"x")
+    reps = run_tests_batch([(ENC + "def dec(s):\n    return s[-1:] + s[:-1]\n", ROUND_TRIP, ENC),
+                            ("def enc(s):\n    return s\ndef dec(s):\n    return s\n", ROUND_TRIP, ENC),
+                            ("def enc(s):\n    return s\ndef dec(s):\n    return s\n", ROUND_TRIP)])
+    assert [r.passed for r in reps] == [[True, True], [False, False], [True, True]]
+    with pytest.raises(ValueError, match=r"each job is \(code, tests\) or \(code, tests, harness\)"):
+        run_tests_batch([("x = 1",)])

@@ -32,6 +32,20 @@ def _default_problems_path() -> Path:
 
 def _problem_error(where: str, msg: str) -> ValueError: return ValueError(f"{where}: {msg}")
 
+def _reads(tree) -> set:
+    "The names a parsed piece of code reads that it does not define itself (builtins left out)."
+    import builtins
+    bound = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load): bound.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): bound.add(n.name)
+        elif isinstance(n, ast.arg): bound.add(n.arg)
+        elif isinstance(n, ast.alias): bound.add((n.asname or n.name).split(".")[0])
+        elif isinstance(n, ast.ExceptHandler) and n.name: bound.add(n.name)
+        elif isinstance(getattr(n, "name", None), str) and type(n).__name__.startswith("Match"): bound.add(n.name)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound \
+        - set(dir(builtins))
+
 # %% ../../nbs/61_env_code.ipynb #01bb8a35
 def validate_problem(p, where: str = "problem") -> dict:
     "Check one problem's fields and types; returns it with `split` defaulted to 'train'."
@@ -49,9 +63,15 @@ def validate_problem(p, where: str = "problem") -> dict:
     if not isinstance(tests, list) or len(tests) < 3 or not all(isinstance(t, str) for t in tests):
         raise _problem_error(where, f"field 'tests' must be a list of at least 3 strings, got {tests!r}")
     for i, t in enumerate(tests):
-        try: ast.parse(t)
+        try: tree = ast.parse(t)
         except SyntaxError as e:
             raise _problem_error(where, f"tests[{i}] is not valid Python ({e.msg}): {t!r}") from None
+        foreign = sorted(_reads(tree) - {p["entry_point"], "aux"})
+        if foreign:
+            raise _problem_error(where, f"tests[{i}] reads {', '.join(foreign)}, which neither the test nor Python's "
+                                        f"builtins define: {t!r}. Only the program under test could define it, so a "
+                                        "model would choose what its answer is compared with; define it inside the "
+                                        f"test (an assignment or an import) or call only {p['entry_point']} and aux")
     split = p.get("split", "train")
     if split not in ("train", "eval"): raise _problem_error(where, f"split must be 'train' or 'eval', got {split!r}")
     return {**p, "split": split}

@@ -17,8 +17,8 @@ from .code import CodeAnalysis, CodeEvaluation, extract_code, evaluate_batch
 # %% auto #0
 __all__ = ['HUMANEVAL_FIELDS', 'HUMANEVAL_EVAL_EVERY', 'HUMANEVAL_MAX_REWARD', 'humaneval_file', 'load_humaneval',
            'humaneval_split', 'humaneval_item', 'humaneval_aux_formatter', 'humaneval_main_formatter', 'humaneval_code',
-           'analyze_humaneval', 'humaneval_test', 'evaluate_humaneval', 'humaneval_reward', 'humaneval_success',
-           'code_success', 'humaneval_eval_logger', 'humaneval_eval_aggregator', 'humaneval_task']
+           'analyze_humaneval', 'humaneval_test', 'humaneval_harness', 'evaluate_humaneval', 'humaneval_reward',
+           'humaneval_success', 'code_success', 'humaneval_eval_logger', 'humaneval_eval_aggregator', 'humaneval_task']
 
 # %% ../../nbs/63_humaneval.ipynb #70b44e4b
 HUMANEVAL_FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
@@ -84,6 +84,23 @@ _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 def _top(tree, name: str):
     return next((n for n in (tree.body if tree else []) if isinstance(n, _DEFS) and n.name == name), None)
 
+def _bound(nodes) -> list:
+    "(name, node) for each name a list of top-level statements binds (def, class, assignment, import)."
+    out = []
+    for n in nodes:
+        if isinstance(n, _DEFS + (ast.ClassDef,)): out.append((n.name, n))
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out += [((a.asname or a.name).split(".")[0], n) for a in n.names]
+        elif isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for tg in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                out += [(x.id, n) for x in ast.walk(tg) if isinstance(x, ast.Name)]
+    return out
+
+def _prompt_names(prompt: str, entry_point: str) -> dict:
+    "What the prompt itself defines besides the entry point (helpers, constants, imports): name -> statement."
+    tree = _parse(prompt)[0]
+    return {k: n for k, n in _bound(tree.body if tree else []) if k != entry_point}
+
 def _as_body(code: str) -> str:
     "A body completing the prompt: indented by 4 spaces unless its first line already is."
     first = next((l for l in code.splitlines() if l.strip()), "")
@@ -118,6 +135,13 @@ def analyze_humaneval(aux_code: str, main_code: str, item: dict) -> tuple[CodeAn
          f"main: syntax error: {em}" if em else
          (defined if fm else f"main: neither `def {e}(...)` nor a body completing the prompt")]
     if fm is not None: d.append(f"main: `{e}` calls aux" if calls else f"main: `{e}` does not call aux")
+    own = _prompt_names(prompt, e)
+    n_prompt = len(_parse(prompt)[0].body) if body and _parse(prompt)[0] is not None else 0
+    for who, tree in (("helper", ta), ("main", tm)):
+        again = sorted(k for k, node in _bound(tree.body[n_prompt if who == "main" else 0:] if tree else [])
+                       if k in own and ast.dump(node) != ast.dump(own[k]))
+        if again: d.append(f"{who}: redefines {', '.join(f'`{k}`' for k in again)} of the problem's prompt; check() "
+                           "uses the prompt's own")
     helper = aux_code.strip() + "\n" if ea is None and aux_code.strip() else ""
     if body: program = prompt + _as_body(main_code).rstrip() + "\n\n\n" + helper
     else: program = prompt + "\n\n" + helper + "\n\n" + main_code
@@ -131,6 +155,20 @@ _CACHE_SIZE = 4096
 def humaneval_test(item: dict) -> str:
     "The one test of a problem: its test code, then check(<entry_point>)."
     return f"{item['test']}\n\ncheck({item['entry_point']})\n"
+
+def humaneval_harness(item: dict) -> str:
+    """The prompt's own code without the entry point (its imports, helpers, constants): the sandbox's harness runs it
+    itself, so check() calls the prompt's helpers whatever the program redefines under their names."""
+    prompt, e = item["prompt"], item["entry_point"]
+    tree = _parse(prompt)[0]
+    if tree is None: raise ValueError(f"{item.get('task_id', 'a problem')}: its prompt is not valid Python, so the "
+                                      "harness cannot define the prompt's own code; fix the problem file")
+    lines = prompt.splitlines(keepends=True)
+    for n in tree.body:
+        if isinstance(n, _DEFS) and n.name == e:             # blanked, not removed: line numbers stay the prompt's
+            first = min([n.lineno] + [x.lineno for x in n.decorator_list])
+            lines[first - 1:n.end_lineno] = ["\n"] * (n.end_lineno - first + 1)
+    return "".join(lines)
 
 def _levels(a: CodeAnalysis, rep) -> dict:
     runs = a.main_defined and rep is not None and rep.load_error is None
@@ -151,9 +189,10 @@ def evaluate_humaneval(aux_texts: Sequence[str], main_texts: Sequence[str], item
     for at, mt, it in zip(aux_texts, main_texts, items):
         ac, mc = humaneval_code(at), humaneval_code(mt)
         a, prog = analyze_humaneval(ac, mc, it)
-        parts.append((ac, mc, a, (prog, humaneval_test(it), test_timeout) if a.main_defined else None))
+        parts.append((ac, mc, a, (prog, humaneval_test(it), humaneval_harness(it), test_timeout) if a.main_defined
+                      else None))
     todo = list(dict.fromkeys(k for *_, k in parts if k is not None and k not in _CACHE))
-    reps = run_tests_batch([(p, [t]) for p, t, _ in todo], max_workers=max_workers, test_timeout=test_timeout,
+    reps = run_tests_batch([(p, [t], h) for p, t, h, _ in todo], max_workers=max_workers, test_timeout=test_timeout,
                            **sandbox)
     for k, rep in zip(todo, reps):
         _CACHE[k] = rep
