@@ -289,6 +289,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date instead of writing it")
     from comlrl_nb.site import add_site_parser
     add_site_parser(sub)
+    from comlrl_nb.plan import add_plan_arguments
+    add_plan_arguments(sub.add_parser("plan", help="peak memory per device and component of a run, before anything "
+                                                   "loads (see 71_memory)"))
     q = sub.add_parser("comparator-query", help="ask an API comparator for completions and print them as JSON",
         description="Send one prompt to an API comparator (the client of comparator_policy='api') and print the "
                     "completions as JSON.\nformats: generic, openai, anthropic, openai_responses (aliases responses, "
@@ -809,6 +812,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "site":
         from comlrl_nb.site import cmd_site
         return cmd_site(args)
+    if args.command == "plan":                            # exit 1 when the run does not fit the given memory
+        from comlrl_nb.plan import cmd_plan
+        return 1 if cmd_plan(args).fits is False else 0
     p.print_help()
     return 0
 

@@ -144,3 +144,15 @@ def test_estimate_follows_micro_batches():
 
 def test_the_table_is_public_shapes_only():
     assert len(MODEL_SHAPES) == 10 and all(v["arch"] in ("qwen2", "qwen3", "llama") for v in MODEL_SHAPES.values())
+
+
+def test_the_cli_plans(capsys):
+    "`comlrl-nb plan ... --json` through the package's own command line: one JSON object; exit 1 when it does not fit."
+    import json
+    from comlrl_nb.cli import main
+    assert main(["plan", "--algo", "magrpo", "--model", "qwen2.5-1.5b", "--num-agents", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["per_device"][0]["total_bytes"] == sum(out["per_device"][0]["components"].values())
+    assert main(["plan", "--model", "qwen3-4b", "--num-agents", "2", "--device-memory", "80GB", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["fits"] is False
+    assert main(["plan", "--model", "no-such-model", "--json"]) == 2
