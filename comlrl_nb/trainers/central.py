@@ -19,6 +19,7 @@ def check_prompt(p) -> str:
                          "(a non-empty string)")
     return p
 
+# %% ../../nbs/29_central.ipynb #1d3c7901
 def check_parts(parts, n: int) -> Optional[list[str]]:
     "A parser's answer as centralized MAGRPO and MARLHF check it: `n` strings (as a list), or None."
     if parts is not None and (isinstance(parts, (str, bytes)) or not isinstance(parts, (list, tuple))
@@ -34,6 +35,7 @@ def check_pair_prompt(p) -> str:
                         "(a string)")
     return p
 
+# %% ../../nbs/29_central.ipynb #73bc5001
 def check_pair_parts(parts, n: int) -> Optional[list[str]]:
     "A parser's (or an adapter's) answer as centralized MADPO checks it: exactly `n` strings, or None."
     strings = isinstance(parts, (list, tuple)) and len(parts) == n and all(isinstance(x, str) for x in parts)
@@ -70,6 +72,7 @@ def generate(self: JointActor, items: Sequence[dict], keys: Sequence[tuple], k: 
     comps = self.team.generate(0, list(prompts), k, list(keys))
     return [[r[i] for r in roles] for i in range(self.n)], list(prompts), comps
 
+# %% ../../nbs/29_central.ipynb #2ee7cb01
 @patch
 def split_all(self: JointActor, texts: Sequence[str], items: Sequence[dict], k: int) -> tuple[list[list[str]], int]:
     "The role answers [role][row] of completions row b*k+j of items[b] ('' for an unparsed one) and the unparsed count."
