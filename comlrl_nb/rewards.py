@@ -183,10 +183,11 @@ def _one_value(raw) -> bool:
 
 def _rf_score(self: RewardFunction, g: list, call_of: Callable, hint: str) -> list[float]:
     """The values of joint responses `g`: one call for all of them; a function written for comlrl's calls (one joint
-    response per call, one value back) is called once per joint response from then on, as comlrl calls it."""
+    response per call, one value back) is called once per joint response from then on, as comlrl's MAGRPO family and
+    preference trainers call it (comlrl's actor-critic broadcasts one value instead: that stays a count error)."""
     lists, kw = call_of(g)
     raw = self._invoke(lists, kw)
-    if len(g) > 1 and _one_value(raw):
+    if len(g) > 1 and _one_value(raw) and self.prompt_layout == "first":    # actor-critic: a count error, as ever
         self._one_per_call(len(g))
         return [v for j in g for v in self._score([j], call_of, hint)]
     one = "; if it scores one joint response per call, set reward_batched=False" if len(g) > 1 else ""

@@ -124,13 +124,19 @@ def _plain(v):
     return str(v)
 
 # %% ../nbs/22_tracking.ipynb #c8562953
+_WARNED_WANDB: set = set()
+
 def _check_wandb_config(wandb_config):
-    "A dict of known keys, else an error naming the accepted keys."
+    """A dict (else an error naming the read keys); keys it does not read are reported once and left out of
+    `wandb.init`, as comlrl 1.4.3 accepts them (the porting rule)."""
     if not isinstance(wandb_config, dict):
         raise TypeError(f"wandb_config must be a dict, got {type(wandb_config).__name__}; "
                         f"accepted keys: {list(WANDB_CONFIG_KEYS)}")
-    bad = sorted(set(wandb_config) - set(WANDB_CONFIG_KEYS))
-    if bad: raise ValueError(f"wandb_config has unknown keys {bad}; accepted keys: {list(WANDB_CONFIG_KEYS)}")
+    bad = tuple(sorted(set(wandb_config) - set(WANDB_CONFIG_KEYS)))
+    if bad and bad not in _WARNED_WANDB:
+        _WARNED_WANDB.add(bad)
+        logger.warning(f"wandb_config keys {list(bad)} have no effect here (comlrl 1.4.3 accepts them); read keys: "
+                       f"{list(WANDB_CONFIG_KEYS)}")
 
 # %% ../nbs/22_tracking.ipynb #08ce258d
 def _run_config(wandb_config: dict, trainer_config=None, identity: dict | None = None) -> dict:
