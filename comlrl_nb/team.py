@@ -20,7 +20,7 @@ from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve
 from .sampling import adamw
 
 # %% auto #0
-__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs',
+__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'one_base', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs',
            'library_keywords', 'wandb_with_settings', 'TrainerAPI']
 
 # %% ../nbs/24_team.ipynb #b3459ab2
@@ -33,13 +33,26 @@ def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> 
         if f.exception() is not None: raise f.exception()
     return [f.result() for f in futs]
 
+# %% ../nbs/24_team.ipynb #a1e0c041
+from .models import enable_gradient_checkpointing
+from .sampling import make_optimizer
+
+def one_base(agent_model=None, agents=None) -> bool:
+    "Whether every agent is loaded from one base: agent_model alone, or agents all one object or one id/path."
+    if agents is None: return agent_model is not None
+    if hasattr(agents, "build") or isinstance(agents, (str, torch.nn.Module)): return False
+    a0 = agents[0] if len(agents) else None
+    return all(a is a0 or (isinstance(a, str) and a == a0) for a in agents)
+
+
 # %% ../nbs/24_team.ipynb #4f6aed1c
 class Team:
     "The agents of a run: models, tokenizers, optimizers, devices, formatters and frozen references."
     def __init__(self, agent_model=None, agents=None, num_roles: int = 2, num_policies: Optional[int] = None,
                  tokenizer=None, formatters=None, model_config: Optional[dict] = None, devices=None,
                  learning_rate: float = 5e-6, weight_decay: float = 0.0, parallel_training: str = "none",
-                 use_chat_template: bool = False, reference_devices=False, sampling: Optional[dict] = None):
+                 use_chat_template: bool = False, reference_devices=False, sampling: Optional[dict] = None,
+                 gradient_checkpointing: bool = False, master_weights: bool = True):
         self.n, self.num_policies = num_roles, num_policies or num_roles
         self.parallel_training, self.use_chat_template = parallel_training, use_chat_template
         self.learning_rate, self.weight_decay, self.sampling = learning_rate, weight_decay, dict(sampling or {})
@@ -48,16 +61,24 @@ class Team:
         self.devices = [resolve_device(d) for d in as_list(devices, self.n, "agent_devices", "device")]
         P = self.num_policies
         self.agents, self.tokenizers = load_agents(agent_model, agents, P, tokenizer, model_config, self.devices[:P])
-        self.optimizers = [adamw(m.parameters(), learning_rate, weight_decay) for m in self.agents]
+        if gradient_checkpointing:
+            for m in self.agents: enable_gradient_checkpointing(m)
+        self.master_weights = master_weights            # bf16 weights: AdamW over fp32 copies (make_optimizer)
+        self.optimizers = [make_optimizer(m.parameters(), learning_rate, weight_decay, master_weights)
+                           for m in self.agents]
+        self._one_base = one_base(agent_model, agents)
         self.ref_agents = self._references(reference_devices)
 
 # %% ../nbs/24_team.ipynb #ae1be903
 @patch
 def _references(self: Team, reference_devices=False) -> Optional[list]:
-    "Frozen copies of the policies (None when `reference_devices` is False; on the agents' devices when None)."
+    """Frozen copies of the policies (None when `reference_devices` is False; on the agents' devices when None).
+    Agents loaded from one base (no adapters) on one device share ONE reference: the list repeats that object."""
     if reference_devices is False: return None
     devs = self.devices if reference_devices is None else \
         [resolve_device(d) for d in as_list(reference_devices, self.n, "reference_devices", "device")]
+    if len(self.agents) > 1 and self._one_base and len({str(d) for d in devs}) == 1:
+        return [copy.deepcopy(self.agents[0]).to(devs[0]).eval().requires_grad_(False)] * len(self.agents)
     return [m.reference_copy() if hasattr(m, "reference_copy") else copy.deepcopy(m).to(d).eval().requires_grad_(False)
             for m, d in zip(self.agents, devs)]
 
@@ -74,7 +95,8 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
         check_writable(args.output_dir)
     return cls(agent_model, agents, args.num_agents, num_policies, tokenizer, formatters, model_config,
                args.agent_devices, args.agent_learning_rate, args.weight_decay, args.parallel_training,
-               args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)})
+               args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)},
+               getattr(args, "gradient_checkpointing", False), getattr(args, "master_weights", True))
 
 # %% ../nbs/24_team.ipynb #62d58de7
 @patch
@@ -137,7 +159,7 @@ def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys:
 def set_param_groups(self: Team, i: int, extra: Sequence[dict] = ()):
     "Rebuild agent i's optimizer over its model (team learning rate) plus `extra` param groups (their own lr)."
     groups = [{"params": list(self.agents[i].parameters()), "lr": self.learning_rate}, *extra]
-    self.optimizers[i] = adamw(groups, self.learning_rate, self.weight_decay)
+    self.optimizers[i] = make_optimizer(groups, self.learning_rate, self.weight_decay, self.master_weights)
 
 @patch
 def state_dict(self: Team) -> dict:

@@ -110,3 +110,75 @@ def test_madpo_micro_batches_follow_the_plain_run(tmp_path):
     micro.train()
     assert plain.state["optimizer_steps"] == micro.state["optimizer_steps"] and plain.state["optimizer_steps"][0] > 0
     assert_close(weights(micro.agents), weights(plain.agents), rtol=1e-5, atol=1e-8)
+
+
+def grads(models):
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for m in models
+            for p in m.parameters()]
+
+
+def test_gradient_checkpointing_gives_the_same_first_update(tmp_path):
+    plain, ckpt = magrpo(tmp_path / "a"), magrpo(tmp_path / "b", gradient_checkpointing=True)
+    assert all(m.is_gradient_checkpointing for m in ckpt.agents)
+    assert not any(m.is_gradient_checkpointing for m in plain.agents)
+    plain.train()
+    ckpt.train()
+    assert plain.state["optimizer_steps"] == [1, 1]
+    assert_close(grads(ckpt.agents), grads(plain.agents), rtol=1e-5, atol=1e-8)   # the first (only) update's gradients
+    assert_close(weights(ckpt.agents), weights(plain.agents))
+
+
+def bf16_training(master_weights, dtype=torch.bfloat16, steps=20, lr=1e-5):
+    "A Team of one tiny model loaded in `dtype`, `steps` AdamW steps on a fixed loss; its weights (as fp32)."
+    from comlrl_nb.team import Team
+    m, tok = make_tiny_model(seed=0)
+    team = Team(agents=[m.to(dtype)], tokenizer=tok, num_roles=1, learning_rate=lr, master_weights=master_weights)
+    ids = torch.arange(2, 34).view(2, 16)
+    for _ in range(steps):
+        team.optimizers[0].zero_grad(set_to_none=True)
+        team.agents[0](input_ids=ids, labels=ids).loss.backward()
+        team.optimizers[0].step()
+    return team, [p.detach().float().clone() for p in team.agents[0].parameters()]
+
+
+def test_bf16_weights_keep_an_fp32_master_copy():
+    from comlrl_nb.sampling import MasterAdamW
+    start = [p.detach().float() for p in make_tiny_model(seed=0)[0].to(torch.bfloat16).parameters()]
+    team, master = bf16_training(True)
+    assert isinstance(team.optimizers[0], MasterAdamW) and team.agents[0].dtype == torch.bfloat16
+    _, plain = bf16_training(False)
+    _, fp32 = bf16_training(True, torch.float32)            # fp32 weights: a plain AdamW, master_weights or not
+    moved = lambda ws: sum(int((w != s).sum()) for w, s in zip(ws, start)) / sum(s.numel() for s in start)
+    assert moved(plain) < 0.3 and moved(master) > 0.9       # plain bf16 AdamW rounds most 1e-5 steps away
+    gap = lambda ws: sum(float((w - f).abs().sum()) for w, f in zip(ws, fp32))
+    assert gap(master) < 0.25 * gap(plain)                  # the master path follows fp32 training
+    for w, f in zip(master, fp32):                          # within bf16 rounding (2^-8 relative, a few ulps)
+        assert ((w - f).abs() <= 4 * 2 ** -8 * f.abs() + 1e-4).float().mean() > 0.99
+
+
+def test_float16_training_is_refused_with_the_fix():
+    from comlrl_nb.team import Team
+    with pytest.raises(ValueError, match=r"autocast_dtype=.float16.*autocast_dtype='bfloat16'"):
+        MAGRPOConfig(autocast_dtype="float16")
+    m, tok = make_tiny_model(seed=0)
+    with pytest.raises(ValueError, match=r"float16.*loss scaler.*model_config=\{'dtype': 'bfloat16'\}"):
+        Team(agents=[m.half()], tokenizer=tok, num_roles=1)
+
+
+def test_agents_from_one_base_share_one_reference(tmp_path):
+    tr = magrpo(tmp_path, reference_kl_enabled=True, reference_kl_coef=0.1)
+    refs = tr.team.ref_agents
+    assert refs[0] is refs[1] and tr.agents[0] is not tr.agents[1]
+    for p in tr.agents[1].parameters(): p.data.add_(0.01 * torch.randn_like(p))   # agents differ, as after training
+    ro = tr.rollout(ITEMS, [0, 1], 0)
+    shared = [t.kl for t in ro.turns]
+    tr.team.ref_agents = [copy.deepcopy(refs[0]), copy.deepcopy(refs[0])]          # the old way: one copy per agent
+    own = [tr._reference_kl(t.comps) for t in ro.turns]
+    for a, b in zip(shared, own):
+        for x, y in zip(a, b): assert torch.equal(x, y)
+    assert not torch.equal(shared[0][0], shared[0][1])      # each agent's KL against its own policy
+    m2, tok = make_tiny_model(seed=1)
+    two = MAGRPOTrainer(agents=[make_tiny_model(seed=0, tokenizer=tok)[0], m2], tokenizer=tok, reward_func=vowels,
+                        args=MAGRPOConfig(reference_kl_enabled=True, output_dir=str(tmp_path / "b")),
+                        train_dataset=ITEMS)
+    assert two.team.ref_agents[0] is not two.team.ref_agents[1]  # two bases: a reference each
