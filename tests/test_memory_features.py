@@ -215,3 +215,15 @@ def test_sum_grads_in_buckets_equals_the_sum(tmp_path):
         want.append(gs)
     for a, b, x, y in zip(r0, r1, *want):
         assert torch.equal(a, b) and torch.equal(a, x + y)
+
+
+def test_the_planner_reads_the_memory_fields_of_a_config():
+    from comlrl_nb.plan import plan_from_config, plan_memory
+    from dataclasses import asdict
+    m, _ = make_tiny_model(seed=0)
+    plain = plan_from_config(MAGRPOConfig(num_generations=8))
+    ckpt = plan_from_config(MAGRPOConfig(num_generations=8, gradient_checkpointing=True, micro_batch_size=2),
+                            {"dtype": "bfloat16"})
+    assert (ckpt.gradient_checkpointing, ckpt.micro_batch_size, ckpt.compute_dtype) == (True, 2, "bfloat16")
+    peak = lambda s: plan_memory(m.config, **{k: v for k, v in asdict(s).items()}).peak_bytes
+    assert peak(ckpt) < peak(plain)
