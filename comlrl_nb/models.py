@@ -167,11 +167,15 @@ def _is_embedded(spec) -> bool: return isinstance(spec, str) and spec in EMBEDDE
 def enable_gradient_checkpointing(model) -> bool:
     """HF gradient checkpointing on `model` (non-reentrant: works with frozen inputs and in threads); each layer's
     activations are recomputed in the backward pass. False (with a warning) for a model without it."""
-    if not hasattr(model, "gradient_checkpointing_enable"):
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):        # transformers >= 5.x: the new name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    else:
         logger.warning(f"gradient_checkpointing: {type(model).__name__} has no gradient_checkpointing_enable; "
                        "it keeps its activations")
         return False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return True
 
 

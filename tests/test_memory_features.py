@@ -112,6 +112,12 @@ def test_madpo_micro_batches_follow_the_plain_run(tmp_path):
     assert_close(weights(micro.agents), weights(plain.agents), rtol=1e-5, atol=1e-8)
 
 
+def checkpointed(model) -> bool:
+    "Whether HF activation (gradient) checkpointing is on (the attribute's name changed in transformers 5)."
+    return bool(getattr(model, "is_activation_checkpointing", None)
+                if hasattr(model, "is_activation_checkpointing") else model.is_gradient_checkpointing)
+
+
 def grads(models):
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for m in models
             for p in m.parameters()]
@@ -119,8 +125,8 @@ def grads(models):
 
 def test_gradient_checkpointing_gives_the_same_first_update(tmp_path):
     plain, ckpt = magrpo(tmp_path / "a"), magrpo(tmp_path / "b", gradient_checkpointing=True)
-    assert all(m.is_gradient_checkpointing for m in ckpt.agents)
-    assert not any(m.is_gradient_checkpointing for m in plain.agents)
+    assert all(checkpointed(m) for m in ckpt.agents)
+    assert not any(checkpointed(m) for m in plain.agents)
     plain.train()
     ckpt.train()
     assert plain.state["optimizer_steps"] == [1, 1]
@@ -227,3 +233,29 @@ def test_the_planner_reads_the_memory_fields_of_a_config():
     assert (ckpt.gradient_checkpointing, ckpt.micro_batch_size, ckpt.compute_dtype) == (True, 2, "bfloat16")
     peak = lambda s: plan_memory(m.config, **{k: v for k, v in asdict(s).items()}).peak_bytes
     assert peak(ckpt) < peak(plain)
+
+
+def test_checkpointing_and_micro_batches_reach_critics_reward_model_and_backends(tmp_path):
+    from comlrl_nb.trainers.marlhf import MARLHFConfig, MARLHFTrainer
+    m, tok = make_tiny_model(seed=0)
+    cm, _ = make_tiny_model(seed=3, tokenizer=tok)
+    ac = MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, critic_model=cm, train_dataset=ITEMS,
+                     args=MAACConfig(gradient_checkpointing=True, output_dir=str(tmp_path / "ac")))
+    assert all(checkpointed(x) for x in [*ac.agents, ac.critics[0].backbone])
+    rl = MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, reward_model=m, train_dataset=ITEMS,
+                       args=MARLHFConfig(gradient_checkpointing=True, micro_batch_size=2, master_weights=False,
+                                         output_dir=str(tmp_path / "rl")))
+    back = rl.policy_trainer.args
+    assert (back.gradient_checkpointing, back.micro_batch_size, back.master_weights) == (True, 2, False)
+    assert all(checkpointed(x) for x in [*rl.team.agents, rl.reward_model.body])
+
+
+def test_master_weights_survive_a_checkpoint():
+    from comlrl_nb.sampling import MasterAdamW
+    team, _ = bf16_training(True, steps=3)
+    opt = team.optimizers[0]
+    sd = copy.deepcopy(opt.state_dict())
+    other = MasterAdamW(copy.deepcopy(team.agents[0]).parameters(), 1e-5)
+    other.load_state_dict(sd)
+    for a, b in zip(other.masters[0], opt.masters[0]): assert torch.equal(a, b)
+    assert other.inner.state_dict()["state"][0]["step"] == 3

@@ -396,6 +396,9 @@ def _hidden_size(model) -> int:
     return h
 
 # %% ../../nbs/31_actor_critic.ipynb #fd10cf3d
+from ..models import enable_gradient_checkpointing
+from ..sampling import make_optimizer
+
 @patch
 def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim, agents, tag, cache: dict) -> Critic:
     "A separate critic from a model object or an id/path (loaded once per id, copied for repeats)."
@@ -412,6 +415,7 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(key)
     else: raise TypeError(f"a critic must be a model object or an id/path, got {type(source).__name__}")
     backbone = backbone.to(device).eval()
+    if self.args.gradient_checkpointing: enable_gradient_checkpointing(backbone)
     head = ValueHead(_hidden_size(backbone), hidden_dim, seed=derive_seed(self.args.seed, "value_head", tag)).to(device)
     crit = Critic(backbone, head, load_tokenizer(tokenizer), agents, False, self.args.critic_max_length)
     cache.setdefault("_built", []).append(crit)
@@ -439,7 +443,8 @@ def _make_optimizers(self: ActorCriticTrainer):
     for i in range(self.n):
         heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
         self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
-    opts = [None if c.shared else adamw(c.parameters(), a.critic_learning_rate, a.weight_decay) for c in self.critics]
+    opts = [None if c.shared else make_optimizer(c.parameters(), a.critic_learning_rate, a.weight_decay,
+                                                 a.master_weights) for c in self.critics]
     self.critics = Critics(self.critics, opts)
     self.critic_optimizers = self.critics.optimizers
 
