@@ -259,3 +259,45 @@ def test_master_weights_survive_a_checkpoint():
     other.load_state_dict(sd)
     for a, b in zip(other.masters[0], opt.masters[0]): assert torch.equal(a, b)
     assert other.inner.state_dict()["state"][0]["step"] == 3
+
+
+def _pair_team():
+    "A team of two tiny agents (SGD, so steps compare exactly) and five random (prompt, winner, loser) id triples."
+    from comlrl_nb.team import Team
+    m, tok = make_tiny_model(seed=0)
+    team = Team(agents=[m, m], tokenizer=tok, learning_rate=1e-2)
+    team.optimizers[:] = [torch.optim.SGD(a.parameters(), lr=1e-2) for a in team.agents]
+    g = torch.Generator().manual_seed(5)
+    rand = lambda n: torch.randint(3, 300, (n,), generator=g)
+    pairs = [(rand(3 + j % 3), rand(2 + j % 2), rand(4 - j % 2)) for j in range(5)]
+    return team, [pairs, pairs]
+
+
+def _madpo_worker(rank, world, init, out):
+    import torch.distributed as dist
+    from comlrl_nb.distributed import DistContext
+    import comlrl_nb.trainers.madpo as md
+    torch.set_num_threads(1)
+    sizes, pm = [], md.pair_margins
+    md.pair_margins = lambda model, tok, tokens, idx, *a: sizes.append(len(idx)) or pm(model, tok, tokens, idx, *a)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    ctx = DistContext(from_env=False)
+    ctx.world, ctx.rank = world, rank
+    team, tokens = _pair_team()
+    res = md.madpo_update(team, tokens, list(range(5)), 0.5, [0, 0], None, None, ctx, micro_batch_size=2)
+    torch.save([weights(team.agents), res["margins"], res["losses"], max(sizes)], f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_madpo_micro_batches_under_two_processes_match_one_plain_process(tmp_path):
+    import torch.multiprocessing as mp
+    from comlrl_nb.trainers.madpo import madpo_update
+    team, tokens = _pair_team()
+    res = madpo_update(team, tokens, list(range(5)), 0.5, [0, 0])
+    mp.spawn(_madpo_worker, args=(2, f"file://{tmp_path}/init", str(tmp_path)), nprocs=2, join=True)
+    (w0, m0, l0, s0), (w1, m1, l1, s1) = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert s0 == s1 == 2                                   # rank 0 holds pairs 0, 2, 4: scored in chunks of 2
+    assert all(torch.equal(a, b) for a, b in zip(w0, w1)) and l0 == l1     # the ranks agree
+    torch.testing.assert_close(m0, res["margins"], rtol=1e-5, atol=1e-6)
+    assert l0 == pytest.approx(res["losses"], rel=1e-5)
+    assert_close(w0, weights(team.agents), rtol=1e-5, atol=1e-8)

@@ -234,26 +234,34 @@ class UpdateModes:
 from ..core import micro_backward, micro_chunks
 
 def madpo_update_micro(team, tokens: list, idx, beta: float, steps: list, max_grad_norm, autocast_dtype, size: int,
-                       fast: Optional[list] = None) -> dict:
+                       fast: Optional[list] = None, dist: Optional[DistContext] = None) -> dict:
     """`madpo_update` in micro-batches of `size` pairs: every model's margins first, without gradient, chunk by chunk;
     then per model its loss chunk by chunk (its own margins recomputed with gradient, the others' fixed), gradients
-    accumulated, one optimizer step. The same step as one chunk, with at most `size` pairs' activations held."""
-    B, fast = len(idx), fast or [None] * len(team.agents)
-    def margins(i, rows): return pair_margins(team.agents[i], team.tokenizers[i], tokens[i], [idx[r] for r in rows],
-                                              autocast_dtype, fast[i])
+    accumulated, one optimizer step. The same step as one chunk, with at most `size` pairs' activations held. Under
+    data parallel (`dist`) each process takes pairs rank, rank+W, ... (as `madpo_update_shared`); sums as there."""
+    B, n, fast = len(idx), len(team.agents), fast or [None] * len(team.agents)
+    W = dist.world if dist is not None and dist.enabled else 1
+    rows = list(range(dist.rank, B, W)) if W > 1 else list(range(B))
+    def margins(i, rs): return pair_margins(team.agents[i], team.tokenizers[i], tokens[i], [idx[r] for r in rs],
+                                            autocast_dtype, fast[i])
     with torch.no_grad():
-        chunks = micro_chunks(range(B), size)
-        M = torch.stack(team.map(lambda i: torch.cat([margins(i, ch).float().cpu() for ch in chunks])))   # [n, B]
+        own = [torch.cat([margins(i, ch).float().cpu() for ch in micro_chunks(rows, size)]) for i in range(n)] \
+            if rows else []
+    M = torch.zeros(n, B)                                                  # [n, B], in the batch's order
+    for r, part in enumerate(dist.gather(own) if W > 1 else [own]):
+        if part: M[:, r::W] = torch.stack(part)
     def step(i):
         opt = team.optimizers[i]
         opt.zero_grad(set_to_none=True)
-        value = micro_backward(lambda ch: madpo_share_loss(margins(i, ch), M, i, ch, len(ch), beta), range(B), B, size)
+        value = micro_backward(lambda ch: madpo_share_loss(margins(i, ch), M, i, ch, len(ch), beta), rows, B, size)
+        value = dist.sum(value) if W > 1 else value
         check_finite_loss(torch.tensor(value), f"agent {i} optimizer step {steps[i] + 1}")
+        if W > 1: dist.sum_grads(team.agents[i].parameters())
         if max_grad_norm: torch.nn.utils.clip_grad_norm_(team.agents[i].parameters(), max_grad_norm)
         opt.step()
         steps[i] += 1
         return value
-    losses = team.map(step)
+    losses = team.map(step) if W == 1 else [step(i) for i in range(n)]    # collectives in one order on every process
     return {"margins": M, "loss": losses[0], "losses": losses}
 
 
@@ -266,11 +274,11 @@ def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_nor
     `micro_batch_size`: one process scores the pairs in chunks of that many (`madpo_update_micro`)."""
     own_modes = modes is None
     modes = (modes or UpdateModes(team.agents)).train()
-    if dist is not None and dist.enabled:                                 # data parallel: see below
-        out = madpo_update_shared(team, tokens, idx, beta, steps, max_grad_norm, autocast_dtype, dist, modes.fast)
-    elif micro_batch_size is not None:
+    if micro_batch_size is not None:
         out = madpo_update_micro(team, tokens, idx, beta, steps, max_grad_norm, autocast_dtype, micro_batch_size,
-                                 modes.fast)
+                                 modes.fast, dist)
+    elif dist is not None and dist.enabled:                               # data parallel: see below
+        out = madpo_update_shared(team, tokens, idx, beta, steps, max_grad_norm, autocast_dtype, dist, modes.fast)
     else:
         own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], idx, autocast_dtype,
                                               modes.fast[i]))
