@@ -20,8 +20,8 @@ from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve
 from .sampling import adamw
 
 # %% auto #0
-__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'one_base', 'Team', 'validate_dataset', 'team_attr', 'trainer_inputs',
-           'library_keywords', 'wandb_with_settings', 'TrainerAPI']
+__all__ = ['SAMPLING_FIELDS', 'TEAM_ATTRS', 'map_jobs', 'one_base', 'Team', 'frozen_copy', 'validate_dataset', 'team_attr',
+           'trainer_inputs', 'library_keywords', 'wandb_with_settings', 'TrainerAPI']
 
 # %% ../nbs/24_team.ipynb #b3459ab2
 def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> list:
@@ -35,6 +35,7 @@ def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> 
 
 # %% ../nbs/24_team.ipynb #a1e0c041
 from .models import enable_gradient_checkpointing
+from .core import auto_precision, resolve_dtype
 from .sampling import make_optimizer
 
 def one_base(agent_model=None, agents=None) -> bool:
@@ -70,6 +71,14 @@ class Team:
         self.ref_agents = self._references(reference_devices)
 
 # %% ../nbs/24_team.ipynb #ae1be903
+def frozen_copy(model, device, autocast_dtype=None):
+    """A frozen reference copy of `model` on `device`; in bfloat16 when the run computes in bfloat16 (`autocast_dtype`
+    'bfloat16', or 'auto' choosing it), which halves its memory (autocast rounds its matmul weights so anyway)."""
+    ref = copy.deepcopy(model).to(device)
+    dt = auto_precision(device)[0] if autocast_dtype == "auto" else autocast_dtype
+    if dt is not None and resolve_dtype(dt) == torch.bfloat16: ref = ref.to(torch.bfloat16)
+    return ref.eval().requires_grad_(False)
+
 @patch
 def _references(self: Team, reference_devices=False) -> Optional[list]:
     """Frozen copies of the policies (None when `reference_devices` is False; on the agents' devices when None).
@@ -77,10 +86,12 @@ def _references(self: Team, reference_devices=False) -> Optional[list]:
     if reference_devices is False: return None
     devs = self.devices if reference_devices is None else \
         [resolve_device(d) for d in as_list(reference_devices, self.n, "reference_devices", "device")]
+    dt = self.sampling.get("autocast_dtype")
     if len(self.agents) > 1 and self._one_base and len({str(d) for d in devs}) == 1:
-        return [copy.deepcopy(self.agents[0]).to(devs[0]).eval().requires_grad_(False)] * len(self.agents)
-    return [m.reference_copy() if hasattr(m, "reference_copy") else copy.deepcopy(m).to(d).eval().requires_grad_(False)
+        return [frozen_copy(self.agents[0], devs[0], dt)] * len(self.agents)
+    return [m.reference_copy() if hasattr(m, "reference_copy") else frozen_copy(m, d, dt)
             for m, d in zip(self.agents, devs)]
+
 
 # %% ../nbs/24_team.ipynb #7100c589
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "autocast_dtype")

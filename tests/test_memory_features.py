@@ -301,3 +301,17 @@ def test_madpo_micro_batches_under_two_processes_match_one_plain_process(tmp_pat
     torch.testing.assert_close(m0, res["margins"], rtol=1e-5, atol=1e-6)
     assert l0 == pytest.approx(res["losses"], rel=1e-5)
     assert_close(w0, weights(team.agents), rtol=1e-5, atol=1e-8)
+
+
+def test_references_are_kept_in_the_compute_dtype(tmp_path):
+    tr = magrpo(tmp_path, reference_kl_enabled=True, autocast_dtype="bfloat16")
+    ref = tr.team.ref_agents[0]
+    assert ref is tr.team.ref_agents[1] and ref.dtype == torch.bfloat16 and tr.agents[0].dtype == torch.float32
+    fp32_ref = copy.deepcopy(tr.agents[0]).eval()
+    for m in tr.agents:
+        for p in m.parameters(): p.data.add_(0.02 * torch.randn_like(p))   # policies moved off the reference
+    ro = tr.rollout(ITEMS, [0, 1], 0)
+    assert max(float(k.abs().max()) for t in ro.turns for k in t.kl) > 1e-2
+    tr.team.ref_agents = [fp32_ref] * 2                                   # the fp32 reference, under bf16 autocast
+    for t in ro.turns:
+        for a, b in zip(t.kl, tr._reference_kl(t.comps)): torch.testing.assert_close(a, b, rtol=0, atol=2e-2)
