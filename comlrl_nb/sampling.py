@@ -56,11 +56,12 @@ def adamw(params, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
 class MasterAdamW:
     """AdamW over fp32 master copies of 16-bit parameters: `step()` reads the model's gradients (as fp32), steps the
     copies and writes them back (rounded to the model's dtype), so steps below the 16-bit rounding still add up.
-    `param_groups` hold the model's parameters (clipping and gradient sums act on them, as with a plain optimizer)."""
+    `param_groups` hold the model's trained parameters (clipping and gradient sums act on them, as with a plain
+    optimizer); frozen ones (a LoRA base) get no copy."""
     def __init__(self, params, lr: float, weight_decay: float = 0.0):
         params = list(params)
         groups = params if params and isinstance(params[0], dict) else [{"params": params}]
-        self.param_groups = [{**g, "params": list(g["params"])} for g in groups]
+        self.param_groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]  # no frozen
         self.masters = [[p.detach().float().clone() for p in g["params"]] for g in self.param_groups]
         self.inner = adamw([{**g, "params": ms} for g, ms in zip(self.param_groups, self.masters)], lr, weight_decay)
 

@@ -315,3 +315,15 @@ def test_references_are_kept_in_the_compute_dtype(tmp_path):
     tr.team.ref_agents = [fp32_ref] * 2                                   # the fp32 reference, under bf16 autocast
     for t in ro.turns:
         for a, b in zip(t.kl, tr._reference_kl(t.comps)): torch.testing.assert_close(a, b, rtol=0, atol=2e-2)
+
+
+def test_master_copies_hold_only_the_trained_weights():
+    from comlrl_nb.sampling import MasterAdamW, make_optimizer
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).to(torch.bfloat16)
+    net[0].requires_grad_(False)                              # a frozen base (LoRA): no fp32 copy of it
+    opt = make_optimizer(net.parameters(), 1e-3)
+    assert isinstance(opt, MasterAdamW) and sum(m.numel() for ms in opt.masters for m in ms) == 20
+    net(torch.ones(2, 4, dtype=torch.bfloat16)).float().sum().backward()
+    before = net[0].weight.clone()
+    opt.step()
+    assert torch.equal(net[0].weight, before) and net[1].weight.grad is not None
