@@ -500,9 +500,10 @@ class MemoryFields:
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each layer's activations in the "
         "backward pass instead of keeping them (HF gradient_checkpointing_enable, use_reentrant=False) on the agents "
         "and, where they are models, the critics and the reward model: less memory, about one more forward of time."})
-    micro_batch_size: Optional[int] = field(default=None, metadata={"help": "Rows per forward/backward inside one "
-        "optimizer step: the mini-batch (train_batch_size) goes through in chunks of this size, gradients accumulated "
-        "(each chunk's loss weighted by its share), then one step; None: the whole mini-batch at once."})
+    micro_batch_size: Optional[int] = field(default=None, metadata={"help": "Rows (completions; MADPO: pairs) per "
+        "forward/backward inside one optimizer step: the mini-batch (train_batch_size) goes through in chunks of this "
+        "size, gradients accumulated (each chunk's loss weighted by its share), then one step; None: the whole "
+        "mini-batch at once."})
     master_weights: bool = field(default=True, metadata={"help": "When a trained model is loaded in bfloat16 "
         "(model_config={'dtype': 'bfloat16'}), AdamW updates an fp32 master copy of its weights and copies them back "
         "after each step, so steps smaller than bf16 rounding add up; False: AdamW updates the bf16 weights directly. "
