@@ -25,14 +25,14 @@ __all__ = ['GROUPS', 'PAIR_SELECTIONS', 'COLLECTION_ROWS', 'RL_ALGORITHMS', 'COM
            'validate_rollout', 'AdvantageFields', 'validate_advantage', 'BaselineFields', 'validate_baseline',
            'EvalFields', 'validate_evaluation', 'ReferenceKLFields', 'validate_reference_kl', 'reference_kl_enabled',
            'reference_kl_coef', 'RunFields', 'validate_run', 'TaskFields', 'validate_task', 'LoggingFields',
-           'validate_logging', 'CheckpointFields', 'validate_checkpointing', 'CriticFields', 'validate_critic',
-           'ValueHeadFields', 'validate_value_heads', 'check_pair_selection', 'check_preference_config',
-           'PreferenceFields', 'validate_preference', 'DPOFields', 'validate_dpo', 'CollaborationFields',
-           'validate_collaboration', 'EnvStepFields', 'validate_env_steps', 'count_env_steps', 'RLBackendFields',
-           'validate_rl_backend', 'RewardModelFields', 'validate_reward_model', 'IterationFields', 'validate_iterative',
-           'reward_range_to_log', 'reward_distributions', 'ComparatorFields', 'validate_comparator',
-           'check_replay_options', 'ReplayFields', 'validate_replay', 'ComparatorAPIFields', 'resolve_format',
-           'check_key', 'check_api_fields', 'validate_comparator_api']
+           'validate_logging', 'CheckpointFields', 'validate_checkpointing', 'MemoryFields', 'validate_memory',
+           'CriticFields', 'validate_critic', 'ValueHeadFields', 'validate_value_heads', 'check_pair_selection',
+           'check_preference_config', 'PreferenceFields', 'validate_preference', 'DPOFields', 'validate_dpo',
+           'CollaborationFields', 'validate_collaboration', 'EnvStepFields', 'validate_env_steps', 'count_env_steps',
+           'RLBackendFields', 'validate_rl_backend', 'RewardModelFields', 'validate_reward_model', 'IterationFields',
+           'validate_iterative', 'reward_range_to_log', 'reward_distributions', 'ComparatorFields',
+           'validate_comparator', 'check_replay_options', 'ReplayFields', 'validate_replay', 'ComparatorAPIFields',
+           'resolve_format', 'check_key', 'check_api_fields', 'validate_comparator_api']
 
 # %% ../nbs/26_config.ipynb #27310ef2
 GROUPS: dict = {}           # name -> group class, in declaration order
@@ -492,6 +492,33 @@ class CheckpointFields:
 def validate_checkpointing(c, owner):
     check_number(c.save_steps, "save_steps", owner, integer=True, min=-1)
     check_number(c.save_total_limit, "save_total_limit", owner, integer=True, min=1, allow_none=True)
+
+# %% ../nbs/26_config.ipynb #a1e0c002
+@group("memory")
+class MemoryFields:
+    "How the trained models fit in memory: checkpointed activations, micro-batches, fp32 master weights."
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each layer's activations in the "
+        "backward pass instead of keeping them (HF gradient_checkpointing_enable, use_reentrant=False) on the agents "
+        "and, where they are models, the critics and the reward model: less memory, about one more forward of time."})
+    micro_batch_size: Optional[int] = field(default=None, metadata={"help": "Rows (completions; MADPO: pairs) per "
+        "forward/backward inside one optimizer step: the mini-batch (train_batch_size) goes through in chunks of this "
+        "size, gradients accumulated (each chunk's loss weighted by its share), then one step; None: the whole "
+        "mini-batch at once."})
+    master_weights: bool = field(default=True, metadata={"help": "When a trained model is loaded in bfloat16 "
+        "(model_config={'dtype': 'bfloat16'}), AdamW updates an fp32 master copy of its weights and copies them back "
+        "after each step, so steps smaller than bf16 rounding add up; False: AdamW updates the bf16 weights directly. "
+        "fp32 models are unaffected."})
+
+@validates(MemoryFields)
+def validate_memory(c, owner):
+    check_bool(c.gradient_checkpointing, "gradient_checkpointing", owner)
+    check_number(c.micro_batch_size, "micro_batch_size", owner, integer=True, min=1, allow_none=True)
+    check_bool(c.master_weights, "master_weights", owner)
+    if getattr(c, "autocast_dtype", None) is not None and resolve_dtype(c.autocast_dtype) == torch.float16:
+        raise config_error(owner, f"autocast_dtype={c.autocast_dtype!r}: float16 training needs a loss scaler, which "
+                                  "the trainers do not have (small gradients underflow to zero); use "
+                                  "autocast_dtype='bfloat16' (same memory, fp32 range) or None")
+
 
 # %% ../nbs/26_config.ipynb #9f788588
 @group("critic")

@@ -15,10 +15,10 @@ import torch
 # %% auto #0
 __all__ = ['logger', 'BF16_CPU_FLAGS', 'DISK_FULL', 'NOT_WRITABLE', 'setup_logging', 'seed_everything', 'derive_seed',
            'keyed_generator', 'launch_info', 'process_gpus', 'process_device', 'resolve_device', 'resolve_dtype',
-           'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'thread_probe', 'busy_cores',
-           'choose_threads', 'apply_threads', 'free_bytes', 'byte_size', 'disk_error', 'atomic_write_bytes',
-           'atomic_write_text', 'atomic_write_json', 'check_choice', 'check_number', 'check_bool', 'config_error',
-           'as_list']
+           'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'micro_chunks', 'micro_backward',
+           'thread_probe', 'busy_cores', 'choose_threads', 'apply_threads', 'free_bytes', 'byte_size', 'disk_error',
+           'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'check_choice', 'check_number', 'check_bool',
+           'config_error', 'as_list']
 
 # %% ../nbs/00_core.ipynb #1cfea104
 logger = logging.getLogger("comlrl_nb")
@@ -213,6 +213,27 @@ def autocast(device: torch.device | str, dtype: str | torch.dtype | None):
     dt = resolve_dtype(auto_precision(device)[0] if isinstance(dtype, str) and dtype == "auto" else dtype)
     if dt is None or dt == torch.float32: return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=dt)
+
+# %% ../nbs/00_core.ipynb #a1e0c011
+def micro_chunks(rows: Sequence, size: Optional[int]) -> list:
+    "`rows` in consecutive chunks of at most `size` (None: one chunk of all of them; no rows: no chunks)."
+    rows = list(rows)
+    if size is None or size >= len(rows): return [rows] if rows else []
+    return [rows[s:s + size] for s in range(0, len(rows), size)]
+
+def micro_backward(loss_fn, rows: Sequence, total: int, size: Optional[int]) -> float:
+    """Gradient accumulation over micro-batches: for each chunk of `rows` (`micro_chunks`), backward of
+    `loss_fn(chunk) * len(chunk) / total` (`loss_fn` gives a chunk's mean loss, so the chunks' losses sum to the loss
+    of all `rows` weighted by their share of `total`); the summed value. A non-finite chunk is not backpropagated
+    (its value makes the sum non-finite, for the caller's check)."""
+    value = 0.0
+    for chunk in micro_chunks(rows, size):
+        loss = loss_fn(chunk) * (len(chunk) / total)
+        v = float(loss.detach())
+        value += v
+        if loss.requires_grad and math.isfinite(v): loss.backward()
+    return value
+
 
 # %% ../nbs/00_core.ipynb #a1f0c011
 def thread_probe(threads: int, dtype=None, rows: int = 64, width: int = 576, hidden: int = 1536,

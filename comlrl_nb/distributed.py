@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from .core import process_device
 
 # %% auto #0
-__all__ = ['DistContext']
+__all__ = ['BUCKET_BYTES', 'DistContext', 'grad_buckets']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -44,25 +44,37 @@ class DistContext:
         if self.enabled: torch.distributed.barrier()
 
 # %% ../nbs/70_distributed.ipynb #dbb0c32c
-def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter]):
-    """Sum gradients over processes (missing grads count as zeros), in one flat buffer per device and dtype; under NCCL
-    a buffer off this process' device (an agent on another GPU or the CPU) is summed on a copy there."""
-    if not self.enabled: return
-    groups: dict = {}
+BUCKET_BYTES = 25 * 2**20      # gradients are summed in buckets of about this size: never one copy of them all
+
+def grad_buckets(params: Sequence[torch.Tensor], max_bytes: int = BUCKET_BYTES) -> list[list]:
+    """`params` in consecutive buckets of one device and dtype, each at most `max_bytes` of gradient (a larger tensor
+    alone), in the given order (the same on every process)."""
+    out, key, size = [], None, 0
     for p in params:
-        if not p.requires_grad: continue
+        nb = p.numel() * p.element_size()
+        k = (p.device, p.dtype)
+        if not out or k != key or size + nb > max_bytes and out[-1]: out, key, size = out + [[]], k, 0
+        out[-1].append(p)
+        size += nb
+    return out
+
+def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES):
+    """Sum gradients over processes (missing grads count as zeros) in flat buckets of at most `bucket_bytes` per
+    device and dtype (`grad_buckets`); under NCCL a bucket off this process' device (an agent on another GPU or the
+    CPU) is summed on a copy there."""
+    if not self.enabled: return
+    ps = [p for p in params if p.requires_grad]
+    for p in ps:
         if p.grad is None: p.grad = torch.zeros_like(p)
-        groups.setdefault((p.grad.device, p.grad.dtype), []).append(p)
     nccl = torch.distributed.get_backend() == "nccl"
-    for (dev, _), ps in groups.items():                   # the same order on every process: the same params
-        flat = torch.cat([p.grad.reshape(-1) for p in ps])
-        buf = flat.to(self.device) if nccl and dev != self.device else flat
+    for bucket in grad_buckets([p.grad for p in ps], bucket_bytes):
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        buf = flat.to(self.device) if nccl and flat.device != self.device else flat
         torch.distributed.all_reduce(buf, op=torch.distributed.ReduceOp.SUM)
         i = 0
-        for p in ps:
-            n = p.numel()
-            p.grad.copy_(buf[i:i + n].view_as(p))
-            i += n
+        for g in bucket:
+            g.copy_(buf[i:i + g.numel()].view_as(g))
+            i += g.numel()
 
 def _dist_sum(self: DistContext, x: float) -> float:
     "Sum of a number over processes (on this process' GPU under NCCL, which reduces no CPU tensors)."

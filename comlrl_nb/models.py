@@ -14,7 +14,7 @@ from .core import as_list, logger, resolve_device, resolve_dtype
 # %% auto #0
 __all__ = ['TINY_CORPUS', 'EMBEDDED_NAMES', 'MODEL_CONFIG_KEYS', 'make_tiny_tokenizer', 'make_tiny_model', 'embedded_model_file',
            'load_embedded', 'check_model_config', 'from_pretrained_kwargs', 'critic_value_head_hidden_dim',
-           'apply_special_tokens', 'load_model', 'load_tokenizer', 'load_agents']
+           'apply_special_tokens', 'enable_gradient_checkpointing', 'load_model', 'load_tokenizer', 'load_agents']
 
 # %% ../nbs/01_models.ipynb #ea5c9e4a
 TINY_CORPUS = [
@@ -167,6 +167,22 @@ def _prepare_tokenizer(tok):
     return tok
 
 def _is_embedded(spec) -> bool: return isinstance(spec, str) and spec in EMBEDDED_NAMES and not Path(spec).exists()
+
+# %% ../nbs/01_models.ipynb #a1e0c044
+def enable_gradient_checkpointing(model) -> bool:
+    """HF gradient checkpointing on `model` (non-reentrant: works with frozen inputs and in threads); each layer's
+    activations are recomputed in the backward pass. False (with a warning) for a model without it."""
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):        # transformers >= 5.x: the new name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    else:
+        logger.warning(f"gradient_checkpointing: {type(model).__name__} has no gradient_checkpointing_enable; "
+                       "it keeps its activations")
+        return False
+    return True
+
 
 # %% ../nbs/01_models.ipynb #b9c60e42
 def _offline_error(spec: str, err: Exception) -> OSError:

@@ -15,9 +15,9 @@ from .core import logger
 # %% auto #0
 __all__ = ['MODEL_SHAPES', 'PLAN_ALGORITHMS', 'PLAN_DTYPE_BYTES', 'PLAN_SHARDING', 'model_config_of', 'ModelShape', 'model_shape',
            'PlanSettings', 'check_settings', 'layer_activation_bytes', 'logits_bytes', 'PlanMember', 'plan_stages',
-           'DevicePlan', 'MemoryPlan', 'parse_bytes', 'format_bytes', 'suggest_settings', 'plan_memory', 'profile_peak',
-           'measure_update', 'estimate_update', 'plot_plan', 'plan_widget', 'add_plan_arguments', 'cmd_plan',
-           'format_plan', 'plan_main']
+           'DevicePlan', 'MemoryPlan', 'parse_bytes', 'format_bytes', 'suggest_settings', 'plan_memory',
+           'plan_from_config', 'profile_peak', 'measure_update', 'estimate_update', 'plot_plan', 'plan_widget',
+           'add_plan_arguments', 'cmd_plan', 'format_plan', 'plan_main']
 
 # %% ../nbs/71_memory.ipynb #9241056e
 _QWEN25 = dict(arch="qwen2", vocab_size=151936, tie_word_embeddings=True)
@@ -434,6 +434,24 @@ def plan_memory(model, algo: str = "magrpo", device_memory=None, suggestions: bo
                    dataclasses.asdict(s), mem)
     if suggestions and p.fits is False: p.suggestions = suggest_settings(s, m, mem)
     return p
+
+# %% ../nbs/71_memory.ipynb #a1e0c061
+_CONFIG_ALGOS = {"MAGRPOConfig": "magrpo", "MAREINFORCEConfig": "mareinforce", "MARLOOConfig": "marloo",
+                 "MAReMaxConfig": "maremax", "MAACConfig": "maac", "IACConfig": "iac", "MADPOConfig": "madpo",
+                 "MARLHFConfig": "marlhf", "CentralizedMAGRPOConfig": "centralized", "MADPOIterConfig": "madpo_iter",
+                 "MARLHFIterConfig": "marlhf_iter"}
+
+def plan_from_config(config, model_config: Optional[dict] = None, **overrides) -> PlanSettings:
+    """The PlanSettings of a trainer config: its workload and memory fields (gradient_checkpointing, micro_batch_size,
+    master_weights); compute_dtype from autocast_dtype, else the dtype in `model_config`, else float32."""
+    algo = _CONFIG_ALGOS.get(type(config).__name__, "magrpo")
+    s = {f.name: getattr(config, f.name) for f in fields(PlanSettings) if f.name != "algo" and hasattr(config, f.name)}
+    if hasattr(config, "preference_num_candidates"): s["num_generations"] = config.preference_num_candidates
+    dt = getattr(config, "autocast_dtype", None) or (model_config or {}).get("dtype") or \
+        (model_config or {}).get("torch_dtype")
+    s["compute_dtype"] = str(dt).replace("torch.", "") if dt not in (None, "auto") else "float32"
+    return check_settings(PlanSettings(algo=algo, **{**s, **overrides}))
+
 
 # %% ../nbs/71_memory.ipynb #c65505aa
 def _to_dict(self: MemoryPlan) -> dict:

@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from .core import autocast, keyed_generator, resolve_device
 from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
-from .sampling import adamw
+from .sampling import adamw, make_optimizer
 from .generation import fast_decodable, fast_hidden
 
 # %% auto #0
@@ -236,7 +236,7 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
     if len(winners) != len(losers) or not winners:
         raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
     params = [p for p in self.parameters() if p.requires_grad]
-    self.optimizer = adamw(params, learning_rate)
+    self.optimizer = make_optimizer(params, learning_rate)   # bf16 weights: fp32 master copies
     history, step, P = [], 0, len(winners)
     ids = self.token_ids(list(winners) + list(losers), remember=True)    # tokenized once, not once per epoch
     self.train()

@@ -11,7 +11,8 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['minibatches', 'SampleBuffer', 'SampleBuffers', 'adamw', 'batches_ahead', 'keep_ahead', 'Sampler']
+__all__ = ['minibatches', 'SampleBuffer', 'SampleBuffers', 'adamw', 'MasterAdamW', 'make_optimizer', 'batches_ahead',
+           'keep_ahead', 'Sampler']
 
 # %% ../nbs/21_sampling.ipynb #d02e81a1
 def minibatches(samples: Sequence, train_batch_size: int) -> list[list]:
@@ -50,6 +51,66 @@ def adamw(params, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
     fused = bool(flat) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in flat)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **({"fused": True} if fused else {}))
+
+# %% ../nbs/21_sampling.ipynb #a1e0c031
+class MasterAdamW:
+    """AdamW over fp32 master copies of 16-bit parameters: `step()` reads the model's gradients (as fp32), steps the
+    copies and writes them back (rounded to the model's dtype), so steps below the 16-bit rounding still add up.
+    `param_groups` hold the model's trained parameters (clipping and gradient sums act on them, as with a plain
+    optimizer); frozen ones (a LoRA base) get no copy."""
+    def __init__(self, params, lr: float, weight_decay: float = 0.0):
+        params = list(params)
+        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        self.param_groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]  # no frozen
+        self.masters = [[p.detach().float().clone() for p in g["params"]] for g in self.param_groups]
+        self.inner = adamw([{**g, "params": ms} for g, ms in zip(self.param_groups, self.masters)], lr, weight_decay)
+
+    def zero_grad(self, set_to_none: bool = True):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if set_to_none: p.grad = None
+                elif p.grad is not None: p.grad.zero_()
+
+
+# %% ../nbs/21_sampling.ipynb #a1e0c032
+@patch
+@torch.no_grad()
+def step(self: MasterAdamW):
+    "One AdamW step of the fp32 copies on the model's gradients (group settings such as lr copied over first)."
+    for g, ig, ms in zip(self.param_groups, self.inner.param_groups, self.masters):
+        ig.update({k: v for k, v in g.items() if k != "params"})
+        for p, m in zip(g["params"], ms): m.grad = None if p.grad is None else p.grad.detach().float()
+    self.inner.step()
+    for g, ms in zip(self.param_groups, self.masters):
+        for p, m in zip(g["params"], ms):
+            p.copy_(m)
+            m.grad = None
+
+@patch
+def state_dict(self: MasterAdamW) -> dict:
+    return {"inner": self.inner.state_dict(), "masters": [[m.clone() for m in ms] for ms in self.masters]}
+
+@patch
+@torch.no_grad()
+def load_state_dict(self: MasterAdamW, sd: dict):
+    self.inner.load_state_dict(sd["inner"])
+    for ms, saved in zip(self.masters, sd["masters"]):
+        for m, s in zip(ms, saved): m.copy_(s)
+
+
+# %% ../nbs/21_sampling.ipynb #a1e0c033
+def make_optimizer(params, lr: float, weight_decay: float = 0.0, master_weights: bool = True):
+    """The trainers' optimizer: `adamw`, or `MasterAdamW` when `master_weights` and a trained parameter is bfloat16.
+    float16 weights are refused: training them needs a loss scaler, which the trainers do not have."""
+    params = list(params)
+    flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g]) if p.requires_grad]
+    if any(p.dtype == torch.float16 for p in flat):
+        raise ValueError("a trained model is loaded in float16, whose training needs a loss scaler (small gradients "
+                         "underflow), which the trainers do not have; load it in bfloat16 (model_config={'dtype': "
+                         "'bfloat16'}) or float32")
+    if master_weights and any(p.dtype == torch.bfloat16 for p in flat): return MasterAdamW(params, lr, weight_decay)
+    return adamw(params, lr, weight_decay)
+
 
 # %% ../nbs/21_sampling.ipynb #3be75fe4
 def batches_ahead(order, b: int, per_epoch: int, batch_size: int, filled: int, buffer_size: int, per_item: int,

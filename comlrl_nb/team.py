@@ -20,9 +20,9 @@ from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve
 from .sampling import adamw
 
 # %% auto #0
-__all__ = ['SAMPLING_FIELDS', 'ARCH_KEYS', 'TEAM_ATTRS', 'map_jobs', 'Team', 'validate_dataset', 'architecture',
-           'check_architectures', 'team_attr', 'trainer_inputs', 'config_num_agents', 'library_keywords',
-           'wandb_with_settings', 'TrainerAPI']
+__all__ = ['SAMPLING_FIELDS', 'ARCH_KEYS', 'TEAM_ATTRS', 'map_jobs', 'one_base', 'Team', 'frozen_copy', 'validate_dataset',
+           'architecture', 'check_architectures', 'team_attr', 'trainer_inputs', 'config_num_agents',
+           'library_keywords', 'wandb_with_settings', 'TrainerAPI']
 
 # %% ../nbs/24_team.ipynb #b3459ab2
 def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> list:
@@ -34,13 +34,27 @@ def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> 
         if f.exception() is not None: raise f.exception()
     return [f.result() for f in futs]
 
+# %% ../nbs/24_team.ipynb #a1e0c041
+from .models import enable_gradient_checkpointing
+from .core import auto_precision, resolve_dtype
+from .sampling import make_optimizer
+
+def one_base(agent_model=None, agents=None) -> bool:
+    "Whether every agent is loaded from one base: agent_model alone, or agents all one object or one id/path."
+    if agents is None: return agent_model is not None
+    if hasattr(agents, "build") or isinstance(agents, (str, torch.nn.Module)): return False
+    a0 = agents[0] if len(agents) else None
+    return all(a is a0 or (isinstance(a, str) and a == a0) for a in agents)
+
+
 # %% ../nbs/24_team.ipynb #4f6aed1c
 class Team:
     "The agents of a run: models, tokenizers, optimizers, devices, formatters and frozen references."
     def __init__(self, agent_model=None, agents=None, num_roles: int = 2, num_policies: Optional[int] = None,
                  tokenizer=None, formatters=None, model_config: Optional[dict] = None, devices=None,
                  learning_rate: float = 5e-6, weight_decay: float = 0.0, parallel_training: str = "none",
-                 use_chat_template: bool = False, reference_devices=False, sampling: Optional[dict] = None):
+                 use_chat_template: bool = False, reference_devices=False, sampling: Optional[dict] = None,
+                 gradient_checkpointing: bool = False, master_weights: bool = True):
         self.n, self.num_policies = num_roles, num_policies or num_roles
         self.parallel_training, self.use_chat_template = parallel_training, use_chat_template
         self.learning_rate, self.weight_decay, self.sampling = learning_rate, weight_decay, dict(sampling or {})
@@ -49,18 +63,36 @@ class Team:
         self.devices = [resolve_device(d) for d in as_list(devices, self.n, "agent_devices", "device")]
         P = self.num_policies
         self.agents, self.tokenizers = load_agents(agent_model, agents, P, tokenizer, model_config, self.devices[:P])
-        self.optimizers = [adamw(m.parameters(), learning_rate, weight_decay) for m in self.agents]
+        if gradient_checkpointing:
+            for m in self.agents: enable_gradient_checkpointing(m)
+        self.master_weights = master_weights            # bf16 weights: AdamW over fp32 copies (make_optimizer)
+        self.optimizers = [make_optimizer(m.parameters(), learning_rate, weight_decay, master_weights)
+                           for m in self.agents]
+        self._one_base = one_base(agent_model, agents)
         self.ref_agents = self._references(reference_devices)
 
 # %% ../nbs/24_team.ipynb #ae1be903
+def frozen_copy(model, device, autocast_dtype=None):
+    """A frozen reference copy of `model` on `device`; in bfloat16 when the run computes in bfloat16 (`autocast_dtype`
+    'bfloat16', or 'auto' choosing it), which halves its memory (autocast rounds its matmul weights so anyway)."""
+    ref = copy.deepcopy(model).to(device)
+    dt = auto_precision(device)[0] if autocast_dtype == "auto" else autocast_dtype
+    if dt is not None and resolve_dtype(dt) == torch.bfloat16: ref = ref.to(torch.bfloat16)
+    return ref.eval().requires_grad_(False)
+
 @patch
 def _references(self: Team, reference_devices=False) -> Optional[list]:
-    "Frozen copies of the policies (None when `reference_devices` is False; on the agents' devices when None)."
+    """Frozen copies of the policies (None when `reference_devices` is False; on the agents' devices when None).
+    Agents loaded from one base (no adapters) on one device share ONE reference: the list repeats that object."""
     if reference_devices is False: return None
     devs = self.devices if reference_devices is None else \
         [resolve_device(d) for d in as_list(reference_devices, self.n, "reference_devices", "device")]
-    return [m.reference_copy() if hasattr(m, "reference_copy") else copy.deepcopy(m).to(d).eval().requires_grad_(False)
+    dt = self.sampling.get("autocast_dtype")
+    if len(self.agents) > 1 and self._one_base and len({str(d) for d in devs}) == 1:
+        return [frozen_copy(self.agents[0], devs[0], dt)] * len(self.agents)
+    return [m.reference_copy() if hasattr(m, "reference_copy") else frozen_copy(m, d, dt)
             for m, d in zip(self.agents, devs)]
+
 
 # %% ../nbs/24_team.ipynb #7100c589
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "autocast_dtype")
@@ -75,7 +107,8 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
         check_writable(args.output_dir)
     return cls(agent_model, agents, args.num_agents, num_policies, tokenizer, formatters, model_config,
                args.agent_devices, args.agent_learning_rate, args.weight_decay, args.parallel_training,
-               args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)})
+               args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)},
+               getattr(args, "gradient_checkpointing", False), getattr(args, "master_weights", True))
 
 # %% ../nbs/24_team.ipynb #62d58de7
 @patch
@@ -170,7 +203,7 @@ def _load_weights(model, state: dict, what: str):
 def set_param_groups(self: Team, i: int, extra: Sequence[dict] = ()):
     "Rebuild agent i's optimizer over its model (team learning rate) plus `extra` param groups (their own lr)."
     groups = [{"params": list(self.agents[i].parameters()), "lr": self.learning_rate}, *extra]
-    self.optimizers[i] = adamw(groups, self.learning_rate, self.weight_decay)
+    self.optimizers[i] = make_optimizer(groups, self.learning_rate, self.weight_decay, self.master_weights)
 
 @patch
 def state_dict(self: Team) -> dict:

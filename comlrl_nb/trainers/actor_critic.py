@@ -185,7 +185,8 @@ def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[
 # %% ../../nbs/31_actor_critic.ipynb #fcd0dac7
 from dataclasses import fields
 from ..config import (AdvantageFields, BufferFields, CheckpointFields, CriticFields, DeviceFields,
-                              EvalFields, GenerationFields, LoggingFields, MultiTurnFields, ReferenceKLFields,
+                              EvalFields, GenerationFields, LoggingFields, MemoryFields,
+                              MultiTurnFields, ReferenceKLFields,
                               RolloutFields, RunFields, SamplingFields, ScheduleFields, TaskFields, TeamFields,
                               TrainerConfig, TurnFields, ValueHeadFields, compose, no_effect)
 
@@ -210,7 +211,7 @@ def _ac_relations(c, owner: str):
 # %% ../../nbs/31_actor_critic.ipynb #673692e4
 @compose(TeamFields, TurnFields, ScheduleFields, CriticFields, AdvantageFields, BufferFields, LoggingFields,
          GenerationFields, SamplingFields, MultiTurnFields, EvalFields, DeviceFields, RunFields, RolloutFields,
-         TaskFields, CheckpointFields, ReferenceKLFields, checks=(_ac_relations,), unused=_AC_UNUSED,
+         TaskFields, CheckpointFields, ReferenceKLFields, MemoryFields, checks=(_ac_relations,), unused=_AC_UNUSED,
          defaults=dict(num_train_epochs=40, rollout_buffer_size=8, logging_steps=1, num_generations=1, top_k=None),
          order=(
     "num_agents num_turns critic_type num_train_epochs agent_learning_rate critic_learning_rate value_loss_coef "
@@ -394,6 +395,9 @@ def _hidden_size(model) -> int:
     return h
 
 # %% ../../nbs/31_actor_critic.ipynb #fd10cf3d
+from ..models import enable_gradient_checkpointing
+from ..sampling import make_optimizer
+
 @patch
 def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim, agents, tag, cache: dict) -> Critic:
     "A separate critic from a model object or an id/path (loaded once per id, copied for repeats)."
@@ -410,6 +414,7 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(key)
     else: raise TypeError(f"a critic must be a model object or an id/path, got {type(source).__name__}")
     backbone = backbone.to(device).eval()
+    if self.args.gradient_checkpointing: enable_gradient_checkpointing(backbone)
     head = ValueHead(_hidden_size(backbone), hidden_dim, seed=derive_seed(self.args.seed, "value_head", tag)).to(device)
     crit = Critic(backbone, head, load_tokenizer(tokenizer), agents, False, self.args.critic_max_length)
     cache.setdefault("_built", []).append(crit)
@@ -437,7 +442,8 @@ def _make_optimizers(self: ActorCriticTrainer):
     for i in range(self.n):
         heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
         self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
-    opts = [None if c.shared else adamw(c.parameters(), a.critic_learning_rate, a.weight_decay) for c in self.critics]
+    opts = [None if c.shared else make_optimizer(c.parameters(), a.critic_learning_rate, a.weight_decay,
+                                                 a.master_weights) for c in self.critics]
     self.critics = Critics(self.critics, opts)
     self.critic_optimizers = self.critics.optimizers
 
@@ -703,19 +709,24 @@ def _critic_loss(self: ActorCriticTrainer, c: int, mb: list, clip: Optional[floa
     return value_loss(V, [s.target for s in mb], self.args.value_loss_coef, [s.old_value for s in mb], clip)
 
 # %% ../../nbs/31_actor_critic.ipynb #23eae352
+from ..core import micro_backward
+
 @patch
 def _local(self: ActorCriticTrainer, loss_fn: Callable[[list], torch.Tensor], n: int) -> torch.Tensor:
-    "This process' share of a mini-batch loss of n rows: loss_fn(its rows), weighted by its share (all rows alone)."
+    """This process' share of a mini-batch loss of n rows: loss_fn(its rows), weighted by its share (all rows alone).
+    With micro_batch_size: backpropagated here chunk by chunk (`micro_backward`), its value returned detached."""
     rows = list(range(self.dist.rank, n, self.dist.world))
     if not rows: return torch.zeros(())
+    if self.args.micro_batch_size is not None:
+        return torch.tensor(micro_backward(loss_fn, rows, n, self.args.micro_batch_size))
     loss = loss_fn(rows)
     return loss if len(rows) == n else loss * (len(rows) / n)
 
 # %% ../../nbs/31_actor_critic.ipynb #23eae363
 @patch
 def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> list[float]:
-    "One step on the sum of the local `parts`: backward; their values summed over processes and checked; grads summed."
-    opt.zero_grad(set_to_none=True)
+    """One step on the sum of the local `parts` (the caller zeroed the gradients before computing them): backward;
+    their values summed over processes and checked; grads summed."""
     loss = parts[0]
     for p in parts[1:]: loss = loss + p
     if loss.requires_grad and math.isfinite(float(loss.detach())): loss.backward()
@@ -740,6 +751,7 @@ def _update_agent(self: ActorCriticTrainer, i: int, samples: list, value_samples
     if head is not None: head.train()
     for s in range(0, len(samples), tbs):
         mb, A = samples[s:s + tbs], adv[s:s + tbs]
+        opt.zero_grad(set_to_none=True)
         parts = [self._local(lambda rows: self._actor_loss(i, [mb[r] for r in rows], A[rows]), len(mb))]
         if value_samples is not None:
             vmb = value_samples[s:s + tbs]
@@ -765,6 +777,7 @@ def _update_critic(self: ActorCriticTrainer, c: int, samples: list) -> list:
     crit, opt, losses = self.critics[c], self.critic_optimizers[c], []
     crit.train()
     for mb in minibatches(samples, self.args.train_batch_size):
+        opt.zero_grad(set_to_none=True)
         part = self._local(lambda rows: self._critic_loss(c, [mb[r] for r in rows], None), len(mb))
         where = f"{self._critic_name(c)} optimizer step {self.state['critic_steps'][c] + 1}"
         losses += self._step([part], opt, crit.parameters(), where)

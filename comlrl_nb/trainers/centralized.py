@@ -227,10 +227,16 @@ def _update(self: CentralizedMAGRPOTrainer, samples: list[Sample]) -> list[float
     return losses
 
 # %% ../../nbs/32_centralized.ipynb #087f0c3e
+from ..core import micro_backward
+from .reinforce import policy_rows_loss
+
 @patch
 def _joint_loss(self: CentralizedMAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> float:
     "This process' rows of the mini-batch loss -(1/N) sum A log pi(z|x), backpropagated when finite; its value."
     if not rows: return 0.0
+    if self.args.micro_batch_size is not None:          # chunks of micro_batch_size rows, gradients accumulated
+        rows_loss = lambda ch: policy_rows_loss(model, prompts, comps, adv, ch, pad, self.args.autocast_dtype)
+        return micro_backward(rows_loss, rows, len(comps), self.args.micro_batch_size)
     _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
                                  autocast_dtype=self.args.autocast_dtype)
     loss = reinforce_loss(seq, adv[rows]) * (len(rows) / len(comps))

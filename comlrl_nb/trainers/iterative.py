@@ -624,7 +624,7 @@ def _update(self: MADPOIterTrainer, idx) -> dict:
     "One MADPO step of every agent on the round's pairs `idx`."
     a = self.args
     return madpo_update(self.team, self._tokens, idx, a.dpo_beta, self.state["optimizer_steps"], a.max_grad_norm,
-                        a.autocast_dtype, self.dist)
+                        a.autocast_dtype, self.dist, micro_batch_size=a.micro_batch_size)
 
 # %% ../../nbs/53_iterative.ipynb #4dc07449
 @patch

@@ -28,10 +28,10 @@ from .reinforce import MAGRPOConfig, MAGRPOTrainer, _validate_reinforce
 
 # %% auto #0
 __all__ = ['MADPOConfig', 'FromTeam', 'MADPOTrainer', 'default_args', 'check_agents', 'check_task', 'madpo_args', 'check_adapter',
-           'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'UpdateModes', 'madpo_update', 'madpo_share_loss',
-           'madpo_update_shared', 'tokenize_centralized', 'pair_tokens', 'dpo_metrics', 'PairsEntry',
-           'merge_collection_stats', 'shared_pair_dataset', 'central_setup', 'pair_actor', 'central_candidates',
-           'evaluate_pairs', 'central_evaluate']
+           'adapter_hooks', 'pair_margins', 'madpo_agent_step', 'UpdateModes', 'madpo_update_micro', 'madpo_update',
+           'madpo_share_loss', 'madpo_update_shared', 'tokenize_centralized', 'pair_tokens', 'dpo_metrics',
+           'PairsEntry', 'merge_collection_stats', 'shared_pair_dataset', 'central_setup', 'pair_actor',
+           'central_candidates', 'evaluate_pairs', 'central_evaluate']
 
 # %% ../../nbs/42_madpo.ipynb #0ace2d44
 from ..config import (AdvantageFields, BaselineFields, CollaborationFields, DPOFields, EnvStepFields,
@@ -228,15 +228,54 @@ class UpdateModes:
             self.training = False
         return self
 
+# %% ../../nbs/42_madpo.ipynb #a1e0c021
+from ..core import micro_backward, micro_chunks
+
+def madpo_update_micro(team, tokens: list, idx, beta: float, steps: list, max_grad_norm, autocast_dtype, size: int,
+                       fast: Optional[list] = None, dist: Optional[DistContext] = None) -> dict:
+    """`madpo_update` in micro-batches of `size` pairs: every model's margins first, without gradient, chunk by chunk;
+    then per model its loss chunk by chunk (its own margins recomputed with gradient, the others' fixed), gradients
+    accumulated, one optimizer step. The same step as one chunk, with at most `size` pairs' activations held. Under
+    data parallel (`dist`) each process takes pairs rank, rank+W, ... (as `madpo_update_shared`); sums as there."""
+    B, n, fast = len(idx), len(team.agents), fast or [None] * len(team.agents)
+    W = dist.world if dist is not None and dist.enabled else 1
+    rows = list(range(dist.rank, B, W)) if W > 1 else list(range(B))
+    def margins(i, rs): return pair_margins(team.agents[i], team.tokenizers[i], tokens[i], [idx[r] for r in rs],
+                                            autocast_dtype, fast[i])
+    with torch.no_grad():
+        own = [torch.cat([margins(i, ch).float().cpu() for ch in micro_chunks(rows, size)]) for i in range(n)] \
+            if rows else []
+    M = torch.zeros(n, B)                                                  # [n, B], in the batch's order
+    for r, part in enumerate(dist.gather(own) if W > 1 else [own]):
+        if part: M[:, r::W] = torch.stack(part)
+    def step(i):
+        opt = team.optimizers[i]
+        opt.zero_grad(set_to_none=True)
+        value = micro_backward(lambda ch: madpo_share_loss(margins(i, ch), M, i, ch, len(ch), beta), rows, B, size)
+        value = dist.sum(value) if W > 1 else value
+        check_finite_loss(torch.tensor(value), f"agent {i} optimizer step {steps[i] + 1}")
+        if W > 1: dist.sum_grads(team.agents[i].parameters())
+        if max_grad_norm: torch.nn.utils.clip_grad_norm_(team.agents[i].parameters(), max_grad_norm)
+        opt.step()
+        steps[i] += 1
+        return value
+    losses = team.map(step) if W == 1 else [step(i) for i in range(n)]    # collectives in one order on every process
+    return {"margins": M, "loss": losses[0], "losses": losses}
+
+
 # %% ../../nbs/42_madpo.ipynb #079bec1c
 def madpo_update(team, tokens: list, idx, beta: float, steps: list, max_grad_norm: Optional[float] = None,
                  autocast_dtype=None, dist: Optional[DistContext] = None,
-                 modes: Optional[UpdateModes] = None) -> dict:
+                 modes: Optional[UpdateModes] = None, micro_batch_size: Optional[int] = None) -> dict:
     """One MADPO step of every model of `team` on the pairs `idx`; the margins (before the step) and the losses.
-    The models train in train mode and are left in eval mode, unless the caller keeps them in train mode (`modes`)."""
+    The models train in train mode and are left in eval mode, unless the caller keeps them in train mode (`modes`).
+    `micro_batch_size`: one process scores the pairs in chunks of that many (`madpo_update_micro`)."""
     own_modes = modes is None
     modes = (modes or UpdateModes(team.agents)).train()
-    if dist is not None and dist.enabled:                                 # data parallel: see below
+    if micro_batch_size is not None:
+        out = madpo_update_micro(team, tokens, idx, beta, steps, max_grad_norm, autocast_dtype, micro_batch_size,
+                                 modes.fast, dist)
+    elif dist is not None and dist.enabled:                               # data parallel: see below
         out = madpo_update_shared(team, tokens, idx, beta, steps, max_grad_norm, autocast_dtype, dist, modes.fast)
     else:
         own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], idx, autocast_dtype,
@@ -258,7 +297,7 @@ def _update(self: MADPOTrainer, idx) -> dict:
     "One MADPO step of every agent on the collected pairs `idx`."
     a = self.args                                     # inside train(): the agents stay in train mode between updates
     return madpo_update(self.team, self._tokens, idx, a.dpo_beta, self.state["optimizer_steps"], a.max_grad_norm,
-                        a.autocast_dtype, self.dist, getattr(self, "_modes", None))
+                        a.autocast_dtype, self.dist, getattr(self, "_modes", None), a.micro_batch_size)
 
 # %% ../../nbs/42_madpo.ipynb #d2a42002
 def madpo_share_loss(margin: torch.Tensor, M: torch.Tensor, i: int, rows: list, total: int,

@@ -213,7 +213,15 @@ def evaluate(self: MARLHFTrainer, num_samples: Optional[int] = None, num_eval_sa
     return evaluate_task(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/43_marlhf.ipynb #17d3b6b6
+from ..models import enable_gradient_checkpointing
+
 def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config) -> JointRewardModel:
+    "The run's JointRewardModel (`_new_reward_model`), its backbone checkpointed when gradient_checkpointing is set."
+    rm = _new_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config)
+    if getattr(owner.args, "gradient_checkpointing", False): enable_gradient_checkpointing(rm.body)
+    return rm
+
+def _new_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config) -> JointRewardModel:
     "A fresh JointRewardModel (pretrained backbone, new head) on reward_model_device (default: agent 1's device)."
     a = owner.args
     if isinstance(reward_model, JointRewardModel): return reward_model

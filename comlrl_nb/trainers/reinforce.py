@@ -28,12 +28,13 @@ from ..sampling import SampleBuffers, Sampler, batches_ahead, minibatches
 from ..tracking import plot_run
 
 # %% auto #0
-__all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'MAREINFORCETrainer',
-           'MARLOOTrainer', 'MAReMaxTrainer', 'Sample', 'Turn', 'Rollout']
+__all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'policy_rows_loss',
+           'MAREINFORCETrainer', 'MARLOOTrainer', 'MAReMaxTrainer', 'Sample', 'Turn', 'Rollout']
 
 # %% ../../nbs/30_reinforce.ipynb #1b40b11f
 from ..config import (AdvantageFields, BaselineFields, BufferFields, CheckpointFields, DeviceFields, EvalFields,
-                              GenerationFields, JointFields, LoggingFields, MultiTurnFields, ReferenceKLFields,
+                              GenerationFields, JointFields, LoggingFields, MemoryFields, MultiTurnFields,
+                               ReferenceKLFields,
                               RolloutFields, RunFields, SamplingFields, ScheduleFields, TaskFields, TeamFields,
                               TrainerConfig, TurnFields, check_devices, compose, validate_groups)
 
@@ -45,7 +46,7 @@ def _reinforce_relations(c, owner: str):
 
 @compose(TeamFields, TurnFields, ScheduleFields, LoggingFields, GenerationFields, SamplingFields, MultiTurnFields,
          JointFields, BufferFields, AdvantageFields, BaselineFields, EvalFields, DeviceFields, ReferenceKLFields,
-         RunFields, RolloutFields, TaskFields, CheckpointFields, checks=(_reinforce_relations,), order=(
+         RunFields, RolloutFields, TaskFields, CheckpointFields, MemoryFields, checks=(_reinforce_relations,), order=(
     "num_agents num_turns num_train_epochs agent_learning_rate logging_steps num_generations max_new_tokens "
     "temperature top_p top_k discount joint_mode early_termination_threshold rollout_buffer_size train_batch_size "
     "advantage_normalization advantage_mode eval_interval eval_num_samples eval_batch_size external_prompt_passthrough "
@@ -230,17 +231,29 @@ def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int],
     return Rollout(samples, turns, timers["generate"], timers["reward"], timers["kl"], levels, prompts)
 
 # %% ../../nbs/30_reinforce.ipynb #15ed5e2f
+from ..core import micro_backward
+
 @patch
 def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> tuple[float, float, float]:
     "This process' part of the mini-batch loss, backpropagated when finite: (loss value, forward start and end)."
     t0 = time.perf_counter()
     if not rows: return 0.0, t0, t0
+    if self.args.micro_batch_size is not None:          # chunks of micro_batch_size rows, gradients accumulated
+        rows_loss = lambda ch: policy_rows_loss(model, prompts, comps, adv, ch, pad, self.args.autocast_dtype)
+        value = micro_backward(rows_loss, rows, len(comps), self.args.micro_batch_size)
+        return value, t0, time.perf_counter()
     _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
                                  autocast_dtype=self.args.autocast_dtype)
     loss = reinforce_loss(seq, adv[rows]) * (len(rows) / len(comps))       # = -(1/N) sum over these rows
     value, t1 = float(loss.detach()), time.perf_counter()
     if math.isfinite(value): loss.backward()
     return value, t0, t1
+
+def policy_rows_loss(model, prompts, comps, adv, rows, pad, autocast_dtype=None) -> torch.Tensor:
+    "The mean REINFORCE loss of the completions `rows` (one micro-batch): -(1/len(rows)) sum A log pi."
+    _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
+                                 autocast_dtype=autocast_dtype)
+    return reinforce_loss(seq, adv[rows])
 
 # %% ../../nbs/30_reinforce.ipynb #e15a3908
 @patch
