@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from fastcore.basics import patch
-from .core import as_list, resolve_device
+from .core import as_list, logger, resolve_device
+from .distributed import DistContext, gathered, process_bytes
 from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_completions, generate_team, stackable
@@ -39,7 +40,8 @@ class Team:
     def __init__(self, agent_model=None, agents=None, num_roles: int = 2, num_policies: Optional[int] = None,
                  tokenizer=None, formatters=None, model_config: Optional[dict] = None, devices=None,
                  learning_rate: float = 5e-6, weight_decay: float = 0.0, parallel_training: str = "none",
-                 use_chat_template: bool = False, reference_devices=False, sampling: Optional[dict] = None):
+                 use_chat_template: bool = False, reference_devices=False, sampling: Optional[dict] = None,
+                 distributed: str = "none"):
         self.n, self.num_policies = num_roles, num_policies or num_roles
         self.parallel_training, self.use_chat_template = parallel_training, use_chat_template
         self.learning_rate, self.weight_decay, self.sampling = learning_rate, weight_decay, dict(sampling or {})
@@ -48,8 +50,9 @@ class Team:
         self.devices = [resolve_device(d) for d in as_list(devices, self.n, "agent_devices", "device")]
         P = self.num_policies
         self.agents, self.tokenizers = load_agents(agent_model, agents, P, tokenizer, model_config, self.devices[:P])
+        self.ref_agents = self._references(reference_devices)          # whole frozen copies, before any sharding
+        self.sharding = self._shard(distributed)                         # None: whole agents (the default)
         self.optimizers = [adamw(m.parameters(), learning_rate, weight_decay) for m in self.agents]
-        self.ref_agents = self._references(reference_devices)
 
 # %% ../nbs/24_team.ipynb #ae1be903
 @patch
@@ -60,6 +63,23 @@ def _references(self: Team, reference_devices=False) -> Optional[list]:
         [resolve_device(d) for d in as_list(reference_devices, self.n, "reference_devices", "device")]
     return [m.reference_copy() if hasattr(m, "reference_copy") else copy.deepcopy(m).to(d).eval().requires_grad_(False)
             for m, d in zip(self.agents, devs)]
+
+# %% ../nbs/24_team.ipynb #615d4ab2
+@patch
+def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
+    """Hand the agents to torch's data parallel (`DistContext.wrap`: FSDP2, 70_distributed) under a launcher when
+    `strategy` is 'ddp' or 'fsdp'; the context, or None (one process, or 'none': the agents stay as they are)."""
+    if strategy == "none": return None
+    D = DistContext().use(strategy)
+    if D.strategy == "none": return None
+    ids = [{id(p) for p in m.parameters()} for m in self.agents]
+    if len(set().union(*ids)) < sum(map(len, ids)):
+        raise ValueError(f"distributed={strategy!r}: the agents share parameters (adapters on one base model, or one "
+                         "model object given twice), which FSDP cannot wrap twice; use distributed='none'")
+    self.agents = [D.wrap(m) for m in self.agents]
+    b = process_bytes(self.agents)["parameter_bytes"]
+    logger.info(f"process {D.rank} of {D.world}: agents under {strategy} ({b / 2**20:.1f} MiB of parameters here)")
+    return D
 
 # %% ../nbs/24_team.ipynb #7100c589
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "autocast_dtype")
@@ -74,7 +94,8 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
         check_writable(args.output_dir)
     return cls(agent_model, agents, args.num_agents, num_policies, tokenizer, formatters, model_config,
                args.agent_devices, args.agent_learning_rate, args.weight_decay, args.parallel_training,
-               args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)})
+               args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)},
+               getattr(args, "distributed", "none"))
 
 # %% ../nbs/24_team.ipynb #62d58de7
 @patch
@@ -118,8 +139,9 @@ def map(self: Team, fn: Callable[[int], Any]) -> list:
 def generate(self: Team, i: int, prompts: Sequence[str], k: int = 1, keys: Optional[Sequence[tuple]] = None,
              **sampling) -> Completions:
     "k completions per prompt from agent i (the team's sampling defaults, overridden by `sampling`)."
-    return generate_completions(self.agents[i], self.tokenizers[i], list(prompts), k=k, keys=keys,
-                                **{**self.sampling, **sampling})
+    with gathered([self.agents[i]]):          # sharded agents: whole weights for the loop (70_distributed)
+        return generate_completions(self.agents[i], self.tokenizers[i], list(prompts), k=k, keys=keys,
+                                    **{**self.sampling, **sampling})
 
 @patch
 def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys: Optional[Sequence] = None,
@@ -128,9 +150,10 @@ def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys:
     (`stackable`, decided at the first call: the agents' shapes do not change during a run)."""
     if self.parallel_training == "mp":
         return self.map(lambda i: self.generate(i, prompts[i], k, None if keys is None else keys[i], **sampling))
-    if self._stack is None: self._stack = stackable(self.agents, self.tokenizers)
-    return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
-                         stack=self._stack, **{**self.sampling, **sampling})
+    with gathered(self.agents):               # sharded agents: whole weights for the loop (70_distributed)
+        if self._stack is None: self._stack = stackable(self.agents, self.tokenizers)
+        return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
+                             stack=self._stack, **{**self.sampling, **sampling})
 
 # %% ../nbs/24_team.ipynb #3329224d
 @patch
@@ -141,25 +164,64 @@ def set_param_groups(self: Team, i: int, extra: Sequence[dict] = ()):
 
 @patch
 def state_dict(self: Team) -> dict:
-    "The agents, their optimizers and the frozen references (None without them)."
+    "The agents, their optimizers and the frozen references (None without them); sharded agents: their full states."
+    if self.sharding is not None: return self._full_state_dict()
     return {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
             "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}
 
 @patch
 def load_state_dict(self: Team, sd: dict):
+    if self.sharding is not None: return self._load_full_state_dict(sd)
     for m, s in zip(self.agents, sd["agents"]): m.load_state_dict(s)
     for o, s in zip(self.optimizers, sd["optimizers"]): o.load_state_dict(s)
     if self.ref_agents and sd.get("refs"):
         for m, s in zip(self.ref_agents, sd["refs"]): m.load_state_dict(s)
 
+# %% ../nbs/24_team.ipynb #bdb1c8cc
+def _state_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, **kw)
+
+@patch
+def _full_state_dict(self: Team) -> dict:
+    """The sharded agents' and optimizers' full (consolidated) states, gathered by every process (a collective: all
+    call it) onto the CPU of the main one; the same entries as a whole team's (optimizer states keyed by name)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    pairs = [get_state_dict(m, o, options=_state_options(cpu_offload=True)) for m, o in zip(self.agents, self.optimizers)]
+    return {"agents": [p[0] for p in pairs], "optimizers": [p[1] for p in pairs],
+            "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}
+
+@patch
+def _load_full_state_dict(self: Team, sd: dict):
+    "Load full states (`_full_state_dict`'s, read by every process) into the sharded agents: each keeps its shards."
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    for m, o, ms, os_ in zip(self.agents, self.optimizers, sd["agents"], sd["optimizers"]):
+        set_state_dict(m, o, model_state_dict=ms, optim_state_dict=os_, options=_state_options())
+    if self.ref_agents and sd.get("refs"):
+        for m, s in zip(self.ref_agents, sd["refs"]): m.load_state_dict(s)
+
+@patch
+def memory(self: Team) -> dict:
+    "This process' bytes of agent parameters and optimizer states, with the strategy and the number of processes."
+    D = self.sharding
+    return {"world_size": D.world if D else 1, "strategy": D.strategy if D else "none",
+            **process_bytes(self.agents, self.optimizers)}
+
 # %% ../nbs/24_team.ipynb #e7baa0d6
 @patch
 def save_pretrained(self: Team, output_dir) -> Path:
-    "Write each agent's model and tokenizer to output_dir/agent_<i>/."
+    """Write each agent's model and tokenizer to output_dir/agent_<i>/ (ordinary HF directories; sharded agents: every
+    process gathers the full weights, the main process writes them)."""
     out = Path(output_dir)
     for i, (m, t) in enumerate(zip(self.agents, self.tokenizers)):
-        m.save_pretrained(out / f"agent_{i}")
-        t.save_pretrained(out / f"agent_{i}")
+        if self.sharding is None:
+            m.save_pretrained(out / f"agent_{i}")
+        else:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+            sd = get_model_state_dict(m, options=_state_options(cpu_offload=True))
+            if self.sharding.is_main: m.save_pretrained(out / f"agent_{i}", state_dict=sd)
+        if self.sharding is None or self.sharding.is_main: t.save_pretrained(out / f"agent_{i}")
+    if self.sharding is not None: self.sharding.barrier()
     return out
 
 # %% ../nbs/24_team.ipynb #8dc4fd9c

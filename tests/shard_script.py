@@ -1,0 +1,41 @@
+"""Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
+
+argv: out_dir strategy [stop N | resume]. Writes params.pt (the full weights, main process), mem_rank<r>.json (this
+process' parameter / optimizer bytes, its own shards) and the run's metrics.jsonl / checkpoints."""
+import json
+import os
+import sys
+import time
+
+import torch
+
+torch.set_num_threads(1)
+from comlrl_nb import MAGRPOConfig, MAGRPOTrainer, make_tiny_model  # noqa: E402
+
+out, strategy = sys.argv[1], sys.argv[2]
+mode = sys.argv[3] if len(sys.argv) > 3 else "full"
+
+
+def vowels(a, b):
+    f = lambda s: sum(ch in "aeiou " for ch in s) / max(len(s), 1)
+    return [0.5 * f(x) + 0.5 * f(y) for x, y in zip(a, b)]
+
+
+m0, tok = make_tiny_model(seed=0)
+m1, _ = make_tiny_model(seed=1, tokenizer=tok)
+data = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]]
+args = MAGRPOConfig(num_train_epochs=2, max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=None,
+                    agent_learning_rate=1e-5, num_generations=2, rollout_batch_size=2, rollout_buffer_size=2,
+                    train_batch_size=2, early_termination_threshold=None, eval_interval=0, output_dir=out,
+                    progress_bar=False, save_steps=1, logging_steps=1000, save_plot=False, distributed=strategy)
+tr = MAGRPOTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, train_dataset=data, args=args)
+t0 = time.perf_counter()
+if mode == "stop": tr.train(stop_after_batch=int(sys.argv[4]))
+else: tr.train(resume_from_checkpoint=True if mode == "resume" else None)
+seconds = time.perf_counter() - t0
+rank = int(os.environ.get("RANK", "0"))
+with open(os.path.join(out, f"mem_rank{rank}.json"), "w") as f:
+    json.dump({**tr.team.memory(), "train_seconds": seconds}, f)
+full = tr.team.state_dict()["agents"]                 # every process takes part; the main one holds the full weights
+if rank == 0: torch.save([{k: v.detach().cpu() for k, v in sd.items()} for sd in full], os.path.join(out, "params.pt"))
+tr.save_model(os.path.join(out, "final"))
