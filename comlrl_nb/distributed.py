@@ -6,14 +6,14 @@
 from __future__ import annotations
 import os
 from contextlib import contextmanager
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from fastcore.basics import patch
 from .core import logger, process_device
 
 # %% auto #0
-__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'decoder_layers', 'is_sharded', 'gathered', 'process_bytes']
+__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'decoder_layers', 'body_of', 'is_sharded', 'gathered', 'process_bytes']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -116,12 +116,26 @@ def mesh(self: DistContext, device_type: str):
         meshes[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
     return meshes[key]
 
-def decoder_layers(model: torch.nn.Module) -> list:
-    "A transformer's repeated blocks: the first non-empty ModuleList named `layers`, `h` or `blocks`; else []."
+def _blocks(model: torch.nn.Module) -> tuple:
+    "(name, ModuleList) of a transformer's repeated blocks: the first non-empty `layers`, `h` or `blocks`; else (None, [])."
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.ModuleList) and len(mod) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
-            return list(mod)
-    return []
+            return name, list(mod)
+    return None, []
+
+def decoder_layers(model: torch.nn.Module) -> list:
+    "A transformer's repeated blocks (`_blocks`), [] when it has none."
+    return _blocks(model)[1]
+
+def body_of(model: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """The module holding the blocks below the model (HF's `model.model`: embeddings, layers, final norm), when it is
+    one and shares no parameter with the rest (tied input/output embeddings): value heads call it directly."""
+    name, _ = _blocks(model)
+    if name is None or "." not in name: return None
+    body = model.get_submodule(name.rsplit(".", 1)[0])
+    inside = {id(p) for p in body.parameters()}
+    rest = [p for n, p in model.named_parameters(remove_duplicate=False) if id(p) in inside]
+    return body if len(rest) == len(list(body.named_parameters(remove_duplicate=False))) else None
 
 # %% ../nbs/70_distributed.ipynb #1456c4f1
 def is_sharded(model) -> bool:
@@ -131,12 +145,15 @@ def is_sharded(model) -> bool:
 
 @patch
 def wrap(self: DistContext, model: torch.nn.Module) -> torch.nn.Module:
-    """`model` under this strategy, in place: 'none' unchanged; else `fully_shard` per decoder layer and for the model,
-    over `mesh`, with gradients summed over processes (the losses are per-process shares of one mini-batch)."""
+    """`model` under this strategy, in place: 'none' unchanged; else `fully_shard` per decoder layer, for the body
+    (`body_of`) and for the model, over `mesh`, with gradients summed over processes (the losses are per-process shares
+    of one mini-batch)."""
     if self.strategy == "none": return model
     from torch.distributed.fsdp import fully_shard
     mesh = self.mesh(next(model.parameters()).device.type)
     for layer in decoder_layers(model): fully_shard(layer, mesh=mesh)
+    body = body_of(model)
+    if body is not None and body is not model: fully_shard(body, mesh=mesh)   # its own unit: callable alone
     fully_shard(model, mesh=mesh)
     model.set_gradient_divide_factor(1.0)            # a sum, not the mean over processes
     model.set_force_sum_reduction_for_comms(True)    # SUM collectives (gloo has no pre-multiplied sum)

@@ -182,21 +182,40 @@ def _state_options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, **kw)
 
+def _full_optimizer_state(opt) -> dict:
+    "`opt.state_dict()` with every sharded (DTensor) state whole: the format of a whole team's (a collective: all call it)."
+    from torch.distributed.tensor import DTensor
+    sd = opt.state_dict()
+    whole = lambda v: v.full_tensor().cpu() if isinstance(v, DTensor) else v
+    sd["state"] = {k: {n: whole(v) for n, v in st.items()} for k, st in sorted(sd["state"].items())}
+    return sd
+
+def _load_full_optimizer_state(opt, sd: dict):
+    "Load `_full_optimizer_state`'s dict: the states of sharded parameters cut to this process' shards."
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    params = [p for g in opt.param_groups for p in g["params"]]
+    def mine(p, v):
+        if not (isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape): return v
+        return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+    opt.load_state_dict({**sd, "state": {k: {n: mine(params[int(k)], v) for n, v in st.items()}
+                                         for k, st in sorted(sd["state"].items())}})
+
 @patch
 def _full_state_dict(self: Team) -> dict:
     """The sharded agents' and optimizers' full (consolidated) states, gathered by every process (a collective: all
-    call it) onto the CPU of the main one; the same entries as a whole team's (optimizer states keyed by name)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    pairs = [get_state_dict(m, o, options=_state_options(cpu_offload=True)) for m, o in zip(self.agents, self.optimizers)]
-    return {"agents": [p[0] for p in pairs], "optimizers": [p[1] for p in pairs],
+    call it): the entries and format of a whole team's, so either kind of run resumes from the other's checkpoint."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return {"agents": [get_model_state_dict(m, options=_state_options(cpu_offload=True)) for m in self.agents],
+            "optimizers": [_full_optimizer_state(o) for o in self.optimizers],
             "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}
 
 @patch
 def _load_full_state_dict(self: Team, sd: dict):
     "Load full states (`_full_state_dict`'s, read by every process) into the sharded agents: each keeps its shards."
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
     for m, o, ms, os_ in zip(self.agents, self.optimizers, sd["agents"], sd["optimizers"]):
-        set_state_dict(m, o, model_state_dict=ms, optim_state_dict=os_, options=_state_options())
+        set_model_state_dict(m, ms, options=_state_options())
+        _load_full_optimizer_state(o, os_)
     if self.ref_agents and sd.get("refs"):
         for m, s in zip(self.ref_agents, sd["refs"]): m.load_state_dict(s)
 

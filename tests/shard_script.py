@@ -1,6 +1,6 @@
 """Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
 
-argv: out_dir strategy [stop N | resume]. Writes params.pt (the full weights, main process), mem_rank<r>.json (this
+argv: out_dir strategy [stop N | resume]; the family from $SHARD_ALGO (magrpo, centralized, maac, iac). Writes params.pt (the full weights, main process), mem_rank<r>.json (this
 process' parameter / optimizer bytes, its own shards) and the run's metrics.jsonl / checkpoints."""
 import json
 import os
@@ -10,10 +10,12 @@ import time
 import torch
 
 torch.set_num_threads(1)
-from comlrl_nb import MAGRPOConfig, MAGRPOTrainer, make_tiny_model  # noqa: E402
+import comlrl_nb as C  # noqa: E402
+from comlrl_nb import make_tiny_model  # noqa: E402
 
 out, strategy = sys.argv[1], sys.argv[2]
 mode = sys.argv[3] if len(sys.argv) > 3 else "full"
+algo = os.environ.get("SHARD_ALGO", "magrpo")
 
 
 def vowels(a, b):
@@ -24,11 +26,22 @@ def vowels(a, b):
 m0, tok = make_tiny_model(seed=0)
 m1, _ = make_tiny_model(seed=1, tokenizer=tok)
 data = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]]
-args = MAGRPOConfig(num_train_epochs=2, max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=None,
-                    agent_learning_rate=1e-5, num_generations=2, rollout_batch_size=2, rollout_buffer_size=2,
-                    train_batch_size=2, early_termination_threshold=None, eval_interval=0, output_dir=out,
-                    progress_bar=False, save_steps=1, logging_steps=1000, save_plot=False, distributed=strategy)
-tr = MAGRPOTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, train_dataset=data, args=args)
+common = dict(num_train_epochs=2, max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-5,
+              num_generations=2, rollout_batch_size=2, rollout_buffer_size=2, train_batch_size=2,
+              early_termination_threshold=None, eval_interval=0, output_dir=out, progress_bar=False, save_steps=1,
+              logging_steps=1000, save_plot=False, distributed=strategy)
+kw = dict(tokenizer=tok, reward_func=vowels, train_dataset=data)
+if algo == "centralized":
+    halves = lambda t, n: [t[: len(t) // 2], t[len(t) // 2:]]              # the joint text split in two
+    tr = C.CentralizedMAGRPOTrainer(agents=[m0], args=C.CentralizedMAGRPOConfig(**common), centralized_parser=halves,
+                                    **kw)
+elif algo in ("maac", "iac"):
+    cm, _ = make_tiny_model(seed=3, tokenizer=tok)
+    cls, cfg = (C.MAACTrainer, C.MAACConfig) if algo == "maac" else (C.IACTrainer, C.IACConfig)
+    extra, heads = ({"critic_model": cm}, {}) if algo == "maac" else ({}, {"use_separate_critic": False})
+    tr = cls(agents=[m0, m1], args=cfg(critic_learning_rate=1e-5, **heads, **common), **extra, **kw)
+else:
+    tr = C.MAGRPOTrainer(agents=[m0, m1], args=C.MAGRPOConfig(**common), **kw)
 t0 = time.perf_counter()
 if mode == "stop": tr.train(stop_after_batch=int(sys.argv[4]))
 else: tr.train(resume_from_checkpoint=True if mode == "resume" else None)

@@ -16,8 +16,8 @@ SCRIPT = HERE / "shard_script.py"
 ATOL = 1e-4
 
 
-def _run(cmd):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+def _run(cmd, algo="magrpo"):
+    env = {**os.environ, "SHARD_ALGO": algo, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
@@ -29,8 +29,9 @@ def _wait(*procs):
         assert p.returncode == 0, out[-6000:]
 
 
-def _torchrun(out, strategy, port, *extra, nproc=2):
-    _wait(_run([BIN / "torchrun", "--nproc_per_node", nproc, "--master_port", port, SCRIPT, out, strategy, *extra]))
+def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo"):
+    _wait(_run([BIN / "torchrun", "--nproc_per_node", nproc, "--master_port", port, SCRIPT, out, strategy, *extra],
+               algo))
 
 
 def _params(d):
@@ -48,6 +49,7 @@ def _mem(d, rank):
 def _same_run(one, other):
     "The same weights within ATOL, and the same metrics (rewards of the same samples; losses within ATOL)."
     a, b = _params(one), _params(other)
+    assert len(a) == len(b) == (1 if "centralized" in str(one) else 2)
     assert [list(x) for x in a] == [list(x) for x in b]                    # the same parameter names, full shapes
     diff = max(float((x[k] - y[k]).abs().max()) for x, y in zip(a, b) for k in x)
     assert diff < ATOL, diff
@@ -57,19 +59,26 @@ def _same_run(one, other):
     assert [r["batch"] for r in ra] == [r["batch"] for r in rb] == [1, 2, 3, 4]       # written once, by the main one
     for x, y in zip(ra, rb):
         assert x["turn_1/reward_mean"] == pytest.approx(y["turn_1/reward_mean"], abs=1e-6)
-        for k in ("agent_0/loss", "agent_1/loss"):
-            assert x[k] == pytest.approx(y[k], abs=ATOL)
+        losses = [k for k in x if k.endswith("loss")]
+        assert losses and sorted(losses) == sorted(k for k in y if k.endswith("loss"))
+        for k in losses:
+            assert x[k] == pytest.approx(y[k], abs=ATOL), k
+
+
+def _single(root, algo="magrpo"):
+    "The one-process run (distributed='none'), and the initial weights next to it."
+    d = root.mktemp(f"single_{algo}")
+    _wait(_run([sys.executable, SCRIPT, d, "none"], algo))
+    from comlrl_nb import make_tiny_model
+    m0, tok = make_tiny_model(seed=0)
+    seeds = (0,) if algo == "centralized" else (0, 1)
+    torch.save([make_tiny_model(seed=s, tokenizer=tok)[0].state_dict() for s in seeds], d / "init.pt")
+    return d
 
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    "The one-process run (distributed='none'), and the initial weights next to it."
-    d = tmp_path_factory.mktemp("single")
-    _wait(_run([sys.executable, SCRIPT, d, "none"]))
-    from comlrl_nb import make_tiny_model
-    m0, tok = make_tiny_model(seed=0)
-    torch.save([make_tiny_model(seed=s, tokenizer=tok)[0].state_dict() for s in (0, 1)], d / "init.pt")
-    return d
+    return _single(tmp_path_factory)
 
 
 def test_fsdp_matches_one_process_and_halves_the_memory(tmp_path, single):
@@ -113,6 +122,17 @@ def test_fsdp_stop_and_resume(tmp_path, single):
     _torchrun(tmp_path, "fsdp", 29625, "resume")
     (tmp_path / "init.pt").symlink_to(single / "init.pt")
     _same_run(single, tmp_path)
+
+
+@pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633)])
+def test_families_under_fsdp(tmp_path_factory, algo, port):
+    "CentralizedMAGRPO (one actor), MAAC (separate critics, whole) and IAC (value heads on the sharded actors)."
+    one, out = _single(tmp_path_factory, algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
+    _torchrun(out, "fsdp", port, algo=algo)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    m1, m = _mem(out, 1), _mem(one, 0)
+    assert m1["strategy"] == "fsdp" and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
 
 
 def test_distributed_field():
