@@ -168,14 +168,17 @@ def _fsdp_units(models) -> list:
 def gathered(models):
     """Whole weights on every process for a sampling loop: each FSDP2 unit unsharded once (one all-gather; all
     processes must enter together), kept whole over the loop's forwards (no collective per token), resharded after.
-    Models that are not sharded pass through: a no-op for 'none' and 'ddp'."""
-    units = _fsdp_units(models)
+    Models that are not sharded pass through: a no-op for 'none' and 'ddp'. Inside another `gathered`: a no-op too, so
+    a trainer gathers once around a whole rollout, on every process, also one with no items (no collective missed)."""
+    units = [u for u in _fsdp_units(models) if not getattr(u, "_comlrl_gathered", False)]   # nested: the outer one's
     for u in units:
+        u._comlrl_gathered = True
         u.set_reshard_after_forward(False, recurse=False)
         u.unshard()
     try: yield
     finally:
         for u in units:
+            u._comlrl_gathered = False
             u.reshard()
             u.set_reshard_after_forward(True, recurse=False)
 

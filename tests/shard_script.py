@@ -40,6 +40,18 @@ elif algo in ("maac", "iac"):
     cls, cfg = (C.MAACTrainer, C.MAACConfig) if algo == "maac" else (C.IACTrainer, C.IACConfig)
     extra, heads = ({"critic_model": cm}, {}) if algo == "maac" else ({}, {"use_separate_critic": False})
     tr = cls(agents=[m0, m1], args=cfg(critic_learning_rate=1e-5, **heads, **common), **extra, **kw)
+elif algo in ("madpo", "marlhf"):
+    pref = dict(max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-5,
+                preference_num_candidates=3, preference_pairs_per_sample=2, collection_batch_size=2, train_batch_size=3,
+                rollout_buffer_size=3, eval_interval=0, output_dir=out, progress_bar=False, logging_steps=1000,
+                save_plot=False, save_steps=1, distributed=strategy)
+    if algo == "madpo":
+        tr = C.MADPOTrainer(agents=[m0, m1], args=C.MADPOConfig(num_train_epochs=2, dpo_beta=0.5, **pref), **kw)
+    else:
+        rm, _ = make_tiny_model(seed=3, tokenizer=tok)
+        tr = C.MARLHFTrainer(agents=[m0, m1], reward_model=rm, **kw,
+                             args=C.MARLHFConfig(num_train_epochs=1, num_generations=2, reward_num_train_epochs=2,
+                                                 reward_train_batch_size=3, reward_learning_rate=1e-5, **pref))
 else:
     tr = C.MAGRPOTrainer(agents=[m0, m1], args=C.MAGRPOConfig(**common), **kw)
 t0 = time.perf_counter()

@@ -46,23 +46,29 @@ def _mem(d, rank):
     return json.loads((Path(d) / f"mem_rank{rank}.json").read_text())
 
 
-def _same_run(one, other):
-    "The same weights within ATOL, and the same metrics (rewards of the same samples; losses within ATOL)."
+def _same_run(one, other, reward_tol=1e-6):
+    """The same weights within ATOL, and the same metrics: rewards of the same samples (within `reward_tol`: 1e-6, or
+    ATOL where a learned reward model scores them), losses within ATOL, the same batches logged once."""
     a, b = _params(one), _params(other)
     assert len(a) == len(b) == (1 if "centralized" in str(one) else 2)
     assert [list(x) for x in a] == [list(x) for x in b]                    # the same parameter names, full shapes
     diff = max(float((x[k] - y[k]).abs().max()) for x, y in zip(a, b) for k in x)
     assert diff < ATOL, diff
-    moved = max(float((x[k] - y[k]).abs().max()) for x, y in zip(a, torch.load(Path(one) / "init.pt")) for k in x)
-    assert moved > 10 * diff                                               # training moved the weights
+    init = torch.load(Path(one) / "init.pt")
+    norm = lambda us, vs: sum(float((u[k] - v[k]).pow(2).sum()) for u, v in zip(us, vs) for k in u) ** 0.5
+    # the runs moved the weights alike: a run that did not train would give 1.0 here; seen: <= 0.01 for the RL
+    # families, 0.12 for MADPO (its tiny DPO gradients: Adam magnifies float-level differences to ~lr-sized ones)
+    assert norm(a, b) < 0.25 * norm(a, init), (norm(a, b), norm(a, init))
     ra, rb = _rows(one), _rows(other)
-    assert [r["batch"] for r in ra] == [r["batch"] for r in rb] == [1, 2, 3, 4]       # written once, by the main one
+    assert len(ra) >= 4 and [r["batch"] for r in ra] == [r["batch"] for r in rb]      # written once, by the main one
+    checked = 0
     for x, y in zip(ra, rb):
-        assert x["turn_1/reward_mean"] == pytest.approx(y["turn_1/reward_mean"], abs=1e-6)
-        losses = [k for k in x if k.endswith("loss")]
-        assert losses and sorted(losses) == sorted(k for k in y if k.endswith("loss"))
-        for k in losses:
-            assert x[k] == pytest.approx(y[k], abs=ATOL), k
+        keys = sorted(k for k in x if k.endswith("loss") or k.endswith("reward_mean"))
+        assert keys == sorted(k for k in y if k.endswith("loss") or k.endswith("reward_mean"))
+        for k in keys:
+            assert x[k] == pytest.approx(y[k], abs=ATOL if k.endswith("loss") else reward_tol), k
+            checked += 1
+    assert checked >= len(ra)                                              # a number per row at least
 
 
 def _single(root, algo="magrpo"):
@@ -124,13 +130,15 @@ def test_fsdp_stop_and_resume(tmp_path, single):
     _same_run(single, tmp_path)
 
 
-@pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633)])
+@pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633), ("madpo", 29634),
+                                      ("marlhf", 29635)])
 def test_families_under_fsdp(tmp_path_factory, algo, port):
-    "CentralizedMAGRPO (one actor), MAAC (separate critics, whole) and IAC (value heads on the sharded actors)."
+    """CentralizedMAGRPO (one actor), MAAC (separate critics, whole), IAC (value heads on the sharded actors), MADPO and
+    MARLHF (its reward model whole, fitted by the home-made data parallel: its rewards agree within ATOL)."""
     one, out = _single(tmp_path_factory, algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
     _torchrun(out, "fsdp", port, algo=algo)
     (out / "init.pt").symlink_to(one / "init.pt")
-    _same_run(one, out)
+    _same_run(one, out, ATOL if algo == "marlhf" else 1e-6)
     m1, m = _mem(out, 1), _mem(one, 0)
     assert m1["strategy"] == "fsdp" and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
 

@@ -19,7 +19,7 @@ from ..scoring import collate, completion_logprobs, k3_kl
 from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..distributed import DistContext, is_sharded
+from ..distributed import DistContext, gathered, is_sharded
 from ..engine import Run, eval_count
 from ..sampling import SampleBuffers, Sampler, adamw, batches_ahead, minibatches
 from ..tracking import plot_run
@@ -893,7 +893,7 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
 def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
     "This process' share of the batch's episodes (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    with self.sampler.planned(round_key, list(ahead)):
+    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.agents):     # sharded: one gather, all join
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
     parts = [p for p in self.dist.gather(None if ro is None else (ro.episodes, ro.times)) if p is not None]
