@@ -387,6 +387,8 @@ def cmd_train(args) -> dict:
         if n_batches: est.join(1.0)
     out = Path(trainer.output_dir)                       # the directory the run claimed
     report["train_seconds"] = sw.phases["train"]["wall_s"]
+    team = getattr(trainer, "team", None)
+    if hasattr(team, "memory"): report["distributed"] = team.memory()     # world_size, strategy, this process' bytes
     if measure:
         with sw("heldout_after"):
             report["heldout_after"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)

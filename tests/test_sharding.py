@@ -151,3 +151,18 @@ def test_distributed_field():
             cls(distributed="zero")
     with pytest.raises(ValueError, match="parallel_training='mp'"):
         MAGRPOConfig(distributed="fsdp", parallel_training="mp", agent_devices="cpu")
+
+
+def test_report_has_a_distributed_section(tmp_path):
+    "comlrl-nb train's report.json: world size, strategy, this process' parameter and optimizer bytes."
+    import contextlib
+    import io
+    from comlrl_nb.cli import main
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["train", "--algo", "magrpo", "--model", "tiny", "--output-dir", str(tmp_path), "--heldout-samples",
+                     "0", "--no-final", "--set", "num_train_epochs=1", "--set", "distributed=fsdp"]) == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    d = rep["distributed"]
+    assert (d["world_size"], d["strategy"], rep["config"]["distributed"]) == (1, "none", "fsdp")   # one process
+    p, o = d["parameter_bytes"], d["optimizer_bytes"]
+    assert p > 0 and 0 <= o - 2 * p < 0.01 * p                  # AdamW: two moments per weight (and a step counter)
