@@ -228,7 +228,8 @@ def _load_full_state_dict(self: Team, sd: dict):
 def memory(self: Team) -> dict:
     "This process' bytes of agent parameters and optimizer states, with the strategy and the number of processes."
     D = self.sharding
-    return {"world_size": D.world if D else 1, "strategy": D.strategy if D else "none",
+    world = D.world if D else int(os.environ.get("WORLD_SIZE", "1"))     # 'none' under a launcher: replicas
+    return {"world_size": world, "strategy": D.strategy if D else "none",
             **process_bytes(self.agents, self.optimizers)}
 
 # %% ../nbs/24_team.ipynb #e7baa0d6
