@@ -117,7 +117,7 @@ def mesh(self: DistContext, device_type: str):
     return meshes[key]
 
 def _blocks(model: torch.nn.Module) -> tuple:
-    "(name, ModuleList) of a transformer's repeated blocks: the first non-empty `layers`, `h` or `blocks`; else (None, [])."
+    "(name, ModuleList) of a transformer's blocks: the first non-empty `layers`, `h` or `blocks`, else (None, [])."
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.ModuleList) and len(mod) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
             return name, list(mod)

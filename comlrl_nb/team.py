@@ -188,7 +188,7 @@ def _state_options(**kw):
     return StateDictOptions(full_state_dict=True, **kw)
 
 def _full_optimizer_state(opt) -> dict:
-    "`opt.state_dict()` with every sharded (DTensor) state whole: the format of a whole team's (a collective: all call it)."
+    "`opt.state_dict()` with every sharded (DTensor) state whole, as a whole team's (a collective: all call it)."
     from torch.distributed.tensor import DTensor
     sd = opt.state_dict()
     whole = lambda v: v.full_tensor().cpu() if isinstance(v, DTensor) else v

@@ -1,6 +1,7 @@
 """Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
 
-argv: out_dir strategy [stop N | resume]; the family from $SHARD_ALGO (magrpo, centralized, maac, iac). Writes params.pt (the full weights, main process), mem_rank<r>.json (this
+argv: out_dir strategy [stop N | resume]; the family from $SHARD_ALGO (magrpo, centralized, maac, iac, madpo,
+marlhf). Writes params.pt (the full weights, main process), mem_rank<r>.json (this
 process' parameter / optimizer bytes, its own shards) and the run's metrics.jsonl / checkpoints."""
 import json
 import os

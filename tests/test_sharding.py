@@ -1,4 +1,5 @@
-"""`distributed="ddp"` / `"fsdp"`: two CPU processes (gloo, torchrun) on torch's FSDP2 end with the one-process weights."""
+"""`distributed="ddp"` / `"fsdp"`: two CPU processes (gloo, torchrun) on torch's FSDP2 end with the one-process
+weights."""
 import json
 import os
 import subprocess
