@@ -680,6 +680,8 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard) -> dict:
                                      "metrics_path": str(Path(state["metrics_path"]).resolve()),
                                      "agents": str(saved_dir.resolve())}
                 report["train_seconds"] = sw.phases["train"]["wall_s"]
+                team = getattr(trainer, "team", None)
+                if hasattr(team, "memory"): report["distributed"] = team.memory()   # world_size, strategy, bytes
                 atomic_write_json(out / REPORT_FILE, report)
         if measure and "heldout_after" not in report:
             enter("heldout_after")

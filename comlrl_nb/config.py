@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from .core import (check_bool, check_choice, check_number, config_error, logger, resolve_device,
                             resolve_dtype)
+from .distributed import DISTRIBUTED_STRATEGIES
 from .generation import check_joint_mode
 
 # %% auto #0
@@ -241,6 +242,11 @@ class DeviceFields:
         "all, a list with one per agent, or None for the default device."})
     autocast_dtype: Optional[str] = field(default=None, metadata={"help": "'bfloat16' or 'float16': mixed-precision "
         "matmuls over fp32 weights; None: full precision."})
+    distributed: str = field(default="none", metadata={"help": "Data parallel under a launcher (torchrun, accelerate "
+        "launch): 'none': every process holds each agent whole and gradients are summed by comlrl_nb's own all-reduce "
+        "(one process: no parallelism); 'ddp': replicated agents, the reduction done by torch (FSDP2 with a replicate-"
+        "only mesh); 'fsdp': each agent sharded over the processes with FSDP2 (fully_shard per decoder layer and per "
+        "model). In one process 'ddp' and 'fsdp' run as 'none'. Not with parallel_training='mp'."})
 
 # %% ../nbs/26_config.ipynb #b8d8cf9a
 @validates(DeviceFields)
@@ -248,6 +254,12 @@ def validate_devices(c, owner):
     pt = c.parallel_training.strip().lower() if isinstance(c.parallel_training, str) else c.parallel_training
     c.parallel_training = check_choice("none" if pt in (None, "") else pt, "parallel_training", ("none", "mp"), owner,
                                        {"null": "none"})
+    d = c.distributed.strip().lower() if isinstance(c.distributed, str) else c.distributed
+    c.distributed = check_choice("none" if d in (None, "") else d, "distributed", DISTRIBUTED_STRATEGIES, owner)
+    if c.distributed != "none" and c.parallel_training == "mp":
+        raise config_error(owner, f"distributed={c.distributed!r} with parallel_training='mp': the agents' threads "
+                                  "would interleave their collectives; use parallel_training='none' (or "
+                                  "distributed='none')")
     check_devices(c.agent_devices, "agent_devices", owner)
     if c.autocast_dtype is not None:
         try: resolve_dtype(c.autocast_dtype)

@@ -5,14 +5,16 @@
 # %% ../nbs/70_distributed.ipynb #eb2853fa
 from __future__ import annotations
 import os
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Optional, Sequence
 
 import torch
 from fastcore.basics import patch
-from .core import process_device
+from .core import logger, process_device
 
 # %% auto #0
-__all__ = ['BUCKET_BYTES', 'DistContext', 'grad_buckets']
+__all__ = ['BUCKET_BYTES', 'DISTRIBUTED_STRATEGIES', 'DistContext', 'grad_buckets', 'decoder_layers', 'body_of', 'is_sharded',
+           'gathered', 'process_bytes']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -98,3 +100,118 @@ def blocks(self: DistContext, n: int) -> list[int]:
 def gather_cat(self: DistContext, xs: Sequence) -> list:
     "Every process' list, concatenated in rank order (one-process order when each holds its `blocks`)."
     return [x for part in self.gather(list(xs)) for x in part]
+
+# %% ../nbs/70_distributed.ipynb #ff074e58
+DISTRIBUTED_STRATEGIES = ("none", "ddp", "fsdp")     # the trainer configs' `distributed` field
+DistContext.strategy = "none"
+
+@patch
+def use(self: DistContext, strategy: str = "none") -> DistContext:
+    """Choose how the agents are data parallel: 'none' (whole agents; `sum_grads` sums their gradients), 'ddp' (whole
+    agents; torch sums them in backward) or 'fsdp' (agents sharded with FSDP2). One process: always 'none'."""
+    if strategy not in DISTRIBUTED_STRATEGIES:
+        raise ValueError(f"distributed={strategy!r} is invalid: use one of {', '.join(DISTRIBUTED_STRATEGIES)}")
+    if strategy != "none" and not self.enabled:
+        logger.info(f"distributed={strategy!r} in one process: nothing to share, the agents stay whole")
+    self.strategy = strategy if self.enabled else "none"
+    return self
+
+# %% ../nbs/70_distributed.ipynb #a03ed231
+@patch
+def mesh(self: DistContext, device_type: str):
+    "The processes as a device mesh: 1-D `(shard,)` for 'fsdp'; `(replicate, shard)` of shape (W, 1) for 'ddp'."
+    from torch.distributed.device_mesh import init_device_mesh
+    meshes = self.__dict__.setdefault("_meshes", {})
+    key = (self.strategy, device_type)
+    if key not in meshes:
+        shape, names = ((self.world,), ("shard",)) if self.strategy == "fsdp" else \
+            ((self.world, 1), ("replicate", "shard"))
+        meshes[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return meshes[key]
+
+def _blocks(model: torch.nn.Module) -> tuple:
+    "(name, ModuleList) of a transformer's blocks: the first non-empty `layers`, `h` or `blocks`, else (None, [])."
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
+            return name, list(mod)
+    return None, []
+
+def decoder_layers(model: torch.nn.Module) -> list:
+    "A transformer's repeated blocks (`_blocks`), [] when it has none."
+    return _blocks(model)[1]
+
+def body_of(model: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """The module holding the blocks below the model (HF's `model.model`: embeddings, layers, final norm), when it is
+    one and shares no parameter with the rest (tied input/output embeddings): value heads call it directly."""
+    name, _ = _blocks(model)
+    if name is None or "." not in name: return None
+    body = model.get_submodule(name.rsplit(".", 1)[0])
+    inside = {id(p) for p in body.parameters()}
+    rest = [p for n, p in model.named_parameters(remove_duplicate=False) if id(p) in inside]
+    return body if len(rest) == len(list(body.named_parameters(remove_duplicate=False))) else None
+
+# %% ../nbs/70_distributed.ipynb #1456c4f1
+def is_sharded(model) -> bool:
+    "Whether `model` is an FSDP2 module (its parameters are DTensors managed by torch)."
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+@patch
+def wrap(self: DistContext, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` under this strategy, in place: 'none' unchanged; else `fully_shard` per decoder layer, for the body
+    (`body_of`) and for the model, over `mesh`, with gradients summed over processes (the losses are per-process shares
+    of one mini-batch)."""
+    if self.strategy == "none": return model
+    from torch.distributed.fsdp import fully_shard
+    mesh = self.mesh(next(model.parameters()).device.type)
+    for layer in decoder_layers(model): fully_shard(layer, mesh=mesh)
+    body = body_of(model)
+    if body is not None and body is not model: fully_shard(body, mesh=mesh)   # its own unit: callable alone
+    fully_shard(model, mesh=mesh)
+    model.set_gradient_divide_factor(1.0)            # a sum, not the mean over processes
+    model.set_force_sum_reduction_for_comms(True)    # SUM collectives (gloo has no pre-multiplied sum)
+    return model
+
+# %% ../nbs/70_distributed.ipynb #7afa9536
+def _fsdp_units(models) -> list:
+    from torch.distributed.fsdp import FSDPModule
+    return [u for m in models if is_sharded(m) for u in m.modules() if isinstance(u, FSDPModule)]
+
+@contextmanager
+def gathered(models):
+    """Whole weights on every process for a sampling loop: each FSDP2 unit unsharded once (one all-gather; all
+    processes must enter together), kept whole over the loop's forwards (no collective per token), resharded after.
+    Models that are not sharded pass through: a no-op for 'none' and 'ddp'. Inside another `gathered`: a no-op too, so
+    a trainer gathers once around a whole rollout, on every process, also one with no items (no collective missed)."""
+    units = [u for u in _fsdp_units(models) if not getattr(u, "_comlrl_gathered", False)]   # nested: the outer one's
+    for u in units:
+        u._comlrl_gathered = True
+        u.set_reshard_after_forward(False, recurse=False)
+        u.unshard()
+    try: yield
+    finally:
+        for u in units:
+            u._comlrl_gathered = False
+            u.reshard()
+            u.set_reshard_after_forward(True, recurse=False)
+
+# %% ../nbs/70_distributed.ipynb #566eef56
+_own_sum_grads = DistContext.sum_grads
+
+@patch
+def sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter]):
+    "`_dist_sum_grads` over the parameters torch does not reduce: FSDP2's (DTensors) are summed in their backward."
+    from torch.distributed.tensor import DTensor
+    return _own_sum_grads(self, [p for p in params if not isinstance(p, DTensor)])
+
+# %% ../nbs/70_distributed.ipynb #44ca3b74
+def _local(t: torch.Tensor) -> torch.Tensor:
+    "This process' part of a tensor (a DTensor's local shard)."
+    return t.to_local() if hasattr(t, "to_local") else t
+
+def process_bytes(models, optimizers=()) -> dict:
+    "Bytes this process holds of the models' parameters and of the optimizers' states (its shards under 'fsdp')."
+    par = sum(_local(p).numel() * _local(p).element_size() for m in models for p in m.parameters())
+    opt = sum(_local(v).numel() * _local(v).element_size() for o in optimizers for st in o.state.values()
+              for v in st.values() if torch.is_tensor(v))
+    return {"parameter_bytes": int(par), "optimizer_bytes": int(opt)}

@@ -4,7 +4,7 @@
 
 # %% ../nbs/24_team.ipynb #d33ad247
 from __future__ import annotations
-import copy, json
+import copy, json, os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from fastcore.basics import patch
 from .core import as_list, atomic_write_text, logger, resolve_device
+from .distributed import DistContext, gathered, process_bytes
 from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_completions, generate_team, stackable
@@ -54,7 +55,7 @@ class Team:
                  tokenizer=None, formatters=None, model_config: Optional[dict] = None, devices=None,
                  learning_rate: float = 5e-6, weight_decay: float = 0.0, parallel_training: str = "none",
                  use_chat_template: bool = False, reference_devices=False, sampling: Optional[dict] = None,
-                 gradient_checkpointing: bool = False, master_weights: bool = True):
+                 gradient_checkpointing: bool = False, master_weights: bool = True, distributed: str = "none"):
         self.n, self.num_policies = num_roles, num_policies or num_roles
         self.parallel_training, self.use_chat_template = parallel_training, use_chat_template
         self.learning_rate, self.weight_decay, self.sampling = learning_rate, weight_decay, dict(sampling or {})
@@ -66,10 +67,11 @@ class Team:
         if gradient_checkpointing:
             for m in self.agents: enable_gradient_checkpointing(m)
         self.master_weights = master_weights            # bf16 weights: AdamW over fp32 copies (make_optimizer)
+        self._one_base = one_base(agent_model, agents)
+        self.ref_agents = self._references(reference_devices)          # whole frozen copies, before any sharding
+        self.sharding = self._shard(distributed)                         # None: whole agents (the default)
         self.optimizers = [make_optimizer(m.parameters(), learning_rate, weight_decay, master_weights)
                            for m in self.agents]
-        self._one_base = one_base(agent_model, agents)
-        self.ref_agents = self._references(reference_devices)
 
 # %% ../nbs/24_team.ipynb #ae1be903
 def frozen_copy(model, device, autocast_dtype=None):
@@ -94,6 +96,23 @@ def _references(self: Team, reference_devices=False) -> Optional[list]:
             for m, d in zip(self.agents, devs)]
 
 
+# %% ../nbs/24_team.ipynb #615d4ab2
+@patch
+def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
+    """Hand the agents to torch's data parallel (`DistContext.wrap`: FSDP2, 70_distributed) under a launcher when
+    `strategy` is 'ddp' or 'fsdp'; the context, or None (one process, or 'none': the agents stay as they are)."""
+    if strategy == "none": return None
+    D = DistContext().use(strategy)
+    if D.strategy == "none": return None
+    ids = [{id(p) for p in m.parameters()} for m in self.agents]
+    if len(set().union(*ids)) < sum(map(len, ids)):
+        raise ValueError(f"distributed={strategy!r}: the agents share parameters (adapters on one base model, or one "
+                         "model object given twice), which FSDP cannot wrap twice; use distributed='none'")
+    self.agents = [D.wrap(m) for m in self.agents]
+    b = process_bytes(self.agents)["parameter_bytes"]
+    logger.info(f"process {D.rank} of {D.world}: agents under {strategy} ({b / 2**20:.1f} MiB of parameters here)")
+    return D
+
 # %% ../nbs/24_team.ipynb #7100c589
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "autocast_dtype")
 
@@ -102,13 +121,24 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
                 model_config: Optional[dict] = None, num_policies: Optional[int] = None) -> Team:
     "A team built from a trainer config (num_agents roles, num_policies trained models; one per role by default)."
     refs = getattr(args, "reference_devices", None) if getattr(args, "reference_kl_enabled", False) else False
+    if getattr(args, "distributed", "none") == "fsdp" and getattr(args, "eval_interval", 0) > 0 and \
+            int(os.environ.get("WORLD_SIZE", "1")) > 1:     # evaluation runs on the main process alone: no all-gather
+        raise ValueError(f"distributed='fsdp' with eval_interval={args.eval_interval}: evaluation during training runs "
+                         "on the main process alone and cannot gather sharded weights; set eval_interval=0 (evaluate "
+                         "after training) or use distributed='ddp'")
+    if getattr(args, "distributed", "none") != "none" and getattr(args, "micro_batch_size", None) is not None and \
+            int(os.environ.get("WORLD_SIZE", "1")) > 1:     # sharded forwards must match across processes
+        raise ValueError(f"micro_batch_size={args.micro_batch_size} with distributed={args.distributed!r} is not "
+                         "supported yet (each process would run its own number of sharded forwards); set "
+                         "micro_batch_size=None or distributed='none'")
     if getattr(args, "output_dir", None):                  # an unwritable output_dir: found before the models load
         from comlrl_nb.runs import check_writable
         check_writable(args.output_dir)
     return cls(agent_model, agents, args.num_agents, num_policies, tokenizer, formatters, model_config,
                args.agent_devices, args.agent_learning_rate, args.weight_decay, args.parallel_training,
                args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)},
-               getattr(args, "gradient_checkpointing", False), getattr(args, "master_weights", True))
+               getattr(args, "gradient_checkpointing", False), getattr(args, "master_weights", True),
+               getattr(args, "distributed", "none"))
 
 # %% ../nbs/24_team.ipynb #62d58de7
 @patch
@@ -152,8 +182,9 @@ def map(self: Team, fn: Callable[[int], Any]) -> list:
 def generate(self: Team, i: int, prompts: Sequence[str], k: int = 1, keys: Optional[Sequence[tuple]] = None,
              **sampling) -> Completions:
     "k completions per prompt from agent i (the team's sampling defaults, overridden by `sampling`)."
-    return generate_completions(self.agents[i], self.tokenizers[i], list(prompts), k=k, keys=keys,
-                                **{**self.sampling, **sampling})
+    with gathered([self.agents[i]]):          # sharded agents: whole weights for the loop (70_distributed)
+        return generate_completions(self.agents[i], self.tokenizers[i], list(prompts), k=k, keys=keys,
+                                    **{**self.sampling, **sampling})
 
 @patch
 def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys: Optional[Sequence] = None,
@@ -162,9 +193,10 @@ def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys:
     (`stackable`, decided at the first call: the agents' shapes do not change during a run)."""
     if self.parallel_training == "mp":
         return self.map(lambda i: self.generate(i, prompts[i], k, None if keys is None else keys[i], **sampling))
-    if self._stack is None: self._stack = stackable(self.agents, self.tokenizers)
-    return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
-                         stack=self._stack, **{**self.sampling, **sampling})
+    with gathered(self.agents):               # sharded agents: whole weights for the loop (70_distributed)
+        if self._stack is None: self._stack = stackable(self.agents, self.tokenizers)
+        return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
+                             stack=self._stack, **{**self.sampling, **sampling})
 
 # %% ../nbs/24_team.ipynb #c8e10a01
 ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -207,7 +239,8 @@ def set_param_groups(self: Team, i: int, extra: Sequence[dict] = ()):
 
 @patch
 def state_dict(self: Team) -> dict:
-    "The agents, their optimizers, the frozen references (None without them) and each agent's architecture."
+    "The agents, their optimizers, frozen references (or None), architectures; sharded agents: full states."
+    if self.sharding is not None: return self._full_state_dict()
     return {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
             "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None,
             "architectures": [architecture(m) for m in self.agents]}
@@ -215,11 +248,62 @@ def state_dict(self: Team) -> dict:
 @patch
 def load_state_dict(self: Team, sd: dict):
     "Restore a `state_dict`, after checking that each agent is the model it was (a named error if not)."
+    if self.sharding is not None: return self._load_full_state_dict(sd)
     check_architectures(self.agents, sd.get("architectures"))          # older checkpoints have none: not checked
     for i, (m, s) in enumerate(zip(self.agents, sd["agents"])): _load_weights(m, s, f"agent {i}")
     for o, s in zip(self.optimizers, sd["optimizers"]): o.load_state_dict(s)
     if self.ref_agents and sd.get("refs"):
         for i, (m, s) in enumerate(zip(self.ref_agents, sd["refs"])): _load_weights(m, s, f"agent {i}'s reference")
+
+# %% ../nbs/24_team.ipynb #bdb1c8cc
+def _state_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, **kw)
+
+def _full_optimizer_state(opt) -> dict:
+    "`opt.state_dict()` with every sharded (DTensor) state whole, as a whole team's (a collective: all call it)."
+    from torch.distributed.tensor import DTensor
+    sd = opt.state_dict()
+    whole = lambda v: v.full_tensor().cpu() if isinstance(v, DTensor) else v
+    sd["state"] = {k: {n: whole(v) for n, v in st.items()} for k, st in sorted(sd["state"].items())}
+    return sd
+
+def _load_full_optimizer_state(opt, sd: dict):
+    "Load `_full_optimizer_state`'s dict: the states of sharded parameters cut to this process' shards."
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    params = [p for g in opt.param_groups for p in g["params"]]
+    def mine(p, v):
+        if not (isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape): return v
+        return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+    opt.load_state_dict({**sd, "state": {k: {n: mine(params[int(k)], v) for n, v in st.items()}
+                                         for k, st in sorted(sd["state"].items())}})
+
+@patch
+def _full_state_dict(self: Team) -> dict:
+    """The sharded agents' and optimizers' full (consolidated) states, gathered by every process (a collective: all
+    call it): the entries and format of a whole team's, so either kind of run resumes from the other's checkpoint."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return {"agents": [get_model_state_dict(m, options=_state_options(cpu_offload=True)) for m in self.agents],
+            "optimizers": [_full_optimizer_state(o) for o in self.optimizers],
+            "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}
+
+@patch
+def _load_full_state_dict(self: Team, sd: dict):
+    "Load full states (`_full_state_dict`'s, read by every process) into the sharded agents: each keeps its shards."
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    for m, o, ms, os_ in zip(self.agents, self.optimizers, sd["agents"], sd["optimizers"]):
+        set_model_state_dict(m, ms, options=_state_options())
+        _load_full_optimizer_state(o, os_)
+    if self.ref_agents and sd.get("refs"):
+        for m, s in zip(self.ref_agents, sd["refs"]): m.load_state_dict(s)
+
+@patch
+def memory(self: Team) -> dict:
+    "This process' bytes of agent parameters and optimizer states, with the strategy and the number of processes."
+    D = self.sharding
+    world = D.world if D else int(os.environ.get("WORLD_SIZE", "1"))     # 'none' under a launcher: replicas
+    return {"world_size": world, "strategy": D.strategy if D else "none",
+            **process_bytes(self.agents, self.optimizers)}
 
 # %% ../nbs/24_team.ipynb #e7baa0d6
 def _config_token_ids(d: Path, tokenizer):
@@ -233,12 +317,20 @@ def _config_token_ids(d: Path, tokenizer):
 
 @patch
 def save_pretrained(self: Team, output_dir) -> Path:
-    "Write each agent's model and tokenizer to output_dir/agent_<i>/ (config.json with the tokenizer's pad/eos ids)."
+    """Write each agent's model and tokenizer to output_dir/agent_<i>/ (ordinary HF directories, config.json with
+    the tokenizer's pad/eos ids; sharded agents: every process gathers the full weights, the main one writes)."""
     out = Path(output_dir)
     for i, (m, t) in enumerate(zip(self.agents, self.tokenizers)):
-        m.save_pretrained(out / f"agent_{i}")
-        t.save_pretrained(out / f"agent_{i}")
-        _config_token_ids(out / f"agent_{i}", t)
+        if self.sharding is None:
+            m.save_pretrained(out / f"agent_{i}")
+        else:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+            sd = get_model_state_dict(m, options=_state_options(cpu_offload=True))
+            if self.sharding.is_main: m.save_pretrained(out / f"agent_{i}", state_dict=sd)
+        if self.sharding is None or self.sharding.is_main:
+            t.save_pretrained(out / f"agent_{i}")
+            _config_token_ids(out / f"agent_{i}", t)
+    if self.sharding is not None: self.sharding.barrier()
     return out
 
 # %% ../nbs/24_team.ipynb #8dc4fd9c

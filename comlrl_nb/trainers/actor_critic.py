@@ -19,7 +19,7 @@ from ..scoring import collate, completion_logprobs, k3_kl
 from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..distributed import DistContext
+from ..distributed import DistContext, gathered, is_sharded
 from ..engine import Run, eval_count
 from ..sampling import SampleBuffers, Sampler, adamw, batches_ahead, minibatches
 from ..tracking import plot_run
@@ -132,10 +132,12 @@ def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     dev = next(model.parameters()).device
     ids, att = input_ids.to(dev), attention_mask.to(dev)
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    body = getattr(model, "base_model", model)
+    body = model if is_sharded(model) else getattr(model, "base_model", model)    # FSDP2: through the root's hooks
+    extra = {"output_hidden_states": True} if body is model and is_sharded(model) else {}
     with autocast(dev, autocast_dtype):
-        out = body(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False)
+        out = body(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False, **extra)
         if getattr(out, "last_hidden_state", None) is not None: h = out.last_hidden_state
+        elif extra: h = out.hidden_states[-1]
         else: h = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False,
                         output_hidden_states=True).hidden_states[-1]
     last = att.shape[1] - 1 - att.flip(-1).float().argmax(-1)
@@ -903,7 +905,7 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
 def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
     "This process' share of the batch's episodes (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    with self.sampler.planned(round_key, list(ahead)):
+    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.agents):     # sharded: one gather, all join
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
     parts = [p for p in self.dist.gather(None if ro is None else (ro.episodes, ro.times)) if p is not None]

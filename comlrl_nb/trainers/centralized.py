@@ -18,7 +18,7 @@ from ..rewards import RewardFunction, resolve_formatters
 from ..advantages import advantage_stats, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..comparators import centralized_prompt, parse_agent_sections
-from ..distributed import DistContext
+from ..distributed import DistContext, gathered
 from ..team import (Team, TrainerAPI, library_keywords, team_attr, trainer_inputs, validate_dataset,
                             wandb_with_settings)
 from ..engine import Run, eval_count, restart_phase
@@ -292,7 +292,8 @@ def _update_buffer(self: CentralizedMAGRPOTrainer, flush: bool = False) -> list[
 def _rollout_batch(self: CentralizedMAGRPOTrainer, ids, round_key) -> JointRollout:
     "This process' items rolled out; under data parallel every process' rollouts gathered (samples in batch order)."
     local = self.dist.shard(ids)
-    ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
+    with gathered(self.team.agents):                     # sharded: the weights gathered once, every process joins
+        ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
     slim = None if ro is None else replace(ro, turn=replace(ro.turn, comps=None))
     parts = [p for p in self.dist.gather(slim) if p is not None]

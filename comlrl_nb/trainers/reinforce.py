@@ -20,7 +20,7 @@ from ..rewards import RewardFunction, resolve_formatters
 from ..advantages import advantage_stats, check_advantage_mode, node_advantages, penalized_returns
 from ..losses import check_finite_loss, reinforce_loss
 from ..rollout import compute_returns, grow_tree, make_roots, tree_counts
-from ..distributed import DistContext
+from ..distributed import DistContext, gathered, is_sharded
 from ..team import (Team, TrainerAPI, config_num_agents, library_keywords, team_attr, trainer_inputs,
                             validate_dataset, wandb_with_settings)
 from ..engine import Run, eval_count, restart_phase
@@ -204,7 +204,7 @@ def _reference_kl(self: MAGRPOTrainer, comps) -> list[torch.Tensor]:
     out, team = [], self.team
     for i, c in enumerate(comps):
         args = (c.prompt_ids, c.prompt_mask, c.completion_ids, c.completion_mask, self.args.autocast_dtype)
-        lp, _ = completion_logprobs(team.agents[i], *args)
+        with gathered([team.agents[i]]): lp, _ = completion_logprobs(team.agents[i], *args)   # sharded: whole
         lr, _ = completion_logprobs(team.ref_agents[i], *args)
         out.append(k3_kl(lr.to(lp.device), lp, c.completion_mask.to(lp.device)).float().cpu().view(c.num_prompts, c.k))
     return out
@@ -236,15 +236,16 @@ from ..core import micro_backward
 @patch
 def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> tuple[float, float, float]:
     "This process' part of the mini-batch loss, backpropagated when finite: (loss value, forward start and end)."
-    t0 = time.perf_counter()
-    if not rows: return 0.0, t0, t0
-    if self.args.micro_batch_size is not None:          # chunks of micro_batch_size rows, gradients accumulated
+    t0, share = time.perf_counter(), len(rows) / max(len(comps), 1)
+    if not rows and not is_sharded(model): return 0.0, t0, t0
+    if rows and self.args.micro_batch_size is not None:  # chunks of micro_batch_size rows, gradients accumulated
         rows_loss = lambda ch: policy_rows_loss(model, prompts, comps, adv, ch, pad, self.args.autocast_dtype)
         value = micro_backward(rows_loss, rows, len(comps), self.args.micro_batch_size)
         return value, t0, time.perf_counter()
+    rows = rows or [0]                      # FSDP2: every process runs each forward and backward (weight 0 here)
     _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
                                  autocast_dtype=self.args.autocast_dtype)
-    loss = reinforce_loss(seq, adv[rows]) * (len(rows) / len(comps))       # = -(1/N) sum over these rows
+    loss = reinforce_loss(seq, adv[rows]) * share                           # = -(1/N) sum over these rows
     value, t1 = float(loss.detach()), time.perf_counter()
     if math.isfinite(value): loss.backward()
     return value, t0, t1
@@ -340,7 +341,7 @@ def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: in
 def _rollout_batch(self: MAGRPOTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
     "This process' share of the batch rolled out (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    with self.sampler.planned(round_key, list(ahead)):
+    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.agents):     # sharded: one gather, all join
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
         return self._gather_rollouts(ro, ids)
 

@@ -1,0 +1,67 @@
+"""Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
+
+argv: out_dir strategy [stop N | resume]; the family from $SHARD_ALGO (magrpo, centralized, maac, iac, madpo,
+marlhf). Writes params.pt (the full weights, main process), mem_rank<r>.json (this
+process' parameter / optimizer bytes, its own shards) and the run's metrics.jsonl / checkpoints."""
+import json
+import os
+import sys
+import time
+
+import torch
+
+torch.set_num_threads(1)
+import comlrl_nb as C  # noqa: E402
+from comlrl_nb import make_tiny_model  # noqa: E402
+
+out, strategy = sys.argv[1], sys.argv[2]
+mode = sys.argv[3] if len(sys.argv) > 3 else "full"
+algo = os.environ.get("SHARD_ALGO", "magrpo")
+
+
+def vowels(a, b):
+    f = lambda s: sum(ch in "aeiou " for ch in s) / max(len(s), 1)
+    return [0.5 * f(x) + 0.5 * f(y) for x, y in zip(a, b)]
+
+
+m0, tok = make_tiny_model(seed=0)
+m1, _ = make_tiny_model(seed=1, tokenizer=tok)
+data = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]]
+common = dict(num_train_epochs=2, max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-5,
+              num_generations=2, rollout_batch_size=2, rollout_buffer_size=2, train_batch_size=2,
+              early_termination_threshold=None, eval_interval=0, output_dir=out, progress_bar=False, save_steps=1,
+              logging_steps=1000, save_plot=False, distributed=strategy)
+kw = dict(tokenizer=tok, reward_func=vowels, train_dataset=data)
+if algo == "centralized":
+    halves = lambda t, n: [t[: len(t) // 2], t[len(t) // 2:]]              # the joint text split in two
+    tr = C.CentralizedMAGRPOTrainer(agents=[m0], args=C.CentralizedMAGRPOConfig(**common), centralized_parser=halves,
+                                    **kw)
+elif algo in ("maac", "iac"):
+    cm, _ = make_tiny_model(seed=3, tokenizer=tok)
+    cls, cfg = (C.MAACTrainer, C.MAACConfig) if algo == "maac" else (C.IACTrainer, C.IACConfig)
+    extra, heads = ({"critic_model": cm}, {}) if algo == "maac" else ({}, {"use_separate_critic": False})
+    tr = cls(agents=[m0, m1], args=cfg(critic_learning_rate=1e-5, **heads, **common), **extra, **kw)
+elif algo in ("madpo", "marlhf"):
+    pref = dict(max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-5,
+                preference_num_candidates=3, preference_pairs_per_sample=2, collection_batch_size=2, train_batch_size=3,
+                rollout_buffer_size=3, eval_interval=0, output_dir=out, progress_bar=False, logging_steps=1000,
+                save_plot=False, save_steps=1, distributed=strategy)
+    if algo == "madpo":
+        tr = C.MADPOTrainer(agents=[m0, m1], args=C.MADPOConfig(num_train_epochs=2, dpo_beta=0.5, **pref), **kw)
+    else:
+        rm, _ = make_tiny_model(seed=3, tokenizer=tok)
+        tr = C.MARLHFTrainer(agents=[m0, m1], reward_model=rm, **kw,
+                             args=C.MARLHFConfig(num_train_epochs=1, num_generations=2, reward_num_train_epochs=2,
+                                                 reward_train_batch_size=3, reward_learning_rate=1e-5, **pref))
+else:
+    tr = C.MAGRPOTrainer(agents=[m0, m1], args=C.MAGRPOConfig(**common), **kw)
+t0 = time.perf_counter()
+if mode == "stop": tr.train(stop_after_batch=int(sys.argv[4]))
+else: tr.train(resume_from_checkpoint=True if mode == "resume" else None)
+seconds = time.perf_counter() - t0
+rank = int(os.environ.get("RANK", "0"))
+with open(os.path.join(out, f"mem_rank{rank}.json"), "w") as f:
+    json.dump({**tr.team.memory(), "train_seconds": seconds}, f)
+full = tr.team.state_dict()["agents"]                 # every process takes part; the main one holds the full weights
+if rank == 0: torch.save([{k: v.detach().cpu() for k, v in sd.items()} for sd in full], os.path.join(out, "params.pt"))
+tr.save_model(os.path.join(out, "final"))

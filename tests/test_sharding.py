@@ -1,0 +1,169 @@
+"""`distributed="ddp"` / `"fsdp"`: two CPU processes (gloo, torchrun) on torch's FSDP2 end with the one-process
+weights."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+SCRIPT = HERE / "shard_script.py"
+# lr 1e-5, 8 optimizer steps per agent: Adam moves each weight by <= ~8e-5, so 1e-4 bounds any float-level difference
+# (another split of the mini-batch's rows, another order of the sums) flipping a near-zero gradient's sign
+ATOL = 1e-4
+
+
+def _run(cmd, algo="magrpo"):
+    env = {**os.environ, "SHARD_ALGO": algo, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+
+
+def _wait(*procs):
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out[-6000:]
+
+
+def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo"):
+    _wait(_run([BIN / "torchrun", "--nproc_per_node", nproc, "--master_port", port, SCRIPT, out, strategy, *extra],
+               algo))
+
+
+def _params(d):
+    return torch.load(Path(d) / "params.pt")
+
+
+def _rows(d):
+    return [json.loads(l) for l in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _mem(d, rank):
+    return json.loads((Path(d) / f"mem_rank{rank}.json").read_text())
+
+
+def _same_run(one, other, reward_tol=1e-6):
+    """The same weights within ATOL, and the same metrics: rewards of the same samples (within `reward_tol`: 1e-6, or
+    ATOL where a learned reward model scores them), losses within ATOL, the same batches logged once."""
+    a, b = _params(one), _params(other)
+    assert len(a) == len(b) == (1 if "centralized" in str(one) else 2)
+    assert [list(x) for x in a] == [list(x) for x in b]                    # the same parameter names, full shapes
+    diff = max(float((x[k] - y[k]).abs().max()) for x, y in zip(a, b) for k in x)
+    assert diff < ATOL, diff
+    init = torch.load(Path(one) / "init.pt")
+    norm = lambda us, vs: sum(float((u[k] - v[k]).pow(2).sum()) for u, v in zip(us, vs) for k in u) ** 0.5
+    # the runs moved the weights alike: a run that did not train would give 1.0 here; seen: <= 0.01 for the RL
+    # families, 0.12 for MADPO (its tiny DPO gradients: Adam magnifies float-level differences to ~lr-sized ones)
+    assert norm(a, b) < 0.25 * norm(a, init), (norm(a, b), norm(a, init))
+    ra, rb = _rows(one), _rows(other)
+    assert len(ra) >= 4 and [r["batch"] for r in ra] == [r["batch"] for r in rb]      # written once, by the main one
+    checked = 0
+    for x, y in zip(ra, rb):
+        keys = sorted(k for k in x if k.endswith("loss") or k.endswith("reward_mean"))
+        assert keys == sorted(k for k in y if k.endswith("loss") or k.endswith("reward_mean"))
+        for k in keys:
+            assert x[k] == pytest.approx(y[k], abs=ATOL if k.endswith("loss") else reward_tol), k
+            checked += 1
+    assert checked >= len(ra)                                              # a number per row at least
+
+
+def _single(root, algo="magrpo"):
+    "The one-process run (distributed='none'), and the initial weights next to it."
+    d = root.mktemp(f"single_{algo}")
+    _wait(_run([sys.executable, SCRIPT, d, "none"], algo))
+    from comlrl_nb import make_tiny_model
+    m0, tok = make_tiny_model(seed=0)
+    seeds = (0,) if algo == "centralized" else (0, 1)
+    torch.save([make_tiny_model(seed=s, tokenizer=tok)[0].state_dict() for s in seeds], d / "init.pt")
+    return d
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return _single(tmp_path_factory)
+
+
+def test_fsdp_matches_one_process_and_halves_the_memory(tmp_path, single):
+    _torchrun(tmp_path, "fsdp", 29621)
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+    one, r0, r1 = _mem(single, 0), _mem(tmp_path, 0), _mem(tmp_path, 1)
+    assert (r0["world_size"], r0["strategy"], one["strategy"]) == (2, "fsdp", "none")
+    for k in ("parameter_bytes", "optimizer_bytes"):             # each process holds half of each agent (its shards)
+        assert r0[k] + r1[k] >= one[k] and max(r0[k], r1[k]) <= 0.55 * one[k], (k, one[k], r0[k], r1[k])
+    # save_model: ordinary HF directories with the full weights
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "final" / "agent_1")
+    assert all(torch.equal(v, _params(tmp_path)[1][k]) for k, v in m.state_dict().items())
+
+
+def test_ddp_matches_one_process(tmp_path, single):
+    _torchrun(tmp_path, "ddp", 29622)
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+    one, r1 = _mem(single, 0), _mem(tmp_path, 1)
+    assert r1["strategy"] == "ddp" and r1["parameter_bytes"] == one["parameter_bytes"]   # replicated: whole agents
+    assert r1["optimizer_bytes"] == one["optimizer_bytes"]
+
+
+def test_fsdp_on_two_nodes(tmp_path, single):
+    "Two torchrun invocations, one process each, meeting at a rendezvous on 127.0.0.1: the one-process result."
+    _wait(*[_run([BIN / "torchrun", "--nnodes", 2, "--node_rank", r, "--nproc_per_node", 1, "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", "127.0.0.1:29623", "--rdzv-id", "two-nodes", SCRIPT, tmp_path, "fsdp"])
+             for r in (0, 1)])
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+    assert _mem(tmp_path, 0)["world_size"] == 2
+
+
+def test_fsdp_stop_and_resume(tmp_path, single):
+    "Stopped after batch 2 and resumed from its (consolidated) checkpoint: the uninterrupted run."
+    _torchrun(tmp_path, "fsdp", 29624, "stop", 2)
+    ck = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ck == ["checkpoint-0000001", "checkpoint-0000002"]
+    _torchrun(tmp_path, "fsdp", 29625, "resume")
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+
+
+@pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633), ("madpo", 29634),
+                                      ("marlhf", 29635)])
+def test_families_under_fsdp(tmp_path_factory, algo, port):
+    """CentralizedMAGRPO (one actor), MAAC (separate critics, whole), IAC (value heads on the sharded actors), MADPO and
+    MARLHF (its reward model whole, fitted by the home-made data parallel: its rewards agree within ATOL)."""
+    one, out = _single(tmp_path_factory, algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
+    _torchrun(out, "fsdp", port, algo=algo)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out, ATOL if algo == "marlhf" else 1e-6)
+    m1, m = _mem(out, 1), _mem(one, 0)
+    assert m1["strategy"] == "fsdp" and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
+
+
+def test_distributed_field():
+    from comlrl_nb import MAACConfig, MAGRPOConfig, MADPOConfig
+    for cls in (MAGRPOConfig, MAACConfig, MADPOConfig):
+        assert cls().distributed == "none" and cls(distributed=" DDP").distributed == "ddp"
+        with pytest.raises(ValueError, match="distributed='zero' is invalid: use one of none, ddp, fsdp"):
+            cls(distributed="zero")
+    with pytest.raises(ValueError, match="parallel_training='mp'"):
+        MAGRPOConfig(distributed="fsdp", parallel_training="mp", agent_devices="cpu")
+
+
+def test_report_has_a_distributed_section(tmp_path):
+    "comlrl-nb train's report.json: world size, strategy, this process' parameter and optimizer bytes."
+    import contextlib
+    import io
+    from comlrl_nb.cli import main
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["train", "--algo", "magrpo", "--model", "tiny", "--output-dir", str(tmp_path), "--heldout-samples",
+                     "0", "--no-final", "--set", "num_train_epochs=1", "--set", "distributed=fsdp"]) == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    d = rep["distributed"]
+    assert (d["world_size"], d["strategy"], rep["config"]["distributed"]) == (1, "none", "fsdp")   # one process
+    p, o = d["parameter_bytes"], d["optimizer_bytes"]
+    assert p > 0 and 0 <= o - 2 * p < 0.01 * p                  # AdamW: two moments per weight (and a step counter)
