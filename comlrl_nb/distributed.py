@@ -61,11 +61,12 @@ def grad_buckets(params: Sequence[torch.Tensor], max_bytes: int = BUCKET_BYTES) 
     return out
 
 def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES):
-    """Sum gradients over processes (missing grads count as zeros) in flat buckets of at most `bucket_bytes` per
-    device and dtype (`grad_buckets`); under NCCL a bucket off this process' device (an agent on another GPU or the
-    CPU) is summed on a copy there."""
+    """Sum gradients over processes (missing grads count as zeros; FSDP2's DTensors are left to torch) in flat
+    buckets of at most `bucket_bytes` per device and dtype (`grad_buckets`); under NCCL a bucket off this process'
+    device (an agent on another GPU or the CPU) is summed on a copy there."""
     if not self.enabled: return
-    ps = [p for p in params if p.requires_grad]
+    from torch.distributed.tensor import DTensor             # FSDP2's parameters: torch sums them in their backward
+    ps = [p for p in params if p.requires_grad and not isinstance(p, DTensor)]
     for p in ps:
         if p.grad is None: p.grad = torch.zeros_like(p)
     nccl = torch.distributed.get_backend() == "nccl"
@@ -194,15 +195,6 @@ def gathered(models):
             u._comlrl_gathered = False
             u.reshard()
             u.set_reshard_after_forward(True, recurse=False)
-
-# %% ../nbs/70_distributed.ipynb #566eef56
-_own_sum_grads = DistContext.sum_grads
-
-@patch
-def sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter]):
-    "`_dist_sum_grads` over the parameters torch does not reduce: FSDP2's (DTensors) are summed in their backward."
-    from torch.distributed.tensor import DTensor
-    return _own_sum_grads(self, [p for p in params if not isinstance(p, DTensor)])
 
 # %% ../nbs/70_distributed.ipynb #44ca3b74
 def _local(t: torch.Tensor) -> torch.Tensor:
