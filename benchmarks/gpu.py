@@ -178,7 +178,8 @@ def magrpo_bench(shape, device, B, K, T, lora: bool):
 def memory_bench(shape, device, B, K, T, micro: int = 4, plen: int = 24):
     """Two agents of one bf16 base with the memory features on (gradient_checkpointing, micro_batch_size, fp32 master
     weights, the one shared reference with reference KL): one MAGRPO epoch of 2 batches; the second batch's tokens/s,
-    step time and the peak GPU memory next to `plan_memory`'s estimate for the same settings, and their ratio."""
+    step time and the peak GPU memory (above what was allocated before) next to `plan_memory`'s estimate for the same
+    settings, and their ratio."""
     from comlrl_nb.engine import read_metrics
     from comlrl_nb.plan import format_bytes, plan_from_config, plan_memory
     from comlrl_nb.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
@@ -189,8 +190,10 @@ def memory_bench(shape, device, B, K, T, micro: int = 4, plen: int = 24):
              for _ in range(2 * B)]
     cuda = torch.device(device).type == "cuda"
     if cuda:
+        __import__("gc").collect()                                     # what earlier sections left is not this run's
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if cuda else 0
     base = build(shape, device, torch.bfloat16)                        # as model_config={"dtype": "bfloat16"} loads
     cfg = MAGRPOConfig(num_agents=2, num_generations=K, max_new_tokens=T, temperature=1.0, top_p=0.95, top_k=50,
                        num_train_epochs=1, agent_learning_rate=1e-5, eval_interval=0, rollout_batch_size=B,
@@ -223,8 +226,8 @@ def memory_bench(shape, device, B, K, T, micro: int = 4, plen: int = 24):
     refs = (res["planned_components"] or {}).get("references", 0)
     res["planned_peak_one_reference_bytes"] = planned - refs // 2
     if cuda:
-        peak = torch.cuda.max_memory_allocated()
-        res.update(measured_peak_bytes=peak, measured_peak=format_bytes(peak),
+        peak = torch.cuda.max_memory_allocated() - before
+        res.update(measured_peak_bytes=peak, allocated_before_bytes=before, measured_peak=format_bytes(peak),
                    measured_over_planned=round(peak / planned, 3),
                    measured_over_planned_without_overhead=round(peak / max(planned - plan.settings["overhead_bytes"],
                                                                            1), 3),
