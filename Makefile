@@ -74,3 +74,17 @@ vllm: $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest tests_vllm -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# Wheels the device machine's image (nvidia-h200: python 3.12, torch, transformers, peft, numpy, pyyaml, tqdm ...)
+# lacks: the package imports only fastcore beyond them. They land in .whl/ (ignored); benchmarks/gpu.py's docstring
+# has the device command that installs them into /tmp/site.
+GPU_WHEELS ?= fastcore==1.14.5
+GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+	manylinux1_x86_64
+gpu-wheels:
+	mkdir -p .whl
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(foreach p,$(GPU_PLATFORMS),--platform $(p)) -d .whl $(GPU_WHEELS)
+	ls .whl
+
+.PHONY: gpu-wheels

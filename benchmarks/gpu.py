@@ -1,10 +1,13 @@
-"""GPU check, prepared for a session that is lent a device machine (one call, no downloads); also runs on a CPU with
-`--small` as a smoke test of the same code path.
+r"""The prepared GPU check of issue X ("Real models on GPUs"): one call on a device machine (no downloads), under 8
+minutes on one H200; on a CPU, `--small --device cpu` (the dry mode) runs every section end to end on tiny shapes.
 
-    # on the device machine (its image has torch, transformers, peft; the package needs nothing else):
-    PYTHONPATH=. python3 benchmarks/gpu.py --out $OUT/gpu.json
-    # here, on the CPU, tiny shapes:
-    .venv/bin/python benchmarks/gpu.py --small --device cpu
+    # here, once: the wheels the device image lacks (fastcore; python 3.12 wheels) into .whl/ (ignored)
+    make gpu-wheels
+    # on the device machine (run with carry=[".whl"]; its image has torch, transformers, peft, numpy, pyyaml, tqdm):
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:$PWD || exit; PYTHONUNBUFFERED=1 python3 benchmarks/gpu.py --out $OUT/gpu.json
+    # here, on the CPU, tiny shapes (a few minutes; --sections memory alone: seconds):
+    .venv/bin/python benchmarks/gpu.py --small --device cpu [--sections gen,magrpo,memory,trainers]
 
 Models are built from configs with random weights (nothing to download): `smollm2` has SmolLM2-135M's shape (Llama,
 30 layers, hidden 576, 9/3 heads, vocab 49152), `qwen0.5b` Qwen2.5-0.5B's (24 layers, hidden 896, 14/2 heads, vocab
@@ -17,6 +20,13 @@ Per model it prints and records:
   magrpo  one MAGRPO batch for 2 agents (B prompts x K samples): time/batch, generate, score (log-prob forward),
           backward + step, and peak GPU memory
   lora    the same batch with 2 LoRA adapter agents over one base (peft), for memory and time against full copies
+  memory  two agents of Qwen2.5-1.5B's shape (28 layers, hidden 1536, 12/2 heads, intermediate 8960, vocab 151936,
+          tied) loaded in bf16 with the memory fields on: gradient_checkpointing, micro_batch_size, master_weights
+          (fp32 master copy + AdamW), reference KL with the one shared reference of their common base; one MAGRPO
+          epoch of 2 batches: tokens/s and step time of the second, torch.cuda.max_memory_allocated next to
+          plan_memory's estimate for the same settings (plan_from_config of the same config) and measured/planned
+          (also without the plan's 1 GiB overhead, which max_memory_allocated does not see); on a CPU the planner's
+          number only ("measured: n/a on cpu")
   trainers  every algorithm of `comlrl-nb train --algo` (MAGRPO, MAREINFORCE, MARLOO, MAReMax, MAAC, IAC, MADPO,
           MARLHF and the two iterative ones) for one epoch of 2 batches on the first model's shape, with
           autocast_dtype="auto" (the precision the probe picked is recorded): train() wall, the last batch's time,
@@ -38,6 +48,8 @@ SHAPES = {
     "smollm2": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                               num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0)),
     "qwen0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                               num_key_value_heads=2, vocab_size=151936, rope_theta=1000000.0)),
+    "qwen1.5b": ("qwen2", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                                num_key_value_heads=2, vocab_size=151936, rope_theta=1000000.0)),
     "small": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                             num_key_value_heads=2, vocab_size=512)),
@@ -163,6 +175,75 @@ def magrpo_bench(shape, device, B, K, T, lora: bool):
     return res
 
 
+def memory_bench(shape, device, B, K, T, micro: int = 4, plen: int = 24):
+    """Two agents of one bf16 base with the memory features on (gradient_checkpointing, micro_batch_size, fp32 master
+    weights, the one shared reference with reference KL): one MAGRPO epoch of 2 batches; the second batch's tokens/s,
+    step time and the peak GPU memory (above what was allocated before) next to `plan_memory`'s estimate for the same
+    settings, and their ratio."""
+    from comlrl_nb.engine import read_metrics
+    from comlrl_nb.plan import format_bytes, plan_from_config, plan_memory
+    from comlrl_nb.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+    vocab = SHAPES[shape][1]["vocab_size"]
+    tok = word_tokenizer(vocab)
+    g = torch.Generator().manual_seed(4)
+    items = [{"prompt": " ".join(f"w{int(x)}" for x in torch.randint(2, vocab, (plen,), generator=g))}
+             for _ in range(2 * B)]
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        __import__("gc").collect()                                     # what earlier sections left is not this run's
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if cuda else 0
+    base = build(shape, device, torch.bfloat16)                        # as model_config={"dtype": "bfloat16"} loads
+    cfg = MAGRPOConfig(num_agents=2, num_generations=K, max_new_tokens=T, temperature=1.0, top_p=0.95, top_k=50,
+                       num_train_epochs=1, agent_learning_rate=1e-5, eval_interval=0, rollout_batch_size=B,
+                       rollout_buffer_size=B, train_batch_size=B, early_termination_threshold=None,
+                       autocast_dtype=None, gradient_checkpointing=True, micro_batch_size=micro, master_weights=True,
+                       reference_kl_enabled=True, reference_kl_coef=0.05, agent_devices=str(device),
+                       output_dir=tempfile.mkdtemp(prefix="gpu_memory_"), progress_bar=False, save_steps=-1,
+                       save_plot=False)
+    settings = plan_from_config(cfg, model_config={"dtype": "bfloat16"}, prompt_length=plen)
+    plan = plan_memory(base, device_type="cuda", suggestions=False,
+                       **{k: v for k, v in __import__("dataclasses").asdict(settings).items() if k != "algo"},
+                       algo=settings.algo)
+    lens = lambda *cs: [float(len(c[j]) % 7) for c in cs[:1] for j in range(len(c))]
+    tr = MAGRPOTrainer(reward_func=lens, args=cfg, train_dataset=items, agents=[base, base], tokenizer=tok)
+    t0 = time.perf_counter()
+    tr.train()
+    sync(device)
+    wall = time.perf_counter() - t0
+    r = [x for x in read_metrics(os.path.join(cfg.output_dir, "metrics.jsonl")) if "time/batch" in x][-1]
+    planned = plan.peak_bytes
+    res = {"model": shape, "agents": "2 agents of one bf16 base, one shared reference",
+           "settings": {"gradient_checkpointing": True, "micro_batch_size": micro, "master_weights": True,
+                        "model_dtype": "bfloat16", "reference_kl_enabled": True, "rows_per_agent": B * K,
+                        "prompt_tokens": plen, "new_tokens": T},
+           "step_s": round(r["time/batch"], 3), "tokens_per_s": round(r["tokens_per_s"], 1),
+           "generate_s": round(r["time/generate"], 3), "train_s": round(wall, 2),
+           "planned_peak_bytes": planned, "planned_peak": format_bytes(planned),
+           "planned_components": plan.per_device[0].components if plan.per_device else None}
+    # the planner counts a reference per agent; the trainer keeps one for agents of one base: the plan less one copy
+    refs = (res["planned_components"] or {}).get("references", 0)
+    res["planned_peak_one_reference_bytes"] = planned - refs // 2
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() - before
+        res.update(measured_peak_bytes=peak, allocated_before_bytes=before, measured_peak=format_bytes(peak),
+                   measured_over_planned=round(peak / planned, 3),
+                   measured_over_planned_without_overhead=round(peak / max(planned - plan.settings["overhead_bytes"],
+                                                                           1), 3),
+                   measured_over_planned_one_reference=round(peak / res["planned_peak_one_reference_bytes"], 3),
+                   note="the plan counts overhead_bytes (1 GiB: CUDA context, allocator slack) that "
+                        "max_memory_allocated does not")
+        m = f"measured {res['measured_peak']} = {res['measured_over_planned']} x planned"
+    else:
+        res.update(measured_peak_bytes=None, measured_peak="n/a on cpu", measured_over_planned=None)
+        m = "measured: n/a on cpu"
+    print(f"  memory {shape:9s} gc+micro{micro}+master+shared ref: step {res['step_s']:.2f}s, "
+          f"{res['tokens_per_s']:.0f} tok/s, planned {res['planned_peak']}, {m}", flush=True)
+    del tr, base
+    return res
+
+
 def trainers_bench(shape, device, B, K, T, algos=None):
     "One short train() per algorithm (2 batches of B prompts x K samples, T new tokens), 2 agents, random weights."
     from comlrl_nb.cli import ALGORITHMS, _algorithms
@@ -217,45 +298,63 @@ def trainers_bench(shape, device, B, K, T, algos=None):
     return {"precision": {"autocast_dtype": prec[0], "reason": prec[1]}, "runs": rows}
 
 
+SECTIONS = ("gen", "magrpo", "memory", "trainers")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--models", default="smollm2,qwen0.5b")
     p.add_argument("--small", action="store_true", help="tiny shapes and lengths: a smoke test of the code path")
     p.add_argument("--out", default=None, help="write every result as JSON here")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help="comma list of sections to run: " + ", ".join(SECTIONS) + " (default: all)")
     p.add_argument("--shape", default=None,
                    help="B,K,T,repeats override (prompts, samples per prompt, new tokens, timed calls)")
     p.add_argument("--trainers", default="all",
                    help="algorithms for the every-trainer pass ('all', 'none' or a comma list)")
     p.add_argument("--trainer-shape", default=None,
                    help="B,K,T of the every-trainer pass (default 4,4,64; --small 2,2,8)")
+    p.add_argument("--memory-model", default="qwen1.5b", help="shape of the memory section (--small: small)")
+    p.add_argument("--memory-shape", default=None,
+                   help="B,K,T,micro of the memory section (default 4,4,128,4; --small 2,2,8,2)")
     a = p.parse_args()
+    sections = [x for x in a.sections.split(",") if x]
+    bad = sorted(set(sections) - set(SECTIONS))
+    if bad: p.error(f"--sections: unknown {bad}; use a comma list of " + ", ".join(SECTIONS))
     torch.backends.cuda.matmul.allow_tf32 = True
     models = ["small"] if a.small else a.models.split(",")
     B, K, T, reps = (2, 2, 8, 1) if a.small else (8, 8, 128, 3)
     if a.shape: B, K, T, reps = (int(x) for x in a.shape.split(","))
-    info = {"device": str(a.device), "torch": torch.__version__,
+    info = {"device": str(a.device), "torch": torch.__version__, "sections": sections,
             "gpu": torch.cuda.get_device_name(0) if torch.device(a.device).type == "cuda" else None}
     print(f"# gpu check: {info}", flush=True)
-    res = {"info": info, "gen": [], "magrpo": []}
-    for shape in models:
-        res["gen"] += gen_bench(shape, a.device, B, K, T, reps)
-        for lora in (False, True):
-            try:
-                res["magrpo"].append(magrpo_bench(shape, a.device, B, K, T, lora))
-            except ImportError as e:                                  # peft missing: say so, keep the rest
-                print(f"  magrpo {shape} lora skipped: {e}", flush=True)
+    res = {"info": info}
+
+    def save():
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)
-    if a.trainers != "none":
+    for shape in models:
+        if "gen" in sections:
+            res.setdefault("gen", []).extend(gen_bench(shape, a.device, B, K, T, reps))
+        for lora in ((False, True) if "magrpo" in sections else ()):
+            try:
+                res.setdefault("magrpo", []).append(magrpo_bench(shape, a.device, B, K, T, lora))
+            except ImportError as e:                                  # peft missing: say so, keep the rest
+                print(f"  magrpo {shape} lora skipped: {e}", flush=True)
+        save()
+    if "memory" in sections:
+        mB, mK, mT, micro = (2, 2, 8, 2) if a.small else (4, 4, 128, 4)
+        if a.memory_shape: mB, mK, mT, micro = (int(x) for x in a.memory_shape.split(","))
+        res["memory"] = [memory_bench("small" if a.small else a.memory_model, a.device, mB, mK, mT, micro)]
+        save()
+    if "trainers" in sections and a.trainers != "none":
         tB, tK, tT = (2, 2, 8) if a.small else (4, 4, 64)
         if a.trainer_shape: tB, tK, tT = (int(x) for x in a.trainer_shape.split(","))
         res["trainers"] = trainers_bench(models[0], a.device, tB, tK, tT,
                                          None if a.trainers == "all" else a.trainers.split(","))
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(res, f, indent=1)
+        save()
     print(json.dumps(res, indent=1))
 
 
