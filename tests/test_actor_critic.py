@@ -458,3 +458,16 @@ def test_cli_maac_with_reference_kl():
     for cls in (MAACConfig, IACConfig):
         c = build_config(cls, {"reference_kl_enabled": True, "reference_kl_coef": "0.5", "reference_devices": "cpu"})
         assert (c.reference_kl_enabled, c.reference_kl_coef, c.reference_devices) == (True, 0.5, "cpu")
+
+
+def test_separate_critics_load_with_critic_model_kwargs(tmp_path):
+    "model_config['critic_model_kwargs'] reaches the critic models loaded from an id or path (the library's key)."
+    from comlrl_nb import MAACConfig, MAACTrainer, make_tiny_model
+    m, tok = make_tiny_model(seed=0)
+    m.save_pretrained(tmp_path / "critic")
+    tok.save_pretrained(tmp_path / "critic")
+    tr = MAACTrainer(agents=[m, m], tokenizer=tok, critics=[str(tmp_path / "critic")],
+                     reward_func=lambda a, b: [0.0] * len(a), args=MAACConfig(output_dir=None),
+                     model_config={"critic_model_kwargs": {"dtype": "bfloat16"}})
+    assert next(tr.critics[0].backbone.parameters()).dtype == torch.bfloat16
+    assert next(tr.agents[0].parameters()).dtype == torch.float32               # the agents keep theirs

@@ -412,7 +412,7 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
     elif isinstance(source, (str, os.PathLike)):
         key = str(source)
         if key in cache: backbone = copy.deepcopy(cache[key])
-        else: backbone = cache[key] = load_model(key, self.model_config)
+        else: backbone = cache[key] = load_model(key, self.model_config, role="critic")
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(key)
     else: raise TypeError(f"a critic must be a model object or an id/path, got {type(source).__name__}")
     backbone = backbone.to(device).eval()
