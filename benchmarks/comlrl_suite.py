@@ -228,7 +228,7 @@ PRIVATE_BY_TEST = [   # (test id regex, reason): tests that build trainers bypas
     (r"test_actor_critic\.py::test_(log_metrics_logs_each_call_directly|evaluate_collects_rollouts_in_eval_mode)",
      "builds ActorCriticTrainerBase without __init__ and drives its private logging/rollout hooks"),
     (r"test_actor_critic\.py::test_ac_step_",
-     "builds RolloutSample records (the library's rollout record, not provided here) to feed the private `_ac_step`"),
+     "builds RolloutSample records to feed the private `_ac_step` (this package's trainers keep their own records)"),
     # behind the private imports (modules that collect only with stand-ins): what each test drives
     (r"test_checkpoint_preference\.py::test_interval_only_is_validated_before_training",
      "builds the trainer with object.__new__ (no __init__) and calls train() on it (the check itself exists here: "

@@ -27,15 +27,15 @@ _all_ = ["REWARD_FORMS", "VAR_KW", "OWN_KW", "PROMPT_LAYOUTS", "reward_call_form
 # %% auto #0
 __all__ = ['CHECKPOINT_VERSION', 'LIBRARY_MODULES', 'LIBRARY_EXTRAS', 'call_reward_function', 'RewardProcessors',
            'build_formatters', 'DistributedContext', 'local_context', 'unwrap_model', 'read_checkpoint_metadata',
-           'LibraryModule', 'install_library_modules', 'resolve_reference_devices', 'reference_kl_for_sequence',
-           'validate_reference_kl_config', 'clone_reference_models', 'load_reference_models_from_sources',
-           'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer', 'resolve_tokenizers', 'apply_tokenizer_specials',
-           'resolve_model_sources', 'normalize_reward_lengths', 'REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS',
-           'reward_call_form', 'library_groups', 'library_prompts', 'takes_external_prompts', 'resolve_reward_range',
-           'set_reward_range', 'MODEL_CONFIG_KEYS', 'check_model_config', 'from_pretrained_kwargs',
-           'critic_value_head_hidden_dim', 'apply_special_tokens', 'CentralizedComparatorParseError',
-           'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter', 'adapter_callables', 'EvalLog',
-           'reference_kl_enabled', 'reference_kl_coef']
+           'LibraryModule', 'RolloutSample', 'install_library_modules', 'resolve_reference_devices',
+           'reference_kl_for_sequence', 'validate_reference_kl_config', 'clone_reference_models',
+           'load_reference_models_from_sources', 'ensure_pad_token', 'infer_model_name', 'ensure_tokenizer',
+           'resolve_tokenizers', 'apply_tokenizer_specials', 'resolve_model_sources', 'normalize_reward_lengths',
+           'REWARD_FORMS', 'VAR_KW', 'OWN_KW', 'PROMPT_LAYOUTS', 'reward_call_form', 'library_groups',
+           'library_prompts', 'takes_external_prompts', 'resolve_reward_range', 'set_reward_range', 'MODEL_CONFIG_KEYS',
+           'check_model_config', 'from_pretrained_kwargs', 'critic_value_head_hidden_dim', 'apply_special_tokens',
+           'CentralizedComparatorParseError', 'CentralizedComparatorAdapter', 'TaggedCentralizedComparatorAdapter',
+           'adapter_callables', 'EvalLog', 'reference_kl_enabled', 'reference_kl_coef']
 
 # %% ../nbs/90_porting.ipynb #a48d706c
 def _floats(raw) -> list[float]:
@@ -212,6 +212,28 @@ class LibraryModule(types.ModuleType):
         why = _WHY.get(self._library_path, "not ported (see the porting tables in comlrl_nb.porting)")
         raise AttributeError(f"comlrl.{self._library_path}.{name} has no counterpart in comlrl_nb: {why}")
 
+# %% ../nbs/90_porting.ipynb #d1a0e001
+from dataclasses import dataclass, field
+
+@dataclass
+class RolloutSample:
+    """comlrl's public actor-critic rollout record (one agent's completion with its old log-prob, value, return and
+    advantage), for scripts that build or read them; this package's trainers keep their own `Episode` records."""
+    agent_idx: int
+    prompt: str
+    completion: str
+    full_input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_len: int
+    response_len: int
+    old_logprob: torch.Tensor
+    old_value: torch.Tensor
+    reward: torch.Tensor
+    returns: torch.Tensor
+    advantage: torch.Tensor
+    normalized_advantage: Optional[torch.Tensor] = None
+    metadata: dict = field(default_factory=dict)
+
 # %% ../nbs/90_porting.ipynb #926f8c00
 # names the library exports from a path that is a real module here: added to that module
 LIBRARY_EXTRAS = {
@@ -219,7 +241,8 @@ LIBRARY_EXTRAS = {
         "CentralizedComparatorAdapter", "TaggedCentralizedComparatorAdapter", "CentralizedComparatorParseError")},
     "comlrl_nb.trainers.reinforce": {n: "comlrl_nb.trainers.centralized"
                                      for n in ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer")},
-    "comlrl_nb.trainers.actor_critic": {"ActorCriticTrainerBase": "comlrl_nb.trainers.actor_critic:ActorCriticTrainer"},
+    "comlrl_nb.trainers.actor_critic": {"ActorCriticTrainerBase": "comlrl_nb.trainers.actor_critic:ActorCriticTrainer",
+                                        "RolloutSample": "comlrl_nb.porting"},
     "comlrl_nb.trainers": {**{f"{a}{s}": "comlrl_nb.trainers.reinforce"
                               for a in ("MAGRPO", "MAREINFORCE", "MAReMax", "MARLOO") for s in ("Config", "Trainer")},
                            **{f"{a}{s}": "comlrl_nb.trainers.actor_critic" for a in ("MAAC", "IAC")

@@ -418,16 +418,29 @@ def reference_models(self: TrainerAPI) -> list:
     return list(getattr(self.team, "ref_agents", None) or [])
 
 # %% ../nbs/24_team.ipynb #b7d20c03
-@patch(as_prop=True)
-def reward_func(self: TrainerAPI):
+def _get_reward_func(self: TrainerAPI):
     "The library's `trainer.reward_func`: the reward function as given (this package wraps it in `reward_fn`)."
     rf = getattr(self, "reward_fn", None)
-    return getattr(rf, "fn", rf)
+    return rf.fn if rf is not None else self.__dict__.get("_reward_func")
 
-@patch(as_prop=True)
-def reward_processor(self: TrainerAPI):
+def _set_reward_func(self: TrainerAPI, fn):
+    "Assigning a new reward function (as scripts do with the library's trainers) rescores with it from then on."
+    rf = getattr(self, "reward_fn", None)
+    if rf is None: self.__dict__["_reward_func"] = fn                 # a trainer not built by __init__
+    else: self.reward_fn = RewardFunction(fn, rf.n, rf.processor, rf.batched, rf.prompt_layout)
+
+def _get_processor(self: TrainerAPI):
     "The library's `trainer.reward_processor`: the one given, else None."
-    return getattr(getattr(self, "reward_fn", None), "processor", None)
+    rf = getattr(self, "reward_fn", None)
+    return rf.processor if rf is not None else self.__dict__.get("_reward_processor")
+
+def _set_processor(self: TrainerAPI, fn):
+    rf = getattr(self, "reward_fn", None)
+    if rf is None: self.__dict__["_reward_processor"] = fn
+    else: rf.processor = fn
+
+TrainerAPI.reward_func = property(_get_reward_func, _set_reward_func)
+TrainerAPI.reward_processor = property(_get_processor, _set_processor)
 
 # %% ../nbs/24_team.ipynb #b7d20c04
 @patch(as_prop=True)
