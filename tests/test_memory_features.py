@@ -190,6 +190,12 @@ def test_agents_from_one_base_share_one_reference(tmp_path):
     assert two.team.ref_agents[0] is not two.team.ref_agents[1]  # two bases: a reference each
 
 
+def _leave_together(dist):
+    "Both processes past their last collective before either tears gloo down (a peer gone first aborts the other)."
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _bucket_worker(rank, world, init, out):
     import torch.distributed as dist
     from comlrl_nb.distributed import DistContext
@@ -203,7 +209,7 @@ def _bucket_worker(rank, world, init, out):
     ps[1].grad = None                                    # a missing gradient counts as zeros
     ctx.sum_grads(ps, bucket_bytes=48)                    # 12 floats a bucket: buckets [7, 3], [50], [2]
     torch.save([p.grad for p in ps], f"{out}/rank{rank}.pt")
-    dist.destroy_process_group()
+    _leave_together(dist)
 
 
 def test_sum_grads_in_buckets_equals_the_sum(tmp_path):
@@ -286,7 +292,7 @@ def _madpo_worker(rank, world, init, out):
     team, tokens = _pair_team()
     res = md.madpo_update(team, tokens, list(range(5)), 0.5, [0, 0], None, None, ctx, micro_batch_size=2)
     torch.save([weights(team.agents), res["margins"], res["losses"], max(sizes)], f"{out}/rank{rank}.pt")
-    dist.destroy_process_group()
+    _leave_together(dist)
 
 
 def test_madpo_micro_batches_under_two_processes_match_one_plain_process(tmp_path):
