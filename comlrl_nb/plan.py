@@ -143,6 +143,7 @@ class PlanSettings:
     train_batch_size: int = 1           # samples per optimizer step (MADPO: pairs), each with its K completions
     rollout_batch_size: int = 1         # prompts sampled together
     reference_kl_enabled: bool = False
+    one_base: bool = True               # agents of one base: one reference per device holding them all
     num_critics: Optional[int] = None   # None: the algorithm's (MAAC 1, IAC num_agents, others 0)
     reward_train_batch_size: int = 1    # MARLHF: pairs per reward-model step
     lora: bool = False
@@ -229,11 +230,13 @@ def _agents(s: PlanSettings, m: ModelShape, rows: int, tokens: int, new: int, n:
         out = [PlanMember("base", "base", m.params)]
         return out + [PlanMember(f"agent {i}", "agent", ad, ad if train else 0, 0, rows if train else 0, tokens, new,
                              0, True) for i in range(n)]
+    shared = s.one_base and (s.sharding != "none" or s.devices == 1)   # every agent on one device: one reference
     out = []
     for i in range(n):
         out.append(PlanMember(f"agent {i}", "agent", m.params, m.params if train else 0, i, rows if train else 0,
                               tokens, new, head, True))
-        if s.reference_kl_enabled: out.append(PlanMember(f"reference {i}", "reference", m.params, device=i))
+        if s.reference_kl_enabled and not (shared and i):
+            out.append(PlanMember("reference" if shared else f"reference {i}", "reference", m.params, device=i))
     return out
 
 # %% ../nbs/71_memory.ipynb #2ebe92ae
@@ -261,17 +264,20 @@ def plan_stages(s: PlanSettings, m: ModelShape) -> dict:
 def _div(s: PlanSettings) -> int: return s.devices if s.sharding == "fsdp" else 1
 def _share(s: PlanSettings, rows: int) -> int: return -(-rows // s.devices) if s.sharding != "none" else rows
 
+def _xdiv(s: PlanSettings, x) -> int:
+    "FSDP shards the policies (agents, a LoRA base); references, critics and reward models stay whole per process."
+    return _div(s) if x.kind in ("agent", "base") else 1
+
 def _persistent(s: PlanSettings, m: ModelShape, on: list) -> dict:
     "Bytes that live through the whole stage on a device holding the members `on`."
-    b, div = PLAN_DTYPE_BYTES[s.compute_dtype], _div(s)
-    master, trained = b < 4 and s.master_weights, sum(x.trained for x in on)
-    comp = {}
+    b = PLAN_DTYPE_BYTES[s.compute_dtype]
+    master, comp = b < 4 and s.master_weights, {}
     for x in on:
         key = {"agent": "weights", "base": "weights", "reference": "references", "critic": "critics",
                "reward_model": "reward_model"}[x.kind]
-        comp[key] = comp.get(key, 0) + x.params * b // div
-    comp["master_weights"] = trained * 4 // div if master else 0
-    comp["optimizer_states"] = trained * (8 if b == 4 or master else 2 * b) // div
+        comp[key] = comp.get(key, 0) + x.params * b // _xdiv(s, x)
+    comp["master_weights"] = sum(x.trained * 4 // _xdiv(s, x) for x in on) if master else 0
+    comp["optimizer_states"] = sum(x.trained * (8 if b == 4 or master else 2 * b) // _xdiv(s, x) for x in on)
     comp["sharding_buffers"] = ((2 * m.layer_params + m.embed_params) * b if s.sharding == "fsdp" else
                                 trained * b if s.sharding == "ddp" else 0)
     comp["overhead"] = s.overhead_bytes
@@ -307,8 +313,8 @@ def _update(s: PlanSettings, x: PlanMember, base: dict, grads: dict, act: int, l
 # %% ../nbs/71_memory.ipynb #08828b8c
 def _moments(s: PlanSettings, m: ModelShape, on: list) -> list:
     "[(moment, {component: bytes})] of one stage on one device, persistent bytes included."
-    b, div, base = PLAN_DTYPE_BYTES[s.compute_dtype], _div(s), _persistent(s, m, on)
-    grads = {x.name: x.trained * b // div for x in on}
+    b, base = PLAN_DTYPE_BYTES[s.compute_dtype], _persistent(s, m, on)
+    grads = {x.name: x.trained * b // _xdiv(s, x) for x in on}
     out, sampling = [], [x for x in on if x.samples]
     if sampling:
         rows = _share(s, s.rollout_batch_size) * s.num_generations

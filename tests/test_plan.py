@@ -83,7 +83,11 @@ def test_settings_move_the_components_they_should():
     comp = lambda **kw: plan_memory("qwen2.5-1.5b", **{**base, **kw}).per_device[0].moments["train: update of agent 0"]
     assert comp(gradient_checkpointing=True) < comp() and comp(micro_batch_size=1) < comp()
     ref = plan_memory("qwen2.5-1.5b", reference_kl_enabled=True, **base).per_device[0].components
-    assert ref["references"] == 2 * 2 * PUBLISHED["qwen2.5-1.5b"]
+    assert ref["references"] == 1 * 2 * PUBLISHED["qwen2.5-1.5b"]     # agents of one base share one (the trainer's rule)
+    two = plan_memory("qwen2.5-1.5b", reference_kl_enabled=True, one_base=False, **base).per_device[0].components
+    assert two["references"] == 2 * 2 * PUBLISHED["qwen2.5-1.5b"]
+    sharded = plan_memory("qwen2.5-1.5b", reference_kl_enabled=True, sharding="fsdp", devices=2, **base)
+    assert sharded.per_device[1].components["references"] == ref["references"]   # whole on every process
     lora = plan_memory("qwen2.5-1.5b", reference_kl_enabled=True, lora=True, **base).per_device[0].components
     assert "references" not in lora and lora["weights"] < 2 * PUBLISHED["qwen2.5-1.5b"] * 1.05
     fsdp = plan_memory("qwen2.5-1.5b", sharding="fsdp", devices=4, **base)
