@@ -18,7 +18,7 @@ __all__ = ['logger', 'BF16_CPU_FLAGS', 'DISK_FULL', 'NOT_WRITABLE', 'setup_loggi
            'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'micro_chunks', 'micro_backward',
            'thread_probe', 'busy_cores', 'choose_threads', 'apply_threads', 'free_bytes', 'byte_size', 'disk_error',
            'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'check_choice', 'check_number', 'check_bool',
-           'config_error', 'as_list']
+           'config_error', 'as_list', 'check_ported_dict']
 
 # %% ../nbs/00_core.ipynb #1cfea104
 logger = logging.getLogger("comlrl_nb")
@@ -418,3 +418,16 @@ def as_list(x, n: int, name: str, what: str = "value") -> list:
         if len(x) == 1: return list(x) * n
         raise ValueError(f"{name}: got {len(x)} {what}s for {n} agents; pass one (shared) or exactly {n}")
     return [x] * n
+
+# %% ../nbs/00_core.ipynb #769b856b
+def check_ported_dict(value, name: str, known: Sequence[str], warned: set, tail: str = "") -> dict:
+    """`value` must be a dict (a TypeError naming the accepted keys); its keys outside `known` are reported once per
+    set (remembered in `warned`) as having no effect, as comlrl 1.4.3 accepts and ignores them."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict, got {type(value).__name__}; accepted keys: {list(known)}")
+    bad = tuple(sorted(set(value) - set(known)))
+    if bad and bad not in warned:
+        warned.add(bad)
+        logger.warning(f"{name} keys {list(bad)} have no effect here (comlrl 1.4.3 accepts and ignores them); read "
+                       f"keys: {list(known)}{tail}")
+    return value

@@ -328,6 +328,8 @@ def __enter__(self: Run) -> Run:
 
 @patch
 def __exit__(self: Run, kind, exc, tb) -> bool:
+    "A signal that came after the last boundary check is passed on to the handler restored here, once the run is saved."
+    late = self._stop.requested if self._stop is not None and kind is None else None
     try:
         if kind is not None and issubclass(kind, (KeyboardInterrupt, Exception)): self._save_on_failure(kind, exc)
     finally:
@@ -337,6 +339,9 @@ def __exit__(self: Run, kind, exc, tb) -> bool:
             self.bar.close()
             self.metrics.close()
             self.release()
+    if late:
+        logger.warning(f"{late} arrived after the last batch: the run finished and is saved; passing {late} on")
+        signal.raise_signal(signal.Signals[late])
     return False
 
 # %% ../nbs/25_engine.ipynb #adfff29b

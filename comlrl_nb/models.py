@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-from .core import as_list, logger, resolve_device, resolve_dtype
+from .core import as_list, check_ported_dict, logger, resolve_device, resolve_dtype
 
 # %% auto #0
 __all__ = ['TINY_CORPUS', 'EMBEDDED_NAMES', 'MODEL_CONFIG_KEYS', 'make_tiny_tokenizer', 'make_tiny_model', 'embedded_model_file',
@@ -98,14 +98,8 @@ def check_model_config(model_config) -> dict:
     """The model_config as a dict: wrong types refused (naming the accepted keys); keys it does not know are read by
     nothing and reported once, as comlrl 1.4.3 accepts and ignores them (the porting rule)."""
     if model_config is None: return {}
-    if not isinstance(model_config, dict):
-        raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}; "
-                        f"accepted keys: {MODEL_CONFIG_KEYS}")
-    bad = tuple(sorted(set(model_config) - set(MODEL_CONFIG_KEYS)))
-    if bad and bad not in _WARNED_KEYS:
-        _WARNED_KEYS.add(bad)
-        logger.warning(f"model_config keys {list(bad)} have no effect here (comlrl 1.4.3 accepts and ignores them); "
-                       f"read keys: {list(MODEL_CONFIG_KEYS)}; other from_pretrained arguments go inside model_kwargs")
+    check_ported_dict(model_config, "model_config", MODEL_CONFIG_KEYS, _WARNED_KEYS,
+                      "; other from_pretrained arguments go inside model_kwargs")
     for k in ("model_kwargs", "critic_model_kwargs", "special_tokens"):
         if model_config.get(k) is not None and not isinstance(model_config[k], dict):
             raise TypeError(f"model_config[{k!r}] must be a dict, got {type(model_config[k]).__name__}")

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 from fastcore.basics import patch
-from .core import atomic_write_bytes, atomic_write_text, logger
+from .core import atomic_write_bytes, atomic_write_text, check_ported_dict, logger
 
 # %% auto #0
 __all__ = ['WANDB_CONFIG_KEYS', 'read_metrics', 'MetricsLogger', 'safe_url', 'secret_values', 'scrub_secrets', 'config_json',
@@ -129,14 +129,7 @@ _WARNED_WANDB: set = set()
 def _check_wandb_config(wandb_config):
     """A dict (else an error naming the read keys); keys it does not read are reported once and left out of
     `wandb.init`, as comlrl 1.4.3 accepts them (the porting rule)."""
-    if not isinstance(wandb_config, dict):
-        raise TypeError(f"wandb_config must be a dict, got {type(wandb_config).__name__}; "
-                        f"accepted keys: {list(WANDB_CONFIG_KEYS)}")
-    bad = tuple(sorted(set(wandb_config) - set(WANDB_CONFIG_KEYS)))
-    if bad and bad not in _WARNED_WANDB:
-        _WARNED_WANDB.add(bad)
-        logger.warning(f"wandb_config keys {list(bad)} have no effect here (comlrl 1.4.3 accepts them); read keys: "
-                       f"{list(WANDB_CONFIG_KEYS)}")
+    check_ported_dict(wandb_config, "wandb_config", WANDB_CONFIG_KEYS, _WARNED_WANDB)
 
 # %% ../nbs/22_tracking.ipynb #08ce258d
 def _run_config(wandb_config: dict, trainer_config=None, identity: dict | None = None) -> dict:

@@ -3,6 +3,7 @@ never mixed, a lock, a checkpoint on SIGTERM or a failing reward, refusal of a c
 checkpoint_dir arguments, and every dataset row checked."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -88,6 +89,30 @@ def test_sigterm_stops_at_the_batch_boundary_with_a_checkpoint_and_exit_status_1
     tr = make(tmp_path / "run")
     tr.train(resume_from_checkpoint=True)
     assert tr.state["global_batch"] == 4
+
+
+def test_a_sigterm_after_the_last_batch_is_passed_on_once_the_run_is_saved(tmp_path):
+    "The signal arrives during the last batch (after its boundary check): the run ends and saves, then the signal acts."
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, torch
+        torch.set_num_threads(1)
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from test_run_safety import make, vowels
+        calls = []
+        def reward(a, b):
+            calls.append(1)
+            if len(calls) == 4: os.kill(os.getpid(), signal.SIGTERM)     # during batch 4 of 4
+            return vowels(a, b)
+        make(sys.argv[1], reward=reward, save_steps=1).train()
+        print("went on after the SIGTERM", flush=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == -signal.SIGTERM and "went on" not in p.stdout, (p.returncode, p.stderr[-2000:])
+    assert "SIGTERM arrived after the last batch" in p.stderr
+    assert checkpoints(tmp_path / "run")[-1] == "checkpoint-0000004"       # everything the run did is saved
 
 
 def test_a_fresh_run_into_a_used_directory_is_refused_and_keeps_its_files(tmp_path):
