@@ -1,0 +1,104 @@
+"""The command line under a launcher: `python -m comlrl_nb` is `comlrl-nb`, and `torchrun --nproc_per_node 2 -m comlrl_nb
+train ...` runs the one-process job: one run directory (also the timestamped default), one report.json (with the
+launch's `distributed` section), the one-process final weights."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+# a small job: one pass over the tiny task's 24 items (6 batches), no held-out check, no plot; lr 1e-5 as in
+# tests/test_sharding.py: 12 Adam steps move a weight by <= ~1.2e-4 (seen: 6e-5), so ATOL=1e-4 bounds any float-level
+# difference (another split of the rows over the processes, another order of the sums; seen: 1.4e-6 under fsdp)
+JOB = ["train", "--model", "tiny", "--heldout-samples", "0", "--threads", "1", "--set", "num_train_epochs=1",
+       "progress_bar=false", "save_plot=false", "agent_learning_rate=1e-5"]
+ATOL = 1e-4
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _run(cmd, cwd=None):
+    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=_env(), cwd=cwd, timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
+    return res
+
+
+def _torchrun(port, *args, cwd=None):
+    return _run([BIN / "torchrun", "--nproc_per_node", 2, "--master_port", port, "-m", "comlrl_nb", *args], cwd)
+
+
+def _report(d):
+    return json.loads((Path(d) / "report.json").read_text())
+
+
+def _weights(d):
+    "The final agents' full weights, as `from_pretrained` reads them back."
+    from transformers import AutoModelForCausalLM
+    return [AutoModelForCausalLM.from_pretrained(Path(d) / "final" / f"agent_{i}").state_dict() for i in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    "The one-process job through `python -m comlrl_nb` (distributed=fsdp: one process, so the agents stay whole)."
+    d = tmp_path_factory.mktemp("single") / "run"
+    _run([sys.executable, "-m", "comlrl_nb", *JOB, "--set", "distributed=fsdp", "--output-dir", d])
+    return d
+
+
+def _same_weights(one, other):
+    a, b = _weights(one), _weights(other)
+    from comlrl_nb.models import make_tiny_model
+    init = make_tiny_model()[0].state_dict()
+    for x, y in zip(a, b):
+        assert sorted(x) == sorted(y)
+        diff = max(float((x[k] - y[k]).abs().max()) for k in x)
+        moved = max(float((x[k] - init[k]).abs().max()) for k in x)
+        assert diff < ATOL and moved > 20 * diff, (diff, moved)        # equal, and training did move the weights
+
+
+def test_python_m_is_the_command(single):
+    res = _run([sys.executable, "-m", "comlrl_nb", "--help"])
+    assert res.stdout.startswith("usage: comlrl-nb") and "train" in res.stdout
+    bad = subprocess.run([sys.executable, "-m", "comlrl_nb", "train", "--heldout-samples", "-1"], capture_output=True,
+                         text=True, env=_env())
+    assert bad.returncode == 2 and "--heldout-samples -1 is invalid" in bad.stderr, bad.stderr   # main()'s exit codes
+    rep = _report(single)
+    assert rep["complete"] and rep["trained"]["global_batch"] == 6
+    assert (rep["distributed"]["world_size"], rep["distributed"]["strategy"]) == (1, "none")
+    assert sorted(p.name for p in (single / "final").iterdir()) == ["agent_0", "agent_1"]
+
+
+def test_torchrun_fsdp_is_the_one_process_job(tmp_path, single):
+    out = tmp_path / "run"
+    res = _torchrun(29710, *JOB, "--set", "distributed=fsdp", "--output-dir", out)
+    assert res.stdout.count("[comlrl-nb] report:") == 1, res.stdout         # the main process alone reports
+    rep, one = _report(out), _report(single)
+    d = rep["distributed"]
+    assert rep["complete"] and (d["world_size"], d["strategy"]) == (2, "fsdp")
+    for k in ("parameter_bytes", "optimizer_bytes"):                           # rank 0's shards: half of each agent
+        assert 0.45 * one["distributed"][k] <= d[k] <= 0.55 * one["distributed"][k], (k, d[k], one["distributed"][k])
+    assert sorted(p.name for p in out.iterdir()) == [".comlrl_nb.lock", "final", "metrics.jsonl", "report.json"]
+    assert [json.loads(l)["batch"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+    _same_weights(single, out)
+
+
+@pytest.mark.parametrize("strategy,port", [("ddp", 29711), ("none", 29712)])
+def test_torchrun_default_dir_is_one_directory(tmp_path, single, strategy, port):
+    "No --output-dir: the main process picks runs/magrpo/<timestamp>/ and the other one writes into the same one."
+    _torchrun(port, *JOB, "--set", f"distributed={strategy}", cwd=tmp_path)
+    runs = sorted(p.name for p in (tmp_path / "runs" / "magrpo").iterdir())
+    assert len(runs) == 2 and runs[-1] == "latest", runs                      # one run, and the link to it
+    out = (tmp_path / "runs" / "magrpo" / "latest").resolve()
+    rep = _report(out)
+    assert rep["complete"] and rep["config"]["output_dir"] == str(Path("runs") / "magrpo" / runs[0])
+    assert (rep["distributed"]["world_size"], rep["distributed"]["strategy"]) == (2, strategy)
+    assert rep["distributed"]["parameter_bytes"] == _report(single)["distributed"]["parameter_bytes"]   # replicas
+    _same_weights(single, out)
