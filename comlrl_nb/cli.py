@@ -16,7 +16,7 @@ from .tasks import TASKS, Task, get_task
 from .runs import Terminated, exit_status, guarded_command, prepare_output_dir, run_files
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'TRAINED_DIR', 'REPORT_FILE',
+__all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'TRAINED_DIR', 'REPORT_FILE', 'STOP_NOTES',
            'load_config_file', 'build_config', 'heldout_reward', 'paired_change', 'hardware_choice', 'Stopwatch',
            'warm_plotting', 'FirstBatchEstimate', 'add_data_args', 'task_from_args', 'plain_weights', 'write_agents',
            'save_final', 'add_eval_parser', 'cmd_eval', 'check_train_args', 'check_eval_args', 'check_query_args',
@@ -585,11 +585,18 @@ def _from_saved(kw: dict, d: Path, count: int) -> dict:
     return kw
 
 def _finish_command(args, out: Path) -> str:
-    "The command that finishes this run: the same flags, with --resume and the run's directory."
+    """The command that finishes this run: the same flags, with --resume and the run's directory; a launched run's
+    under torchrun with its processes per node (several nodes: each with its rendezvous flags)."""
     import shlex
     argv = [a for a in getattr(args, "argv", None) or ["train"] if a != "--resume"]
     if "--output-dir" not in argv: argv += ["--output-dir", str(out)]
-    return "comlrl-nb " + " ".join(shlex.quote(a) for a in argv + ["--resume"])
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    head = "comlrl-nb "
+    if world > 1:
+        local = local or world
+        nodes = f"--nnodes {world // local} (rendezvous flags) " if world > local else ""
+        head = f"torchrun {nodes}--nproc_per_node {local} -m comlrl_nb "
+    return head + " ".join(shlex.quote(a) for a in argv + ["--resume"])
 
 # %% ../nbs/80_cli.ipynb #e14eeae4
 def claim_run_dir(output_dir, algo: str, resume, dist) -> tuple:
@@ -639,6 +646,8 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard, dist) -> dict
     main = not dist.enabled or dist.is_main               # the one process that prints and writes the report
     say = print if main else lambda *a, **k: None
     prev, ckpt = read_report(out) if args.resume else {}, _latest_checkpoint(out)
+    if main:
+        for f in out.glob(STOP_NOTES): f.unlink()                         # an earlier attempt's, already reported
     if dist.enabled: prev, ckpt = dist.gather((prev, ckpt) if main else None)[0]   # what the main one found
     if args.resume and not (prev or ckpt or run_files(out)):
         raise FileNotFoundError(f"--resume: {out} holds no run to resume (no report.json, checkpoint or metrics); drop "
@@ -746,11 +755,29 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard, dist) -> dict
               f"{(out / REPORT_FILE).resolve()}")
         return report
     except BaseException as e:
-        if not report.get("complete") and main: _record_stop(args, out, report, e)
+        if report.get("complete"): raise
+        if main: _record_stop(args, out, report, e)
+        else:                                  # for the main one's report: it may only see its peer's socket close
+            with contextlib.suppress(OSError):
+                atomic_write_json(out / STOP_NOTES.replace("*", str(dist.rank)),
+                                  {"rank": dist.rank, "phase": report.get("phase"), "reason": _stop_reason(e)})
         raise
 
+STOP_NOTES = ".stop.rank*.json"       # a launched run: why a process other than the main one stopped
+
+def _stop_reason(e: BaseException) -> str:
+    sig = e.args[0] if isinstance(e, Terminated) and e.args else None
+    return f"signal {sig}" if sig not in (None, "SIGINT") else "Ctrl-C" if isinstance(e, KeyboardInterrupt) \
+        else f"{type(e).__name__}: {str(e)[:500]}"
+
+def _stop_note(p: Path) -> dict:
+    try: return json.loads(p.read_text())
+    except (OSError, ValueError): return {}
+
 def _record_stop(args, out: Path, report: dict, e: BaseException):
-    "The report of a command that stopped: where, why, what was kept, and the command that finishes it."
+    """The report of a command that stopped: where, why, what was kept, and the command that finishes it (a launched
+    run: also why the other processes stopped, as far as they could say; a process that failed first says so before
+    its sockets close, so the main one, stopped by that, finds its note)."""
     saved = out / (TRAINED_DIR if args.no_final else FINAL_DIR)
     for d in (saved.with_name(f".{saved.name}.partial"),): shutil.rmtree(d, ignore_errors=True)
     ckpt = _latest_checkpoint(out)
@@ -758,12 +785,14 @@ def _record_stop(args, out: Path, report: dict, e: BaseException):
         + ([f"{saved.name}/ (the trained agents)"] if report.get("trained") else []) \
         + (["metrics.jsonl"] if (out / "metrics.jsonl").is_file() else []) \
         + [k for k in ("heldout_before", "heldout_after") if k in report]
-    sig = e.args[0] if isinstance(e, Terminated) and e.args else None
-    why = f"signal {sig}" if sig not in (None, "SIGINT") else "Ctrl-C" if isinstance(e, KeyboardInterrupt) \
-        else f"{type(e).__name__}: {str(e)[:500]}"
+    why, notes = _stop_reason(e), sorted(out.glob(STOP_NOTES))
     report.update(complete=False, stopped={"phase": report.get("phase"), "reason": why, "kept": kept,
                                            "finish_with": _finish_command(args, out)})
-    try: atomic_write_json(out / REPORT_FILE, report)
+    others = [n for n in map(_stop_note, notes) if n]
+    if others: report["stopped"]["other_processes"] = others
+    try:
+        atomic_write_json(out / REPORT_FILE, report)
+        for n in notes: n.unlink()                                          # now in the report
     except OSError as err: logger.error(f"could not write {out / REPORT_FILE} on the way out: {err}")
     if isinstance(e, KeyboardInterrupt):
         print(f"[comlrl-nb] stopped in phase '{report['phase']}' ({why}); kept: {', '.join(kept) or 'nothing yet'}; "
