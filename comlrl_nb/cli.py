@@ -683,7 +683,7 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard, dist) -> dict
               f"{hw['threads']['threads']} thread(s) ({hw['threads']['reason']})")
         from comlrl_nb.api import scrub_secrets
         report.update(**hw, config=scrub_secrets(dataclasses.asdict(cfg)))
-        if getattr(cfg, "save_plot", False) and not trained and main: warm_plotting()   # the end-of-run plot then only draws
+        if getattr(cfg, "save_plot", False) and not trained and main: warm_plotting()   # the end-of-run plot: draws only
         extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
         if task.eval_logger is not None:
             extra.update(eval_logger=task.eval_logger, eval_aggregator=task.eval_aggregator)

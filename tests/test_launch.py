@@ -1,6 +1,6 @@
-"""The command line under a launcher: `python -m comlrl_nb` is `comlrl-nb`, and `torchrun --nproc_per_node 2 -m comlrl_nb
-train ...` runs the one-process job: one run directory (also the timestamped default), one report.json (with the
-launch's `distributed` section), the one-process final weights."""
+"""The command line under a launcher: `python -m comlrl_nb` is `comlrl-nb`, and `torchrun --nproc_per_node 2 -m
+comlrl_nb train ...` runs the one-process job: one run directory (also the timestamped default), one report.json
+(with the launch's `distributed` section), the one-process final weights."""
 import json
 import os
 import subprocess
@@ -132,7 +132,8 @@ def test_a_failing_process_loses_nothing_and_resume_finishes(tmp_path):
            "save_plot=false", "agent_learning_rate=1e-5", "save_steps=1", "rollout_batch_size=2", "distributed=fsdp"]
     one, out = tmp_path / "one", tmp_path / "run"
     _run([sys.executable, "-m", "comlrl_nb", *job, "--output-dir", one])
-    cmd = [BIN / "torchrun", "--nproc_per_node", 2, "--master_port", 29713, "-m", "comlrl_nb", *job, "--output-dir", out]
+    cmd = [BIN / "torchrun", "--nproc_per_node", 2, "--master_port", 29713, "-m", "comlrl_nb", *job,
+           "--output-dir", out]
     res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600,
                          env={**_env(), "RANK_FAILS": "1", "FAIL_AT": "3"})
     assert res.returncode != 0
