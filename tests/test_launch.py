@@ -89,6 +89,13 @@ def test_torchrun_fsdp_is_the_one_process_job(tmp_path, single):
     assert sorted(p.name for p in out.iterdir()) == [".comlrl_nb.lock", "final", "metrics.jsonl", "report.json"]
     assert [json.loads(l)["batch"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     _same_weights(single, out)
+    # the same command again: the main process refuses the used directory and the other one raises the same refusal
+    # (nobody waits for a directory that will not come)
+    again = subprocess.run([str(c) for c in [BIN / "torchrun", "--nproc_per_node", 2, "--master_port", 29715, "-m",
+                                             "comlrl_nb", *JOB, "distributed=fsdp", "--output-dir", out]],
+                           capture_output=True, text=True, env=_env(), timeout=300)
+    assert again.returncode != 0 and again.stderr.count(f"error: output_dir {out} already holds another run") == 2, \
+        again.stderr[-3000:]
     # the held-out checks (every process samples them from the gathered agents): the same responses, the same rewards
     assert rep["heldout_before"]["rewards"] == one["heldout_before"]["rewards"]
     assert rep["heldout_after"]["rewards"] == pytest.approx(one["heldout_after"]["rewards"], abs=1e-6)
