@@ -677,10 +677,10 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard, dist) -> dict
         enter("load")
         since = "training is done" if trained else f"from {ckpt.name}" if ckpt is not None else "from the start"
         say(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output "
-              f"{out.resolve()}" + (f" (resuming: {since})" if args.resume else ""))
+            f"{out.resolve()}" + (f" (resuming: {since})" if args.resume else ""))
         hw = hardware_choice(cfg, args.threads)
         say(f"[comlrl-nb] precision {hw['precision']['autocast_dtype'] or 'float32'} ({hw['precision']['reason']}); "
-              f"{hw['threads']['threads']} thread(s) ({hw['threads']['reason']})")
+            f"{hw['threads']['threads']} thread(s) ({hw['threads']['reason']})")
         from comlrl_nb.api import scrub_secrets
         report.update(**hw, config=scrub_secrets(dataclasses.asdict(cfg)))
         if getattr(cfg, "save_plot", False) and not trained and main: warm_plotting()   # the end-of-run plot: draws only
@@ -695,7 +695,7 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard, dist) -> dict
             trainer = trainer_cls(**kw, reward_func=task.reward_func, formatters=task.formatters, args=cfg,
                                   train_dataset=task.train_dataset, eval_dataset=task.eval_dataset or None, **extra)
         say(f"[comlrl-nb] agents loaded in {sw.phases['load']['wall_s']:.1f}s"
-              + (f" (the trained ones, from {saved_dir.name}/)" if trained else ""))
+            + (f" (the trained ones, from {saved_dir.name}/)" if trained else ""))
         from comlrl_nb.trainers.reinforce import MAGRPOTrainer
         measure = args.heldout_samples > 0 and bool(task.eval_dataset) and cfg.num_turns == 1 and (
             isinstance(trainer, MAGRPOTrainer)                                  # tree rollouts, or one actor
@@ -750,9 +750,9 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard, dist) -> dict
                 if getattr(cfg, "save_steps", 0) < 0: _drop_stale_checkpoints(out, report["trained"]["global_batch"])
         tr = report.get("trained") or {"global_batch": 0, "metrics_path": str(out / "metrics.jsonl")}
         say(f"[comlrl-nb] trained {tr['global_batch']} batches in {report.get('train_seconds', 0):.0f}s "
-              f"(total {report['total_seconds']:.0f}s)\n[comlrl-nb] metrics: {tr['metrics_path']}\n"
-              f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: "
-              f"{(out / REPORT_FILE).resolve()}")
+            f"(total {report['total_seconds']:.0f}s)\n[comlrl-nb] metrics: {tr['metrics_path']}\n"
+            f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: "
+            f"{(out / REPORT_FILE).resolve()}")
         return report
     except BaseException as e:
         if report.get("complete"): raise
