@@ -4,7 +4,7 @@
 
 # %% ../nbs/80_cli.ipynb #356783ff
 from __future__ import annotations
-import argparse, contextlib, dataclasses, difflib, json, math, os, re, shutil, sys, threading, time
+import argparse, contextlib, dataclasses, difflib, json, math, os, pickle, re, shutil, sys, threading, time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -16,12 +16,12 @@ from .tasks import TASKS, Task, get_task
 from .runs import Terminated, exit_status, guarded_command, prepare_output_dir, run_files
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'TRAINED_DIR', 'REPORT_FILE',
+__all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL_DIR', 'TRAINED_DIR', 'REPORT_FILE', 'STOP_NOTES',
            'load_config_file', 'build_config', 'heldout_reward', 'paired_change', 'hardware_choice', 'Stopwatch',
            'warm_plotting', 'FirstBatchEstimate', 'add_data_args', 'task_from_args', 'plain_weights', 'write_agents',
            'save_final', 'add_eval_parser', 'cmd_eval', 'check_train_args', 'check_eval_args', 'check_query_args',
-           'check_model_dir', 'check_saved_agents', 'read_report', 'cmd_train', 'rebase_links', 'render_readme',
-           'cmd_readme', 'cmd_comparator_query', 'cmd_options', 'run', 'main']
+           'check_model_dir', 'check_saved_agents', 'read_report', 'claim_run_dir', 'cmd_train', 'rebase_links',
+           'render_readme', 'cmd_readme', 'cmd_comparator_query', 'cmd_options', 'run', 'main']
 
 # %% ../nbs/80_cli.ipynb #cac70cfe
 def _algorithms() -> dict:
@@ -194,21 +194,27 @@ def plain_weights(models):
             m.hf_quantizer = q
             if qc is not None: m.config.quantization_config = qc
 
-def write_agents(trainer, target) -> Path:
+def write_agents(trainer, target, dist=None) -> Path:
     """The trainer's agents to `target/agent_i/`, all or nothing: written to `.<name>.partial/` beside it, then renamed
-    into place (a stop halfway leaves the old `target`, or none, never a half-written one)."""
-    target = Path(target)
+    into place (a stop halfway leaves the old `target`, or none, never a half-written one). Under a launcher (`dist`, a
+    `DistContext`) every process saves (gathering sharded weights is a collective); only the main one's files stay,
+    the others' strays (whole replicas, critics) go to a scratch folder of their own, removed at once."""
+    target, main = Path(target), dist is None or dist.is_main
     part, old = target.with_name(f".{target.name}.partial"), target.with_name(f".{target.name}.old")
-    for d in (part, old): shutil.rmtree(d, ignore_errors=True)
+    if not main: part = target.with_name(f".{target.name}.rank{dist.rank}")
+    for d in (part, old) if main else (part,): shutil.rmtree(d, ignore_errors=True)
     with plain_weights(trainer.agents): trainer.save_model(part)
-    if target.exists(): os.replace(target, old)
-    os.replace(part, target)
-    shutil.rmtree(old, ignore_errors=True)
+    if main:
+        if target.exists(): os.replace(target, old)
+        os.replace(part, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else: shutil.rmtree(part, ignore_errors=True)
+    if dist is not None: dist.barrier()                  # the agents are in place before any process goes on
     return target
 
-def save_final(trainer, output_dir) -> Path:
+def save_final(trainer, output_dir, dist=None) -> Path:
     "Write the trained agents to <output_dir>/final/agent_i/ (each a model directory with its tokenizer), atomically."
-    return write_agents(trainer, Path(output_dir) / FINAL_DIR)
+    return write_agents(trainer, Path(output_dir) / FINAL_DIR, dist)
 
 def add_eval_parser(sub):
     e = sub.add_parser("eval", help="evaluate saved agents (or a model) on a task or your rows; prints one JSON line",
@@ -222,7 +228,8 @@ def add_eval_parser(sub):
     e.add_argument("--max-rows", type=int, help="evaluate only the first N rows")
     e.add_argument("--algo", default="magrpo", help="whose config holds the sampling settings (default magrpo)")
     e.add_argument("--config", help="YAML or JSON file of config fields (sampling settings)")
-    e.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override single config fields")
+    e.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                   help="override single config fields (repeatable: every --set counts)")
 
 # %% ../nbs/80_cli.ipynb #cd4b7eee
 def _run_config(agents) -> dict:
@@ -267,7 +274,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default="embedded", help="embedded | tiny | PATH | hub id (default embedded)")
     t.add_argument("--task", help=f"one of {tasks} (default length_ratio); or your own rows with --dataset")
     t.add_argument("--config", help="YAML or JSON file of config fields (applied over the preset)")
-    t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override single config fields")
+    t.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                   help="override single config fields (repeatable: every --set counts)")
     t.add_argument("--output-dir", help="where metrics.jsonl, plots and checkpoints go (default: a fresh "
                    "runs/<algo>/<timestamp>/, with runs/<algo>/latest pointing at it)")
     t.add_argument("--heldout-samples", type=int, default=25,
@@ -310,7 +318,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--top-p", type=float, default=1.0)
     q.add_argument("--top-k", type=int, default=None)
     q.add_argument("--config", help="YAML or JSON file of comparator_api_* fields")
-    q.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+    q.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
                    help="override comparator_api_* fields (the prefix may be left out)")
     return p
 
@@ -577,13 +585,43 @@ def _from_saved(kw: dict, d: Path, count: int) -> dict:
     return kw
 
 def _finish_command(args, out: Path) -> str:
-    "The command that finishes this run: the same flags, with --resume and the run's directory."
+    """The command that finishes this run: the same flags, with --resume and the run's directory; a launched run's
+    under torchrun with its processes per node (several nodes: each with its rendezvous flags)."""
     import shlex
     argv = [a for a in getattr(args, "argv", None) or ["train"] if a != "--resume"]
     if "--output-dir" not in argv: argv += ["--output-dir", str(out)]
-    return "comlrl-nb " + " ".join(shlex.quote(a) for a in argv + ["--resume"])
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    head = "comlrl-nb "
+    if world > 1:
+        local = local or world
+        nodes = f"--nnodes {world // local} (rendezvous flags) " if world > local else ""
+        head = f"torchrun {nodes}--nproc_per_node {local} -m comlrl_nb "
+    return head + " ".join(shlex.quote(a) for a in argv + ["--resume"])
 
 # %% ../nbs/80_cli.ipynb #e14eeae4
+def claim_run_dir(output_dir, algo: str, resume, dist) -> tuple:
+    """(directory, lock) of a command's run: the main process checks and claims it (`claim_output_dir`: a fresh
+    runs/<algo>/<timestamp>/ when `output_dir` is None) and the others get its path from it and claim nothing; a
+    refusal there is raised on every process (none waits for a directory that will not come)."""
+    from comlrl_nb.engine import claim_output_dir
+    got, lock = (None, None), None
+    if not dist.enabled or dist.is_main:
+        try:
+            d, lock = claim_output_dir(output_dir, algo, resume)
+            got = (str(d), None)
+        except Exception as e:
+            try: pickle.dumps(e)
+            except Exception: e = RuntimeError(f"{type(e).__name__}: {e}")
+            got = (None, e)
+    if dist.enabled: got = dist.gather(got)[0]
+    if got[1] is not None: raise got[1]
+    return Path(got[0]), lock
+
+def _agents_whole(trainer):
+    "Sharded agents gathered whole for a held-out measurement (every process samples the same items alike)."
+    from comlrl_nb.distributed import gathered
+    return gathered(getattr(getattr(trainer, "team", None), "agents", None) or [])
+
 def cmd_train(args) -> dict:
     """The `train` command: build config, task and trainer; measure held-out reward before/after; train; report. One
     protected unit from loading to the report: a signal or an error anywhere keeps what exists and `--resume` finishes
@@ -595,15 +633,22 @@ def cmd_train(args) -> dict:
     ov = {**_algo_overrides(args.algo, cfg_cls, task, args.model, user), "num_agents": task.num_agents,
           "output_dir": args.output_dir, **user}
     cfg = build_config(cfg_cls, ov, user)
-    from comlrl_nb.engine import claim_output_dir, release_output_dir
-    out, lock = claim_output_dir(cfg.output_dir, args.algo, args.resume)   # used, unwritable or busy: refused here
+    from comlrl_nb.distributed import DistContext
+    from comlrl_nb.engine import release_output_dir
+    dist = DistContext()                                  # under torchrun / accelerate launch: meets the others here
+    out, lock = claim_run_dir(cfg.output_dir, args.algo, args.resume, dist)   # used, unwritable, busy: refused here
     try:
         cfg.output_dir = str(out)
-        with guarded_command() as guard: return _train_command(args, cfg, trainer_cls, task, out, guard)
+        with guarded_command() as guard: return _train_command(args, cfg, trainer_cls, task, out, guard, dist)
     finally: release_output_dir(lock)
 
-def _train_command(args, cfg, trainer_cls, task, out: Path, guard) -> dict:
+def _train_command(args, cfg, trainer_cls, task, out: Path, guard, dist) -> dict:
+    main = not dist.enabled or dist.is_main               # the one process that prints and writes the report
+    say = print if main else lambda *a, **k: None
     prev, ckpt = read_report(out) if args.resume else {}, _latest_checkpoint(out)
+    if main:
+        for f in out.glob(STOP_NOTES): f.unlink()                         # an earlier attempt's, already reported
+    if dist.enabled: prev, ckpt = dist.gather((prev, ckpt) if main else None)[0]   # what the main one found
     if args.resume and not (prev or ckpt or run_files(out)):
         raise FileNotFoundError(f"--resume: {out} holds no run to resume (no report.json, checkpoint or metrics); drop "
                                 "--resume to start a run there")
@@ -612,7 +657,7 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard) -> dict:
     more = info.get("epoch", math.inf) < cfg.num_train_epochs and info.get("batch", -1) >= done_batches   # training left
     trained = bool(prev.get("trained")) and (saved_dir / "agent_0").is_dir() and not more
     if prev.get("complete", "total_seconds" in prev) and not more:
-        print(f"[comlrl-nb] {out} is complete (report.json); nothing to resume")
+        say(f"[comlrl-nb] {out} is complete (report.json); nothing to resume")
         return prev
     if prev.get("heldout_samples", args.heldout_samples) != args.heldout_samples:
         raise ValueError(f"--heldout-samples {args.heldout_samples} differs from the run's {prev['heldout_samples']}: "
@@ -627,18 +672,18 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard) -> dict:
     sw.phases.update(prev.get("timing", {}) if args.resume else {})
     def enter(phase: str):
         report["phase"] = phase
-        atomic_write_json(out / REPORT_FILE, report)
+        if main: atomic_write_json(out / REPORT_FILE, report)
     try:
         enter("load")
         since = "training is done" if trained else f"from {ckpt.name}" if ckpt is not None else "from the start"
-        print(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output "
-              f"{out.resolve()}" + (f" (resuming: {since})" if args.resume else ""))
+        say(f"[comlrl-nb] {args.algo} on task '{task.name}' ({task.description}); model {args.model}; output "
+            f"{out.resolve()}" + (f" (resuming: {since})" if args.resume else ""))
         hw = hardware_choice(cfg, args.threads)
-        print(f"[comlrl-nb] precision {hw['precision']['autocast_dtype'] or 'float32'} ({hw['precision']['reason']}); "
-              f"{hw['threads']['threads']} thread(s) ({hw['threads']['reason']})")
+        say(f"[comlrl-nb] precision {hw['precision']['autocast_dtype'] or 'float32'} ({hw['precision']['reason']}); "
+            f"{hw['threads']['threads']} thread(s) ({hw['threads']['reason']})")
         from comlrl_nb.api import scrub_secrets
         report.update(**hw, config=scrub_secrets(dataclasses.asdict(cfg)))
-        if getattr(cfg, "save_plot", False) and not trained: warm_plotting()   # the end-of-run plot then only draws
+        if getattr(cfg, "save_plot", False) and not trained and main: warm_plotting()   # the end-of-run plot: draws only
         extra = {"external_transition": task.external_transition} if cfg.num_turns > 1 else {}
         if task.eval_logger is not None:
             extra.update(eval_logger=task.eval_logger, eval_aggregator=task.eval_aggregator)
@@ -649,20 +694,20 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard) -> dict:
         with sw("load"):
             trainer = trainer_cls(**kw, reward_func=task.reward_func, formatters=task.formatters, args=cfg,
                                   train_dataset=task.train_dataset, eval_dataset=task.eval_dataset or None, **extra)
-        print(f"[comlrl-nb] agents loaded in {sw.phases['load']['wall_s']:.1f}s"
-              + (f" (the trained ones, from {saved_dir.name}/)" if trained else ""))
+        say(f"[comlrl-nb] agents loaded in {sw.phases['load']['wall_s']:.1f}s"
+            + (f" (the trained ones, from {saved_dir.name}/)" if trained else ""))
         from comlrl_nb.trainers.reinforce import MAGRPOTrainer
         measure = args.heldout_samples > 0 and bool(task.eval_dataset) and cfg.num_turns == 1 and (
             isinstance(trainer, MAGRPOTrainer)                                  # tree rollouts, or one actor
             or (getattr(cfg, "collaboration_mode", None) == "centralized" and hasattr(trainer, "central_sample")))
         if measure and "heldout_before" not in report and ckpt is None and not trained:
             enter("heldout_before")
-            with sw("heldout_before"):
+            with sw("heldout_before"), _agents_whole(trainer):
                 report["heldout_before"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
-            print(f"[comlrl-nb] held-out reward before training: {_fmt(report['heldout_before'])}")
+            say(f"[comlrl-nb] held-out reward before training: {_fmt(report['heldout_before'])}")
         if not trained:
             enter("train")
-            n_batches = 0 if ckpt is not None else _num_batches(cfg, task)  # fresh runs: an estimate after batch 1
+            n_batches = 0 if ckpt is not None or not main else _num_batches(cfg, task)  # an estimate after batch 1
             est = FirstBatchEstimate(lambda: Path(trainer.output_dir) / "metrics.jsonl", n_batches,
                                      sw.phases.get("heldout_before", {}).get("wall_s", 0.0))
             if n_batches: est.start()
@@ -675,22 +720,22 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard) -> dict:
                     est.done.set()
                     if n_batches: est.join(1.0)
                 enter("save_agents")
-                with sw("save_agents"): write_agents(trainer, saved_dir)      # the end of training, kept
+                with sw("save_agents"): write_agents(trainer, saved_dir, dist)   # the end of training, kept
                 report["trained"] = {"global_batch": state["global_batch"], "stopped": bool(state.get("stopped")),
                                      "metrics_path": str(Path(state["metrics_path"]).resolve()),
                                      "agents": str(saved_dir.resolve())}
                 report["train_seconds"] = sw.phases["train"]["wall_s"]
                 team = getattr(trainer, "team", None)
                 if hasattr(team, "memory"): report["distributed"] = team.memory()   # world_size, strategy, bytes
-                atomic_write_json(out / REPORT_FILE, report)
+                if main: atomic_write_json(out / REPORT_FILE, report)
         if measure and "heldout_after" not in report:
             enter("heldout_after")
-            with sw("heldout_after"):
+            with sw("heldout_after"), _agents_whole(trainer):
                 report["heldout_after"] = heldout_reward(trainer, task.eval_dataset, args.heldout_samples)
-            print(f"[comlrl-nb] held-out reward after training:  {_fmt(report['heldout_after'])}")
+            say(f"[comlrl-nb] held-out reward after training:  {_fmt(report['heldout_after'])}")
         if "heldout_after" in report and "heldout_before" in report:
             ch = report["heldout_change"] = paired_change(report["heldout_before"], report["heldout_after"])
-            print(f"[comlrl-nb] change (paired by sampling key): {ch['mean']:+.3f} +/- {ch['se']:.3f} (n={ch['n']})")
+            say(f"[comlrl-nb] change (paired by sampling key): {ch['mean']:+.3f} +/- {ch['se']:.3f} (n={ch['n']})")
         enter("report")
         if not args.no_final: report["final_agents"] = str(saved_dir.resolve())
         from comlrl_nb.engine import wait_for_plots
@@ -699,21 +744,40 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard) -> dict:
                                                                    else 0.0)
         report.update(timing=sw.phases, complete=True, phase="done")
         with guard.hold("the report"):
-            atomic_write_json(out / REPORT_FILE, report)
-            if args.no_final: shutil.rmtree(saved_dir, ignore_errors=True)
-            if getattr(cfg, "save_steps", 0) < 0: _drop_stale_checkpoints(out, report["trained"]["global_batch"])
+            if main:
+                atomic_write_json(out / REPORT_FILE, report)
+                if args.no_final: shutil.rmtree(saved_dir, ignore_errors=True)
+                if getattr(cfg, "save_steps", 0) < 0: _drop_stale_checkpoints(out, report["trained"]["global_batch"])
         tr = report.get("trained") or {"global_batch": 0, "metrics_path": str(out / "metrics.jsonl")}
-        print(f"[comlrl-nb] trained {tr['global_batch']} batches in {report.get('train_seconds', 0):.0f}s "
-              f"(total {report['total_seconds']:.0f}s)\n[comlrl-nb] metrics: {tr['metrics_path']}\n"
-              f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: "
-              f"{(out / REPORT_FILE).resolve()}")
+        say(f"[comlrl-nb] trained {tr['global_batch']} batches in {report.get('train_seconds', 0):.0f}s "
+            f"(total {report['total_seconds']:.0f}s)\n[comlrl-nb] metrics: {tr['metrics_path']}\n"
+            f"[comlrl-nb] reward curve: {(out / 'training_curves.png').resolve()}\n[comlrl-nb] report: "
+            f"{(out / REPORT_FILE).resolve()}")
         return report
     except BaseException as e:
-        if not report.get("complete"): _record_stop(args, out, report, e)
+        if report.get("complete"): raise
+        if main: _record_stop(args, out, report, e)
+        else:                                  # for the main one's report: it may only see its peer's socket close
+            with contextlib.suppress(OSError):
+                atomic_write_json(out / STOP_NOTES.replace("*", str(dist.rank)),
+                                  {"rank": dist.rank, "phase": report.get("phase"), "reason": _stop_reason(e)})
         raise
 
+STOP_NOTES = ".stop.rank*.json"       # a launched run: why a process other than the main one stopped
+
+def _stop_reason(e: BaseException) -> str:
+    sig = e.args[0] if isinstance(e, Terminated) and e.args else None
+    return f"signal {sig}" if sig not in (None, "SIGINT") else "Ctrl-C" if isinstance(e, KeyboardInterrupt) \
+        else f"{type(e).__name__}: {str(e)[:500]}"
+
+def _stop_note(p: Path) -> dict:
+    try: return json.loads(p.read_text())
+    except (OSError, ValueError): return {}
+
 def _record_stop(args, out: Path, report: dict, e: BaseException):
-    "The report of a command that stopped: where, why, what was kept, and the command that finishes it."
+    """The report of a command that stopped: where, why, what was kept, and the command that finishes it (a launched
+    run: also why the other processes stopped, as far as they could say; a process that failed first says so before
+    its sockets close, so the main one, stopped by that, finds its note)."""
     saved = out / (TRAINED_DIR if args.no_final else FINAL_DIR)
     for d in (saved.with_name(f".{saved.name}.partial"),): shutil.rmtree(d, ignore_errors=True)
     ckpt = _latest_checkpoint(out)
@@ -721,12 +785,14 @@ def _record_stop(args, out: Path, report: dict, e: BaseException):
         + ([f"{saved.name}/ (the trained agents)"] if report.get("trained") else []) \
         + (["metrics.jsonl"] if (out / "metrics.jsonl").is_file() else []) \
         + [k for k in ("heldout_before", "heldout_after") if k in report]
-    sig = e.args[0] if isinstance(e, Terminated) and e.args else None
-    why = f"signal {sig}" if sig not in (None, "SIGINT") else "Ctrl-C" if isinstance(e, KeyboardInterrupt) \
-        else f"{type(e).__name__}: {str(e)[:500]}"
+    why, notes = _stop_reason(e), sorted(out.glob(STOP_NOTES))
     report.update(complete=False, stopped={"phase": report.get("phase"), "reason": why, "kept": kept,
                                            "finish_with": _finish_command(args, out)})
-    try: atomic_write_json(out / REPORT_FILE, report)
+    others = [n for n in map(_stop_note, notes) if n]
+    if others: report["stopped"]["other_processes"] = others
+    try:
+        atomic_write_json(out / REPORT_FILE, report)
+        for n in notes: n.unlink()                                          # now in the report
     except OSError as err: logger.error(f"could not write {out / REPORT_FILE} on the way out: {err}")
     if isinstance(e, KeyboardInterrupt):
         print(f"[comlrl-nb] stopped in phase '{report['phase']}' ({why}); kept: {', '.join(kept) or 'nothing yet'}; "
@@ -804,6 +870,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)         # what a stopped run's report says to re-run
     if args.command == "train":
         cmd_train(args)
+        _leave_together()
         return 0
     if args.command == "options": return cmd_options(args)
     if args.command == "readme": return cmd_readme(args)
@@ -819,6 +886,12 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         return 1 if cmd_plan(args).fits is False else 0
     p.print_help()
     return 0
+
+def _leave_together():
+    "Under a launcher: every process past its last collective, then the process group closed (none leaves first)."
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     "Entry point of the `comlrl-nb` console script: bad input prints one line and exits with status 2."
