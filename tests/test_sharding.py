@@ -17,8 +17,9 @@ SCRIPT = HERE / "shard_script.py"
 ATOL = 1e-4
 
 
-def _run(cmd, algo="magrpo"):
-    env = {**os.environ, "SHARD_ALGO": algo, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+def _run(cmd, algo="magrpo", micro=None):
+    env = {**os.environ, "SHARD_ALGO": algo, "SHARD_MICRO": str(micro or ""), "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
@@ -30,9 +31,9 @@ def _wait(*procs):
         assert p.returncode == 0, out[-6000:]
 
 
-def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo"):
+def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo", micro=None):
     _wait(_run([BIN / "torchrun", "--nproc_per_node", nproc, "--master_port", port, SCRIPT, out, strategy, *extra],
-               algo))
+               algo, micro))
 
 
 def _params(d):
@@ -40,7 +41,9 @@ def _params(d):
 
 
 def _rows(d):
-    return [json.loads(l) for l in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    "The run's metrics lines, then (MARLHFIter) its policy phases' lines, round by round."
+    files = [Path(d) / "metrics.jsonl", *sorted(Path(d).glob("policy/iteration_*/metrics.jsonl"))]
+    return [json.loads(l) for f in files for l in f.read_text().splitlines()]
 
 
 def _mem(d, rank):
@@ -84,8 +87,18 @@ def _single(root, algo="magrpo"):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return _single(tmp_path_factory)
+def one_process(tmp_path_factory):
+    "`one_process(algo)`: the family's one-process run, run once for this module (its fsdp, ddp and micro tests)."
+    cache = {}
+    def get(algo="magrpo"):
+        if algo not in cache: cache[algo] = _single(tmp_path_factory, algo)
+        return cache[algo]
+    return get
+
+
+@pytest.fixture(scope="module")
+def single(one_process):
+    return one_process("magrpo")
 
 
 def test_fsdp_matches_one_process_and_halves_the_memory(tmp_path, single):
@@ -132,16 +145,31 @@ def test_fsdp_stop_and_resume(tmp_path, single):
 
 
 @pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633), ("madpo", 29634),
-                                      ("marlhf", 29635)])
-def test_families_under_fsdp(tmp_path_factory, algo, port):
-    """CentralizedMAGRPO (one actor), MAAC (separate critics, whole), IAC (value heads on the sharded actors), MADPO and
-    MARLHF (its reward model whole, fitted by the home-made data parallel: its rewards agree within ATOL)."""
-    one, out = _single(tmp_path_factory, algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
+                                      ("marlhf", 29635), ("madpo_iter", 29742), ("marlhf_iter", 29743)])
+def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
+    """CentralizedMAGRPO (one actor), MAAC (separate critics, whole), IAC (value heads on the sharded actors), MADPO,
+    MARLHF (its reward model whole, fitted by the home-made data parallel: its rewards agree within ATOL), MADPOIter
+    (two rounds against the history comparator: whole copies of the sharded agents and their snapshots) and
+    MARLHFIter (two rounds against the current agents, a reward model per round: learned rewards within ATOL)."""
+    one, out = one_process(algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
     _torchrun(out, "fsdp", port, algo=algo)
     (out / "init.pt").symlink_to(one / "init.pt")
-    _same_run(one, out, ATOL if algo == "marlhf" else 1e-6)
+    _same_run(one, out, ATOL if algo.startswith("marlhf") else 1e-6)
     m1, m = _mem(out, 1), _mem(one, 0)
     assert m1["strategy"] == "fsdp" and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
+
+
+@pytest.mark.parametrize("algo,port", [("madpo", 29744), ("maac", 29745), ("madpo_iter", 29746)])
+def test_families_under_ddp(tmp_path_factory, one_process, algo, port):
+    """Replicated data parallel on torch's reduction (FSDP2 over a (replicate, shard) mesh of shape (2, 1)) for MADPO,
+    MAAC (critics whole, summed by hand) and MADPOIter: the one-process run, each process holding whole agents."""
+    one, out = one_process(algo), tmp_path_factory.mktemp(f"ddp_{algo}")
+    _torchrun(out, "ddp", port, algo=algo)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    m1, m = _mem(out, 1), _mem(one, 0)
+    assert (m1["strategy"], m1["world_size"]) == ("ddp", 2)
+    assert (m1["parameter_bytes"], m1["optimizer_bytes"]) == (m["parameter_bytes"], m["optimizer_bytes"])
 
 
 def test_distributed_field():
