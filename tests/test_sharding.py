@@ -172,6 +172,18 @@ def test_families_under_ddp(tmp_path_factory, one_process, algo, port):
     assert (m1["parameter_bytes"], m1["optimizer_bytes"]) == (m["parameter_bytes"], m["optimizer_bytes"])
 
 
+@pytest.mark.parametrize("algo,port", [("magrpo", 29748), ("madpo", 29749)])
+def test_micro_batches_under_fsdp(tmp_path_factory, one_process, algo, port):
+    """micro_batch_size=1 under 'fsdp': every process runs as many forward/backward chunks as the process with the most
+    rows (`shared_chunk_count`; MADPO's batches of 3 pairs give 2 and 1 per process: the second adds a chunk of weight
+    0), gradients accumulated over them: the one-process run with whole batches."""
+    one, out = one_process(algo), tmp_path_factory.mktemp(f"micro_{algo}")
+    _torchrun(out, "fsdp", port, algo=algo, micro=1)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    assert _mem(out, 1)["strategy"] == "fsdp"
+
+
 def test_distributed_field():
     from comlrl_nb import MAACConfig, MAGRPOConfig, MADPOConfig
     for cls in (MAGRPOConfig, MAACConfig, MADPOConfig):
