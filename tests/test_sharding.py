@@ -17,8 +17,9 @@ SCRIPT = HERE / "shard_script.py"
 ATOL = 1e-4
 
 
-def _run(cmd, algo="magrpo", micro=None):
-    env = {**os.environ, "SHARD_ALGO": algo, "SHARD_MICRO": str(micro or ""), "OMP_NUM_THREADS": "1",
+def _run(cmd, algo="magrpo", micro=None, evals=False):
+    env = {**os.environ, "SHARD_ALGO": algo, "SHARD_MICRO": str(micro or ""), "SHARD_EVAL": "1" if evals else "",
+           "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -31,9 +32,9 @@ def _wait(*procs):
         assert p.returncode == 0, out[-6000:]
 
 
-def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo", micro=None):
+def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo", micro=None, evals=False):
     _wait(_run([BIN / "torchrun", "--nproc_per_node", nproc, "--master_port", port, SCRIPT, out, strategy, *extra],
-               algo, micro))
+               algo, micro, evals))
 
 
 def _params(d):
@@ -75,10 +76,10 @@ def _same_run(one, other, reward_tol=1e-6):
     assert checked >= len(ra)                                              # a number per row at least
 
 
-def _single(root, algo="magrpo"):
+def _single(root, algo="magrpo", evals=False):
     "The one-process run (distributed='none'), and the initial weights next to it."
-    d = root.mktemp(f"single_{algo}")
-    _wait(_run([sys.executable, SCRIPT, d, "none"], algo))
+    d = root.mktemp(f"single_{algo}{'_eval' if evals else ''}")
+    _wait(_run([sys.executable, SCRIPT, d, "none"], algo, evals=evals))
     from comlrl_nb import make_tiny_model
     m0, tok = make_tiny_model(seed=0)
     seeds = (0,) if algo == "centralized" else (0, 1)
@@ -90,9 +91,9 @@ def _single(root, algo="magrpo"):
 def one_process(tmp_path_factory):
     "`one_process(algo)`: the family's one-process run, run once for this module (its fsdp, ddp and micro tests)."
     cache = {}
-    def get(algo="magrpo"):
-        if algo not in cache: cache[algo] = _single(tmp_path_factory, algo)
-        return cache[algo]
+    def get(algo="magrpo", evals=False):
+        if (algo, evals) not in cache: cache[algo, evals] = _single(tmp_path_factory, algo, evals)
+        return cache[algo, evals]
     return get
 
 
@@ -182,6 +183,19 @@ def test_micro_batches_under_fsdp(tmp_path_factory, one_process, algo, port):
     (out / "init.pt").symlink_to(one / "init.pt")
     _same_run(one, out)
     assert _mem(out, 1)["strategy"] == "fsdp"
+
+
+@pytest.mark.parametrize("algo,port", [("magrpo", 29751), ("madpo", 29752), ("madpo_iter", 29753)])
+def test_evaluation_during_training_under_fsdp(tmp_path_factory, one_process, algo, port):
+    """eval_interval=1 under 'fsdp': every process evaluates a block of the eval batches (3 items in batches of 1: 2 and
+    1) with the agents gathered once, the main one logs: the one-process run's eval metrics and weights."""
+    one, out = one_process(algo, evals=True), tmp_path_factory.mktemp(f"eval_{algo}")
+    _torchrun(out, "fsdp", port, algo=algo, evals=True)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    ev = [(r["batch"], r["eval/turn_1/reward_mean"]) for r in _rows(out) if "eval/turn_1/reward_mean" in r]
+    assert len(ev) >= 2 and ev == [(r["batch"], r["eval/turn_1/reward_mean"]) for r in _rows(one)
+                                   if "eval/turn_1/reward_mean" in r]
 
 
 def test_distributed_field():

@@ -24,7 +24,7 @@ from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, Com
 from ..reward_model import _pair_texts
 from ..team import Team, TrainerAPI, library_keywords, wandb_with_settings
 from ..distributed import DistContext, gathered
-from ..engine import Run
+from ..engine import Run, sharded_evaluation
 from ..tracking import MetricsLogger, callback_metrics, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
@@ -498,7 +498,7 @@ def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round:
 @patch
 def _log_round(self: PreferenceRounds, run: Run, nu: int, st: dict, chosen: list, trained: dict) -> dict:
     "Evaluate (when asked) and write the round's metrics line: collection, training pairs by round, training, eval."
-    ev = self.evaluate() if self.args.eval_interval > 0 and self.dist.is_main else {}
+    ev = sharded_evaluation(self.team, self.dist, self.evaluate) if self.args.eval_interval > 0 else {}
     its = [r.get("iteration") for r in chosen]
     src = {str(i): its.count(i) for i in sorted(set(its), key=str)}
     times = {k: trained.pop(k) for k in ("round/time_collect", "round/time_train")}
@@ -574,7 +574,7 @@ def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round:
         logger.warning(f"{self.replay_dir} already holds {len(old)} replay files from an earlier run: they are not "
                        "imported; this run's rounds overwrite the files with the same numbers")
     self._snapshot(0)
-    ev = self.evaluate() if self.args.eval_interval > 0 and self.dist.is_main else {}
+    ev = sharded_evaluation(self.team, self.dist, self.evaluate) if self.args.eval_interval > 0 else {}
     if ev:
         row = {"batch": 0, "iteration": 0, "phase": "round", **ev}
         run.metrics.log(row, 0, console=True)

@@ -464,7 +464,7 @@ def shared_pair_dataset(team, dataset, args, path, oracle, dist: DistContext, ro
     return json.loads(json.dumps(records)), stats          # as every process would read pairs.json back
 
 # %% ../../nbs/42_madpo.ipynb #40b3548a
-from ..engine import run_options
+from ..engine import run_options, sharded_evaluation
 
 @patch
 def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
@@ -488,9 +488,9 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
             for order, b in run.batches(per_epoch, self._pair_order):
                 t0, idx = time.perf_counter(), [int(j) for j in order[b * B:(b + 1) * B]]
                 ev = {}
-                if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main:
+                if a.eval_interval > 0 and b % a.eval_interval == 0:
                     modes.eval()                                           # sampling: eval mode
-                    ev = self.evaluate()
+                    ev = sharded_evaluation(self.team, self.dist, self.evaluate)   # sharded: every process
                 out = self._update(idx)
                 m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
                 m.update(count_env_steps(a, self.state, len(idx)))        # env_step: comlrl's step axis
