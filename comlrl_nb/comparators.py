@@ -16,6 +16,7 @@ from .centralized_text import (CentralizedParseError, centralized_format_example
 _all_ = ["CentralizedParseError", "centralized_format_example", "centralized_parse_error", "centralized_prompt",
          "parse_agent_sections"]                 # the text side: 08_centralized_text, importable from here too
 from .core import as_list, atomic_write_bytes, derive_seed, logger, resolve_device
+from .distributed import full_state, whole_copy
 from .generation import generate_completions
 from .rewards import apply_chat_template
 from .config import COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES
@@ -153,9 +154,10 @@ class PolicySnapshots:
     "Agent weights S_j on disk (policy_<j>.pt), with an index of their checksums."
     def __init__(self, directory): self.dir, self.index = Path(directory), {}
     def path(self, j: int) -> Path: return self.dir / f"policy_{j:04d}.pt"
-    def save(self, j: int, agents: Sequence[torch.nn.Module]) -> Path:
+    def save(self, j: int, agents: Sequence) -> Path:
+        "Write S_j: the agents' weights (models, or their `full_state` dicts) as one file, its checksum in the index."
         buf = io.BytesIO()
-        torch.save([{k: v.detach().cpu() for k, v in m.state_dict().items()} for m in agents], buf)
+        torch.save([m if isinstance(m, dict) else full_state(m) for m in agents], buf)
         data = buf.getvalue()
         p = atomic_write_bytes(self.path(j), data)
         self.index[j] = {"file": p.name, "sha256": hashlib.sha256(data).hexdigest()}
@@ -234,7 +236,7 @@ def _cs_begin_round(self: ComparatorSide, iteration: int) -> Callable:
     if self.custom is not None: return self.custom
     if self.policy == "current": return self._local(self.agents, self.tokenizers)
     if self.policy == "current_copy":
-        self._copies = [copy.deepcopy(m).to(d).eval().requires_grad_(False) for m, d in zip(self.agents, self.devices)]
+        self._copies = [whole_copy(m, d) for m, d in zip(self.agents, self.devices)]   # sharded: all processes
         return self._local(self._copies, self.tokenizers)
     if self.policy == "model": return self._local(self.models, self.toks)
     if self.policy == "history": return self._history(iteration)
@@ -257,7 +259,7 @@ ComparatorSide._local, ComparatorSide.begin_round, ComparatorSide.end_round = _c
 def _cs_history(self: ComparatorSide, iteration: int) -> ModelGenerator:
     j = history_snapshot_index(iteration, self.history_k)
     if self.models is None:  # comparator models: copies of the agents, then S_j loaded into them
-        self.models = [copy.deepcopy(m).to(d).eval().requires_grad_(False) for m, d in zip(self.agents, self.devices)]
+        self.models = [whole_copy(m, d) for m, d in zip(self.agents, self.devices)]   # sharded: all processes
         self.toks = self.tokenizers
     if self._loaded != j:
         for m, sd in zip(self.models, self.snapshots.load(j)): m.load_state_dict(sd)
@@ -265,9 +267,12 @@ def _cs_history(self: ComparatorSide, iteration: int) -> ModelGenerator:
         logger.info(f"round {iteration}: history comparator = policy snapshot S_{j}")
     return self._local(self.models, self.toks)
 
-def _cs_save_snapshot(self: ComparatorSide, j: int):
-    "Save the live agents as S_j (history policy only; a no-op otherwise)."
-    if self.snapshots is not None: self.snapshots.save(j, self.agents)
+def _cs_save_snapshot(self: ComparatorSide, j: int, write: bool = True):
+    """Save the live agents as S_j (history policy only; a no-op otherwise). Sharded agents: every process calls it (their
+    weights are gathered, `full_state`), those with `write` (the main one) write the file and index it."""
+    if self.snapshots is None: return
+    states = [full_state(m) for m in self.agents]
+    if write: self.snapshots.save(j, states)
 
 def _cs_state_dict(self: ComparatorSide) -> dict:
     return {"policy": self.policy, "snapshots": self.snapshots.state_dict() if self.snapshots is not None else None}

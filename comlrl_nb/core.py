@@ -15,10 +15,10 @@ import torch
 # %% auto #0
 __all__ = ['logger', 'BF16_CPU_FLAGS', 'DISK_FULL', 'NOT_WRITABLE', 'setup_logging', 'seed_everything', 'derive_seed',
            'keyed_generator', 'launch_info', 'process_gpus', 'process_device', 'resolve_device', 'resolve_dtype',
-           'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'micro_chunks', 'micro_backward',
-           'thread_probe', 'busy_cores', 'choose_threads', 'apply_threads', 'free_bytes', 'byte_size', 'disk_error',
-           'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'check_choice', 'check_number', 'check_bool',
-           'config_error', 'as_list', 'check_ported_dict']
+           'cpu_flags', 'bf16_probe', 'choose_autocast', 'auto_precision', 'autocast', 'micro_chunks',
+           'shared_chunk_count', 'micro_backward', 'thread_probe', 'busy_cores', 'choose_threads', 'apply_threads',
+           'free_bytes', 'byte_size', 'disk_error', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
+           'check_choice', 'check_number', 'check_bool', 'config_error', 'as_list', 'check_ported_dict']
 
 # %% ../nbs/00_core.ipynb #1cfea104
 logger = logging.getLogger("comlrl_nb")
@@ -221,17 +221,26 @@ def micro_chunks(rows: Sequence, size: Optional[int]) -> list:
     if size is None or size >= len(rows): return [rows] if rows else []
     return [rows[s:s + size] for s in range(0, len(rows), size)]
 
-def micro_backward(loss_fn, rows: Sequence, total: int, size: Optional[int]) -> float:
+def shared_chunk_count(total: int, world: int, size: Optional[int]) -> int:
+    """Chunks of `size` rows run by the process with the most rows when `total` rows are dealt round robin over `world`
+    processes (rows rank, rank+W, ...: rank 0 holds ceil(total/world)); every process can count it without a message."""
+    most = -(-total // max(world, 1))
+    return (1 if size is None else -(-most // size)) if most else 0
+
+def micro_backward(loss_fn, rows: Sequence, total: int, size: Optional[int], chunks: int = 0, filler=0) -> float:
     """Gradient accumulation over micro-batches: for each chunk of `rows` (`micro_chunks`), backward of
     `loss_fn(chunk) * len(chunk) / total` (`loss_fn` gives a chunk's mean loss, so the chunks' losses sum to the loss
     of all `rows` weighted by their share of `total`); the summed value. A non-finite chunk is not backpropagated
-    (its value makes the sum non-finite, for the caller's check)."""
+    (its value makes the sum non-finite, for the caller's check). `chunks`: run at least that many, the missing ones a
+    forward and backward of the row `[filler]` with weight 0: sharded models (FSDP2) need every process to run the
+    same number of forwards and backwards (`shared_chunk_count`), whatever its own number of rows."""
     value = 0.0
-    for chunk in micro_chunks(rows, size):
-        loss = loss_fn(chunk) * (len(chunk) / total)
+    parts = [(ch, len(ch) / total) for ch in micro_chunks(rows, size)]
+    for chunk, weight in parts + [([filler], 0.0)] * (chunks - len(parts)):
+        loss = loss_fn(chunk) * weight
         v = float(loss.detach())
         value += v
-        if loss.requires_grad and math.isfinite(v): loss.backward()
+        if loss.requires_grad and (math.isfinite(v) or chunks): loss.backward()   # sharded: every process, always
     return value
 
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/70_distributed.ipynb #eb2853fa
 from __future__ import annotations
-import os
+import copy, os
 from contextlib import contextmanager
 from typing import Any, Optional, Sequence
 
@@ -14,7 +14,7 @@ from .core import logger, process_device
 
 # %% auto #0
 __all__ = ['BUCKET_BYTES', 'DISTRIBUTED_STRATEGIES', 'DistContext', 'grad_buckets', 'decoder_layers', 'body_of', 'is_sharded',
-           'gathered', 'process_bytes']
+           'gathered', 'process_bytes', 'full_state', 'whole_copy']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -207,3 +207,33 @@ def process_bytes(models, optimizers=()) -> dict:
     opt = sum(_local(v).numel() * _local(v).element_size() for o in optimizers for st in o.state.values()
               for v in st.values() if torch.is_tensor(v))
     return {"parameter_bytes": int(par), "optimizer_bytes": int(opt)}
+
+# %% ../nbs/70_distributed.ipynb #1ba57c80
+def full_state(model: torch.nn.Module) -> dict:
+    "`model.state_dict()` with whole CPU tensors on this process (an FSDP2 model's shards gathered: all processes call it)."
+    from torch.distributed.tensor import DTensor
+    whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v
+    return {k: whole(v).detach().cpu() for k, v in model.state_dict().items()}
+
+def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:
+    """A frozen, unsharded copy of `model` on `device` (default: its own): `copy.deepcopy`, or for an FSDP2 module (which
+    refuses deepcopy) a model of its original class built on the meta device from its `config`, given `full_state`
+    (a collective) and the buffers (FSDP2 keeps them whole)."""
+    device = device if device is not None else next(model.parameters()).device
+    if not is_sharded(model): return copy.deepcopy(model).to(device).eval().requires_grad_(False)
+    from torch.distributed.fsdp import FSDPModule
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))      # fully_shard's subclass removed
+    if not hasattr(model, "config"):
+        raise TypeError(f"cannot copy the sharded {cls.__name__}: a whole copy is built from a model's `config` (Hugging "
+                        "Face models); use distributed='none' or a comparator_policy that needs no copy ('current')")
+    state = full_state(model)
+    with torch.device("meta"): plain = cls(copy.deepcopy(model.config))
+    plain.load_state_dict(state, strict=False, assign=True)                   # tied weights: one of the two names
+    for name, b in model.named_buffers():                   # non-persistent buffers (rotary frequencies) too
+        mod, _, leaf = name.rpartition(".")
+        plain.get_submodule(mod).register_buffer(leaf, b.detach().clone(), persistent=leaf not in
+                                                 plain.get_submodule(mod)._non_persistent_buffers_set)
+    if hasattr(plain, "tie_weights"): plain.tie_weights()
+    left = [n for n, t in list(plain.named_parameters()) + list(plain.named_buffers()) if t.is_meta]
+    if left: raise RuntimeError(f"whole_copy of {cls.__name__}: no weights for {left[:3]}")
+    return plain.to(device).eval().requires_grad_(False)

@@ -15,8 +15,8 @@ from .runs import RunLock, check_resume_config, prepare_output_dir, sigterm_as_i
 
 # %% auto #0
 __all__ = ['end_of_batch', 'stop_after', 'eval_count', 'Run', 'check_checkpoint_options', 'run_options', 'claim_output_dir',
-           'release_output_dir', 'restart_phase', 'trainer_run', 'save_trainer_checkpoint', 'load_trainer_checkpoint',
-           'shuffled']
+           'release_output_dir', 'sharded_evaluation', 'restart_phase', 'trainer_run', 'save_trainer_checkpoint',
+           'load_trainer_checkpoint', 'shuffled']
 
 # %% ../nbs/25_engine.ipynb #2596e673
 # the pieces in their own notebooks, also importable from here (their old home)
@@ -409,11 +409,20 @@ def item_batches(self: Run, order_fn: Callable[[int], Any], end_of_epoch: Option
     for order, b in self.batches(self.per_epoch, order_fn, end_of_epoch):
         yield order, b, order[b * R:(b + 1) * R], ("train", self.state["epoch"])
 
+def sharded_evaluation(team, dist, evaluate: Callable[[], dict]) -> dict:
+    """`evaluate()`'s metrics on the main process, {} elsewhere. Sharded agents (`team.sharding`): every process runs it
+    (each its share of the eval items, the weights gathered: `run_eval`); else the main process alone."""
+    if getattr(team, "sharding", None) is not None:
+        out = evaluate()
+        return out if dist.is_main else {}
+    return evaluate() if dist.is_main else {}
+
 @patch
 def evaluation(self: Run, evaluate: Callable[[], dict], b: int) -> dict:
-    "`evaluate()` on the main process at every eval_interval-th batch of an epoch (its first included); else {}."
+    "`evaluate()` at every eval_interval-th batch of an epoch (its first included): `sharded_evaluation`; else {}."
     a = self.args
-    return evaluate() if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main else {}
+    if not (a.eval_interval > 0 and b % a.eval_interval == 0): return {}
+    return sharded_evaluation(self.components.get("team"), self.dist, evaluate)
 
 # %% ../nbs/25_engine.ipynb #24f468eb
 def restart_phase(trainer, output_dir, seed: int, buffers: Iterable = ()):

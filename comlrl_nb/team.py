@@ -121,16 +121,6 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
                 model_config: Optional[dict] = None, num_policies: Optional[int] = None) -> Team:
     "A team built from a trainer config (num_agents roles, num_policies trained models; one per role by default)."
     refs = getattr(args, "reference_devices", None) if getattr(args, "reference_kl_enabled", False) else False
-    if getattr(args, "distributed", "none") == "fsdp" and getattr(args, "eval_interval", 0) > 0 and \
-            int(os.environ.get("WORLD_SIZE", "1")) > 1:     # evaluation runs on the main process alone: no all-gather
-        raise ValueError(f"distributed='fsdp' with eval_interval={args.eval_interval}: evaluation during training runs "
-                         "on the main process alone and cannot gather sharded weights; set eval_interval=0 (evaluate "
-                         "after training) or use distributed='ddp'")
-    if getattr(args, "distributed", "none") != "none" and getattr(args, "micro_batch_size", None) is not None and \
-            int(os.environ.get("WORLD_SIZE", "1")) > 1:     # sharded forwards must match across processes
-        raise ValueError(f"micro_batch_size={args.micro_batch_size} with distributed={args.distributed!r} is not "
-                         "supported yet (each process would run its own number of sharded forwards); set "
-                         "micro_batch_size=None or distributed='none'")
     if getattr(args, "output_dir", None):                  # an unwritable output_dir: found before the models load
         from comlrl_nb.runs import check_writable
         check_writable(args.output_dir)

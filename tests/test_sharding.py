@@ -17,8 +17,10 @@ SCRIPT = HERE / "shard_script.py"
 ATOL = 1e-4
 
 
-def _run(cmd, algo="magrpo"):
-    env = {**os.environ, "SHARD_ALGO": algo, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+def _run(cmd, algo="magrpo", micro=None, evals=False):
+    env = {**os.environ, "SHARD_ALGO": algo, "SHARD_MICRO": str(micro or ""), "SHARD_EVAL": "1" if evals else "",
+           "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
@@ -30,9 +32,9 @@ def _wait(*procs):
         assert p.returncode == 0, out[-6000:]
 
 
-def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo"):
+def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo", micro=None, evals=False):
     _wait(_run([BIN / "torchrun", "--nproc_per_node", nproc, "--master_port", port, SCRIPT, out, strategy, *extra],
-               algo))
+               algo, micro, evals))
 
 
 def _params(d):
@@ -40,7 +42,9 @@ def _params(d):
 
 
 def _rows(d):
-    return [json.loads(l) for l in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    "The run's metrics lines, then (MARLHFIter) its policy phases' lines, round by round."
+    files = [Path(d) / "metrics.jsonl", *sorted(Path(d).glob("policy/iteration_*/metrics.jsonl"))]
+    return [json.loads(l) for f in files for l in f.read_text().splitlines()]
 
 
 def _mem(d, rank):
@@ -72,10 +76,10 @@ def _same_run(one, other, reward_tol=1e-6):
     assert checked >= len(ra)                                              # a number per row at least
 
 
-def _single(root, algo="magrpo"):
+def _single(root, algo="magrpo", evals=False):
     "The one-process run (distributed='none'), and the initial weights next to it."
-    d = root.mktemp(f"single_{algo}")
-    _wait(_run([sys.executable, SCRIPT, d, "none"], algo))
+    d = root.mktemp(f"single_{algo}{'_eval' if evals else ''}")
+    _wait(_run([sys.executable, SCRIPT, d, "none"], algo, evals=evals))
     from comlrl_nb import make_tiny_model
     m0, tok = make_tiny_model(seed=0)
     seeds = (0,) if algo == "centralized" else (0, 1)
@@ -84,8 +88,18 @@ def _single(root, algo="magrpo"):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return _single(tmp_path_factory)
+def one_process(tmp_path_factory):
+    "`one_process(algo)`: the family's one-process run, run once for this module (its fsdp, ddp and micro tests)."
+    cache = {}
+    def get(algo="magrpo", evals=False):
+        if (algo, evals) not in cache: cache[algo, evals] = _single(tmp_path_factory, algo, evals)
+        return cache[algo, evals]
+    return get
+
+
+@pytest.fixture(scope="module")
+def single(one_process):
+    return one_process("magrpo")
 
 
 def test_fsdp_matches_one_process_and_halves_the_memory(tmp_path, single):
@@ -132,16 +146,56 @@ def test_fsdp_stop_and_resume(tmp_path, single):
 
 
 @pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633), ("madpo", 29634),
-                                      ("marlhf", 29635)])
-def test_families_under_fsdp(tmp_path_factory, algo, port):
-    """CentralizedMAGRPO (one actor), MAAC (separate critics, whole), IAC (value heads on the sharded actors), MADPO and
-    MARLHF (its reward model whole, fitted by the home-made data parallel: its rewards agree within ATOL)."""
-    one, out = _single(tmp_path_factory, algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
+                                      ("marlhf", 29635), ("madpo_iter", 29742), ("marlhf_iter", 29743)])
+def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
+    """CentralizedMAGRPO (one actor), MAAC (separate critics, whole), IAC (value heads on the sharded actors), MADPO,
+    MARLHF (its reward model whole, fitted by the home-made data parallel: its rewards agree within ATOL), MADPOIter
+    (two rounds against the history comparator: whole copies of the sharded agents and their snapshots) and
+    MARLHFIter (two rounds against the current agents, a reward model per round: learned rewards within ATOL)."""
+    one, out = one_process(algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
     _torchrun(out, "fsdp", port, algo=algo)
     (out / "init.pt").symlink_to(one / "init.pt")
-    _same_run(one, out, ATOL if algo == "marlhf" else 1e-6)
+    _same_run(one, out, ATOL if algo.startswith("marlhf") else 1e-6)
     m1, m = _mem(out, 1), _mem(one, 0)
     assert m1["strategy"] == "fsdp" and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
+
+
+@pytest.mark.parametrize("algo,port", [("madpo", 29744), ("maac", 29745), ("madpo_iter", 29746)])
+def test_families_under_ddp(tmp_path_factory, one_process, algo, port):
+    """Replicated data parallel on torch's reduction (FSDP2 over a (replicate, shard) mesh of shape (2, 1)) for MADPO,
+    MAAC (critics whole, summed by hand) and MADPOIter: the one-process run, each process holding whole agents."""
+    one, out = one_process(algo), tmp_path_factory.mktemp(f"ddp_{algo}")
+    _torchrun(out, "ddp", port, algo=algo)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    m1, m = _mem(out, 1), _mem(one, 0)
+    assert (m1["strategy"], m1["world_size"]) == ("ddp", 2)
+    assert (m1["parameter_bytes"], m1["optimizer_bytes"]) == (m["parameter_bytes"], m["optimizer_bytes"])
+
+
+@pytest.mark.parametrize("algo,port", [("magrpo", 29748), ("madpo", 29749)])
+def test_micro_batches_under_fsdp(tmp_path_factory, one_process, algo, port):
+    """micro_batch_size=1 under 'fsdp': every process runs as many forward/backward chunks as the process with the most
+    rows (`shared_chunk_count`; MADPO's batches of 3 pairs give 2 and 1 per process: the second adds a chunk of weight
+    0), gradients accumulated over them: the one-process run with whole batches."""
+    one, out = one_process(algo), tmp_path_factory.mktemp(f"micro_{algo}")
+    _torchrun(out, "fsdp", port, algo=algo, micro=1)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    assert _mem(out, 1)["strategy"] == "fsdp"
+
+
+@pytest.mark.parametrize("algo,port", [("magrpo", 29751), ("madpo", 29752), ("madpo_iter", 29753)])
+def test_evaluation_during_training_under_fsdp(tmp_path_factory, one_process, algo, port):
+    """eval_interval=1 under 'fsdp': every process evaluates a block of the eval batches (3 items in batches of 1: 2 and
+    1) with the agents gathered once, the main one logs: the one-process run's eval metrics and weights."""
+    one, out = one_process(algo, evals=True), tmp_path_factory.mktemp(f"eval_{algo}")
+    _torchrun(out, "fsdp", port, algo=algo, evals=True)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    ev = [(r["batch"], r["eval/turn_1/reward_mean"]) for r in _rows(out) if "eval/turn_1/reward_mean" in r]
+    assert len(ev) >= 2 and ev == [(r["batch"], r["eval/turn_1/reward_mean"]) for r in _rows(one)
+                                   if "eval/turn_1/reward_mean" in r]
 
 
 def test_distributed_field():

@@ -711,17 +711,19 @@ def _critic_loss(self: ActorCriticTrainer, c: int, mb: list, clip: Optional[floa
     return value_loss(V, [s.target for s in mb], self.args.value_loss_coef, [s.old_value for s in mb], clip)
 
 # %% ../../nbs/31_actor_critic.ipynb #23eae352
-from ..core import micro_backward
+from ..core import micro_backward, shared_chunk_count
 
 @patch
 def _local(self: ActorCriticTrainer, loss_fn: Callable[[list], torch.Tensor], n: int) -> torch.Tensor:
     """This process' share of a mini-batch loss of n rows: loss_fn(its rows), weighted by its share (all rows alone).
     With micro_batch_size: backpropagated here chunk by chunk (`micro_backward`), its value returned detached."""
-    rows = list(range(self.dist.rank, n, self.dist.world))
-    if not rows: return torch.zeros(())
-    if self.args.micro_batch_size is not None:
-        return torch.tensor(micro_backward(loss_fn, rows, n, self.args.micro_batch_size))
-    loss = loss_fn(rows)
+    rows, size = list(range(self.dist.rank, n, self.dist.world)), self.args.micro_batch_size
+    sharded = self.team.sharding is not None      # FSDP2 actors: every process runs as many forwards and backwards
+    if not rows and not sharded: return torch.zeros(())
+    if size is not None:
+        count = shared_chunk_count(n, self.dist.world, size) if sharded else 0
+        return torch.tensor(micro_backward(loss_fn, rows, n, size, count))
+    loss = loss_fn(rows or [0])                   # an empty share (sharded): row 0, weight 0
     return loss if len(rows) == n else loss * (len(rows) / n)
 
 # %% ../../nbs/31_actor_critic.ipynb #23eae363

@@ -227,19 +227,23 @@ def _update(self: CentralizedMAGRPOTrainer, samples: list[Sample]) -> list[float
     return losses
 
 # %% ../../nbs/32_centralized.ipynb #087f0c3e
-from ..core import micro_backward
+from ..core import micro_backward, shared_chunk_count
+from ..distributed import is_sharded
 from .reinforce import policy_rows_loss
 
 @patch
 def _joint_loss(self: CentralizedMAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> float:
     "This process' rows of the mini-batch loss -(1/N) sum A log pi(z|x), backpropagated when finite; its value."
-    if not rows: return 0.0
-    if self.args.micro_batch_size is not None:          # chunks of micro_batch_size rows, gradients accumulated
+    sharded, size = is_sharded(model), self.args.micro_batch_size
+    if not rows and not sharded: return 0.0
+    if size is not None:                # chunks of micro_batch_size rows, gradients accumulated; sharded: as many
         rows_loss = lambda ch: policy_rows_loss(model, prompts, comps, adv, ch, pad, self.args.autocast_dtype)
-        return micro_backward(rows_loss, rows, len(comps), self.args.micro_batch_size)
+        count = shared_chunk_count(len(comps), self.dist.world, size) if sharded else 0   # chunks on every process
+        return micro_backward(rows_loss, rows, len(comps), size, count)
+    share, rows = len(rows) / len(comps), rows or [0]   # FSDP2: every process runs the forward and backward
     _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
                                  autocast_dtype=self.args.autocast_dtype)
-    loss = reinforce_loss(seq, adv[rows]) * (len(rows) / len(comps))
+    loss = reinforce_loss(seq, adv[rows]) * share
     value = float(loss.detach())
     if math.isfinite(value): loss.backward()
     return value

@@ -9,6 +9,7 @@ from typing import Callable, Optional
 import numpy as np
 from fastcore.basics import patch
 from ..engine import eval_count
+from ..distributed import gathered
 
 # %% auto #0
 __all__ = ['EvalLog', 'eval_samples', 'EvalStats', 'run_eval', 'team_batch', 'tree_batch', 'evaluate_team', 'central_evaluate',
@@ -74,6 +75,22 @@ def turn_metrics(self: EvalStats) -> dict:
         elif self.expected_return == "sum": out[f"{k}/expected_return"] = sum(self.returns[t]) / len(r)
     return out
 
+# %% ../../nbs/28_evaluation.ipynb #a0a1ba49
+@patch
+def gather(self: EvalStats, dist) -> EvalStats:
+    """Every process' stats of its block of eval batches (`run_eval` under sharding), concatenated in rank order (the
+    one-process order) into these: rewards, returns, lengths, the unparsed count and the logger's inputs."""
+    parts = dist.gather((self.rewards, self.returns, self.lengths, self.unparsed, self.log.turns, self.log.items,
+                         self.log.prompts))
+    self.rewards, self.returns, self.lengths, self.unparsed, self.log = {}, {}, [[] for _ in self.lengths], 0, EvalLog()
+    for rewards, returns, lengths, unparsed, turns, items, prompts in parts:
+        for t, r in rewards.items(): self.rewards.setdefault(t, []).extend(r)
+        for t, r in returns.items(): self.returns.setdefault(t, []).extend(r)
+        for acc, x in zip(self.lengths, lengths): acc += x
+        self.unparsed += unparsed
+        if items: self.log.add(turns, items, prompts or None)
+    return self
+
 # %% ../../nbs/28_evaluation.ipynb #cfb23abe
 @patch
 def metrics(self: EvalStats, m: int, eval_logger=None, eval_aggregator=None, num_turns: int = 1,
@@ -88,14 +105,21 @@ def metrics(self: EvalStats, m: int, eval_logger=None, eval_aggregator=None, num
 # %% ../../nbs/28_evaluation.ipynb #23d8ef5b
 def run_eval(trainer, num_samples: Optional[int], batch: Callable, num_lengths: int,
              expected_return: Optional[str] = None, unparsed: bool = False, num_turns: Optional[int] = None) -> dict:
-    "The first `m` eval items in batches of eval_batch_size, each through `batch(ids, items, stats)`: eval/ metrics."
+    """The first `m` eval items in batches of eval_batch_size, each through `batch(ids, items, stats)`: eval/ metrics.
+    Sharded agents (`team.sharding`, every process calls it): each process a contiguous block of the batches with the
+    agents gathered once, the stats gathered in batch order; the main process computes the metrics, the others get {}."""
     a, ds = trainer.args, trainer.eval_dataset
     m = eval_count(ds, num_samples, a.eval_num_samples)
     if m == 0: return {}
     st = EvalStats(num_lengths, expected_return, trainer.eval_logger is not None)
-    for s in range(0, m, a.eval_batch_size):
-        ids = list(range(s, min(m, s + a.eval_batch_size)))
-        batch(ids, [ds[j] for j in ids], st)
+    starts, D = list(range(0, m, a.eval_batch_size)), getattr(getattr(trainer, "team", None), "sharding", None)
+    with gathered(trainer.team.agents if D is not None else []):         # one all-gather, whatever the block sizes
+        for s in ([starts[k] for k in D.blocks(len(starts))] if D is not None else starts):
+            ids = list(range(s, min(m, s + a.eval_batch_size)))
+            batch(ids, [ds[j] for j in ids], st)
+    if D is not None:
+        st.gather(D)
+        if not D.is_main: return {}           # the main process logs the metrics and calls eval_logger, once
     return st.metrics(m, trainer.eval_logger, trainer.eval_aggregator, a.num_turns if num_turns is None else num_turns,
                       unparsed)
 

@@ -23,8 +23,8 @@ from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, Com
                                    centralized_parse_error, sample_comparator, select_comparisons)
 from ..reward_model import _pair_texts
 from ..team import Team, TrainerAPI, library_keywords, wandb_with_settings
-from ..distributed import DistContext
-from ..engine import Run
+from ..distributed import DistContext, gathered
+from ..engine import Run, sharded_evaluation
 from ..tracking import MetricsLogger, callback_metrics, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
 from .madpo import (MADPOConfig, MADPOTrainer, FromTeam, adapter_hooks, check_task, default_args,
@@ -123,7 +123,7 @@ from .evaluation import eval_samples, evaluate_team
 class PreferenceRounds(TrainerAPI):
     "Rounds of iterative preference training: collect against a comparator, store, select, train on the selection."
     agents, tokenizers, optimizers, devices, formatters = FromTeam(), FromTeam(), FromTeam(), FromTeam(), FromTeam()
-    dist = DistContext(from_env=False)     # every process runs it whole; MADPOIter sets its own (data parallel)
+    dist = DistContext(from_env=False)     # one process; the trainers set their own (data parallel under a launcher)
 
     def _setup_task(self, reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
                     eval_aggregator, wandb_config):
@@ -420,11 +420,12 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
     wrap, acc, records = self.comparator.prompt_wrap(a.use_chat_template), {}, []
     mine = self.dist.blocks(len(ds))                   # every item in one process; else this process' block
     try:
-        for s in range(0, len(mine), a.collection_batch_size):
-            ids = mine[s:s + a.collection_batch_size]
-            recs, st = self._collect_batch(nu, [ds[j] for j in ids], ids, gen, wrap, score)
-            records += recs
-            _accumulate(acc, st)
+        with gathered(self.team.agents):               # sharded agents: whole for the round (blocks may differ)
+            for s in range(0, len(mine), a.collection_batch_size):
+                ids = mine[s:s + a.collection_batch_size]
+                recs, st = self._collect_batch(nu, [ds[j] for j in ids], ids, gen, wrap, score)
+                records += recs
+                _accumulate(acc, st)
     finally: self.comparator.end_round()
     if self.dist.enabled: records, acc = self._gather_round(records, acc)
     if a.comparator_generation_mode == "centralized" and acc["unparsed"] == acc["comparator_responses"] > 0:
@@ -461,7 +462,7 @@ def _register(self: PreferenceRounds, nu: int, records: list):
 @patch
 def _snapshot(self: PreferenceRounds, j: int):
     "The agents as S_j for the history comparator: the main process writes it, the others take its index."
-    if self.dist.is_main: self.comparator.save_snapshot(j)
+    self.comparator.save_snapshot(j, write=self.dist.is_main)       # sharded agents: every process gathers them
     snaps = self.comparator.snapshots
     if self.dist.enabled and snaps is not None: snaps.index = dict(self.dist.gather(snaps.index)[0])
 
@@ -497,7 +498,7 @@ def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round:
 @patch
 def _log_round(self: PreferenceRounds, run: Run, nu: int, st: dict, chosen: list, trained: dict) -> dict:
     "Evaluate (when asked) and write the round's metrics line: collection, training pairs by round, training, eval."
-    ev = self.evaluate() if self.args.eval_interval > 0 and self.dist.is_main else {}
+    ev = sharded_evaluation(self.team, self.dist, self.evaluate) if self.args.eval_interval > 0 else {}
     its = [r.get("iteration") for r in chosen]
     src = {str(i): its.count(i) for i in sorted(set(its), key=str)}
     times = {k: trained.pop(k) for k in ("round/time_collect", "round/time_train")}
@@ -573,7 +574,7 @@ def _start_run(self: PreferenceRounds, resume_from_checkpoint, stop_after_round:
         logger.warning(f"{self.replay_dir} already holds {len(old)} replay files from an earlier run: they are not "
                        "imported; this run's rounds overwrite the files with the same numbers")
     self._snapshot(0)
-    ev = self.evaluate() if self.args.eval_interval > 0 and self.dist.is_main else {}
+    ev = sharded_evaluation(self.team, self.dist, self.evaluate) if self.args.eval_interval > 0 else {}
     if ev:
         row = {"batch": 0, "iteration": 0, "phase": "round", **ev}
         run.metrics.log(row, 0, console=True)
@@ -673,6 +674,7 @@ class MARLHFIterTrainer(PreferenceRounds):
             backend_kwargs, critics=critics, critic_model=critic_model)
         self.args = args = default_args(self.config_class, args, num_agents, agents)
         check_task(reward_func, eval_logger, eval_aggregator)
+        self.dist = DistContext()           # data parallel collection and reward fit under a launcher
         self._setup_task(reward_func, reward_processor, oracle, train_dataset, eval_dataset, eval_logger,
                          eval_aggregator, wandb_config)
         hooks = central_hooks(args, centralized_prompt_builder, centralized_parser, centralized_comparator_adapter)
@@ -717,7 +719,7 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
     rm.load_state_dict(self._rm_initial)
     summary = fit_reward(rm, records, a, d, derive_seed(a.seed, "reward_model_round", nu), {"iteration": nu},
-                         console=False)
+                         self.dist, console=False)          # data parallel: each process its share of each batch
     self._rm_fitted = True
     return summary
 

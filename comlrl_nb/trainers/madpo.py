@@ -18,7 +18,7 @@ from ..generation import fast_decodable
 from ..losses import check_finite_loss, madpo_loss, team_margin
 from ..preference import (build_pair_dataset, check_preference_config, collect_preference_pairs,
                                   resolve_oracle, save_pairs, side_ids, text_ids, tokenize_pairs)
-from ..distributed import DistContext
+from ..distributed import DistContext, is_sharded
 from ..rewards import RewardFunction
 from ..comparators import centralized_prompt, parse_agent_sections
 from ..team import Team, TrainerAPI, config_num_agents, library_keywords, wandb_with_settings
@@ -229,29 +229,34 @@ class UpdateModes:
         return self
 
 # %% ../../nbs/42_madpo.ipynb #a1e0c021
-from ..core import micro_backward, micro_chunks
+from ..core import micro_backward, micro_chunks, shared_chunk_count
 
 def madpo_update_micro(team, tokens: list, idx, beta: float, steps: list, max_grad_norm, autocast_dtype, size: int,
                        fast: Optional[list] = None, dist: Optional[DistContext] = None) -> dict:
     """`madpo_update` in micro-batches of `size` pairs: every model's margins first, without gradient, chunk by chunk;
     then per model its loss chunk by chunk (its own margins recomputed with gradient, the others' fixed), gradients
     accumulated, one optimizer step. The same step as one chunk, with at most `size` pairs' activations held. Under
-    data parallel (`dist`) each process takes pairs rank, rank+W, ... (as `madpo_update_shared`); sums as there."""
+    data parallel (`dist`) each process takes pairs rank, rank+W, ... (as `madpo_update_shared`); sums as there.
+    Sharded models (FSDP2): every process runs as many chunks as the one with the most pairs (pair 0, weight 0)."""
     B, n, fast = len(idx), len(team.agents), fast or [None] * len(team.agents)
     W = dist.world if dist is not None and dist.enabled else 1
     rows = list(range(dist.rank, B, W)) if W > 1 else list(range(B))
     def margins(i, rs): return pair_margins(team.agents[i], team.tokenizers[i], tokens[i], [idx[r] for r in rs],
                                             autocast_dtype, fast[i])
+    count = shared_chunk_count(B, W, size) if any(map(is_sharded, team.agents)) else 0
     with torch.no_grad():
         own = [torch.cat([margins(i, ch).float().cpu() for ch in micro_chunks(rows, size)]) for i in range(n)] \
             if rows else []
+        for i in range(n):                                                # sharded: the missing forwards, unused
+            for _ in range(count - len(micro_chunks(rows, size))): margins(i, [0])
     M = torch.zeros(n, B)                                                  # [n, B], in the batch's order
     for r, part in enumerate(dist.gather(own) if W > 1 else [own]):
         if part: M[:, r::W] = torch.stack(part)
     def step(i):
         opt = team.optimizers[i]
         opt.zero_grad(set_to_none=True)
-        value = micro_backward(lambda ch: madpo_share_loss(margins(i, ch), M, i, ch, len(ch), beta), rows, B, size)
+        value = micro_backward(lambda ch: madpo_share_loss(margins(i, ch), M, i, ch, len(ch), beta), rows, B, size,
+                               count)
         value = dist.sum(value) if W > 1 else value
         check_finite_loss(torch.tensor(value), f"agent {i} optimizer step {steps[i] + 1}")
         if W > 1: dist.sum_grads(team.agents[i].parameters())
@@ -315,6 +320,7 @@ def _shared_step(team, i: int, margin, M, rows: list, total: int, beta: float, s
     loss = madpo_share_loss(margin, M, i, rows, total, beta) if rows else None     # an empty share adds zeros
     value = dist.sum(float(loss.detach()) if loss is not None else 0.0)
     check_finite_loss(torch.tensor(value), f"agent {i} optimizer step {steps[i] + 1}")
+    if loss is None and margin is not None: loss = margin.sum() * 0.0    # FSDP2: a backward here too, of zeros
     if loss is not None: loss.backward()
     dist.sum_grads(team.agents[i].parameters())
     if max_grad_norm: torch.nn.utils.clip_grad_norm_(team.agents[i].parameters(), max_grad_norm)
@@ -329,10 +335,11 @@ def madpo_update_shared(team, tokens: list, idx, beta: float, steps: list, max_g
     margins are gathered."""
     W, rows = dist.world, list(range(dist.rank, len(idx), dist.world))
     mine, fast = [idx[r] for r in rows], fast or [None] * len(team.agents)
-    own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], mine, autocast_dtype,
-                                          fast[i])) if mine else []
+    run = mine or ([idx[0]] if any(map(is_sharded, team.agents)) else [])  # FSDP2: every process runs each forward
+    own = team.map(lambda i: pair_margins(team.agents[i], team.tokenizers[i], tokens[i], run, autocast_dtype,
+                                          fast[i])) if run else []
     M = torch.zeros(len(team.agents), len(idx))                           # [n, B], in the batch's order
-    for r, part in enumerate(dist.gather([o.detach().float().cpu() for o in own])):
+    for r, part in enumerate(dist.gather([o.detach().float().cpu() for o in own] if mine else [])):
         if part: M[:, r::W] = torch.stack(part)
     losses = [_shared_step(team, i, own[i] if own else None, M, rows, len(idx), beta, steps, max_grad_norm, dist)
               for i in range(len(team.agents))]
@@ -457,7 +464,7 @@ def shared_pair_dataset(team, dataset, args, path, oracle, dist: DistContext, ro
     return json.loads(json.dumps(records)), stats          # as every process would read pairs.json back
 
 # %% ../../nbs/42_madpo.ipynb #40b3548a
-from ..engine import run_options
+from ..engine import run_options, sharded_evaluation
 
 @patch
 def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Optional[int] = None,
@@ -481,9 +488,9 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
             for order, b in run.batches(per_epoch, self._pair_order):
                 t0, idx = time.perf_counter(), [int(j) for j in order[b * B:(b + 1) * B]]
                 ev = {}
-                if a.eval_interval > 0 and b % a.eval_interval == 0 and self.dist.is_main:
+                if a.eval_interval > 0 and b % a.eval_interval == 0:
                     modes.eval()                                           # sampling: eval mode
-                    ev = self.evaluate()
+                    ev = sharded_evaluation(self.team, self.dist, self.evaluate)   # sharded: every process
                 out = self._update(idx)
                 m = dpo_metrics(self.pairs, idx, out, time.perf_counter() - t0, self.state["optimizer_steps"])
                 m.update(count_env_steps(a, self.state, len(idx)))        # env_step: comlrl's step axis

@@ -231,16 +231,18 @@ def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int],
     return Rollout(samples, turns, timers["generate"], timers["reward"], timers["kl"], levels, prompts)
 
 # %% ../../nbs/30_reinforce.ipynb #15ed5e2f
-from ..core import micro_backward
+from ..core import micro_backward, shared_chunk_count
 
 @patch
 def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> tuple[float, float, float]:
     "This process' part of the mini-batch loss, backpropagated when finite: (loss value, forward start and end)."
     t0, share = time.perf_counter(), len(rows) / max(len(comps), 1)
-    if not rows and not is_sharded(model): return 0.0, t0, t0
-    if rows and self.args.micro_batch_size is not None:  # chunks of micro_batch_size rows, gradients accumulated
+    sharded, size = is_sharded(model), self.args.micro_batch_size
+    if not rows and not sharded: return 0.0, t0, t0
+    if size is not None:                # chunks of micro_batch_size rows, gradients accumulated; sharded: as many
         rows_loss = lambda ch: policy_rows_loss(model, prompts, comps, adv, ch, pad, self.args.autocast_dtype)
-        value = micro_backward(rows_loss, rows, len(comps), self.args.micro_batch_size)
+        count = shared_chunk_count(len(comps), self.dist.world, size) if sharded else 0   # chunks on every process
+        value = micro_backward(rows_loss, rows, len(comps), size, count)
         return value, t0, time.perf_counter()
     rows = rows or [0]                      # FSDP2: every process runs each forward and backward (weight 0 here)
     _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
