@@ -121,12 +121,61 @@ def test_fsdp_on_two_nodes(tmp_path, single):
     assert _mem(tmp_path, 0)["world_size"] == 2
 
 
+def _whole_team_bytes(single):
+    "The bytes of the whole team's parameters and optimizer states (the one-process run holds all of them)."
+    m = _mem(single, 0)
+    return m["parameter_bytes"] + m["optimizer_bytes"]
+
+
+def _tensor_bytes_per_file(shards):
+    "The tensor bytes each DCP file of a checkpoint holds, from its .metadata (the files add pickling overhead)."
+    import math
+    from torch.distributed.checkpoint import FileSystemReader
+    md, out = FileSystemReader(str(shards)).read_metadata(), {}
+    for idx, where in md.storage_data.items():
+        m = md.state_dict_metadata[idx.fqn]
+        if hasattr(m, "chunks"):                                        # a tensor (not pickled bytes)
+            c = next(c for c in m.chunks if tuple(c.offsets) == tuple(idx.offset))
+            out[where.relative_path] = out.get(where.relative_path, 0) + math.prod(c.sizes) * m.properties.dtype.itemsize
+    return out
+
+
 def test_fsdp_stop_and_resume(tmp_path, single):
-    "Stopped after batch 2 and resumed from its (consolidated) checkpoint: the uninterrupted run."
-    _torchrun(tmp_path, "fsdp", 29624, "stop", 2)
+    """Stopped after batch 2 and resumed: the uninterrupted run. Each checkpoint holds one shard file per process
+    (torch.distributed.checkpoint), none of them the whole team, and a state.pt without the agents."""
+    _torchrun(tmp_path, "fsdp", 29720, "stop", 2)
     ck = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert ck == ["checkpoint-0000001", "checkpoint-0000002"]
-    _torchrun(tmp_path, "fsdp", 29625, "resume")
+    assert ck == ["checkpoint-0000001", "checkpoint-0000002"]                  # nothing temporary left behind
+    last = tmp_path / "checkpoints" / ck[-1]
+    assert sorted(p.name for p in (last / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    per_file, whole = _tensor_bytes_per_file(last / "shards"), _whole_team_bytes(single)
+    assert sorted(per_file) == ["__0_0.distcp", "__1_0.distcp"]
+    # every weight and optimizer state once (tied embeddings twice), each process' file about half of them
+    assert sum(per_file.values()) >= whole and max(per_file.values()) <= 0.55 * sum(per_file.values()), per_file
+    assert (last / "state.pt").stat().st_size < 0.1 * whole                     # the rest: no agent in it
+    meta = json.loads((last / "trainer_state.json").read_text())
+    assert meta["sharded"] == {"dir": "shards", "world_size": 2, "strategy": "fsdp", "components": ["team"]}
+    _torchrun(tmp_path, "fsdp", 29721, "resume")
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+
+
+def test_fsdp_stop_under_two_resume_under_one(tmp_path, single):
+    "A checkpoint written by 2 processes resumes in 1 (DCP reshards on load, no process group): the uninterrupted run."
+    _torchrun(tmp_path, "fsdp", 29722, "stop", 2)
+    assert (tmp_path / "checkpoints" / "checkpoint-0000002" / "shards" / "__1_0.distcp").is_file()
+    _wait(_run([sys.executable, SCRIPT, tmp_path, "fsdp", "resume"]))          # one process: the agents whole
+    assert _mem(tmp_path, 0)["world_size"] == 1
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+
+
+def test_fsdp_stop_under_one_resume_under_two(tmp_path, single):
+    "A one-process checkpoint (whole agents in state.pt) resumes under 2 processes, each taking its shards of it."
+    _wait(_run([sys.executable, SCRIPT, tmp_path, "fsdp", "stop", 2]))
+    assert not (tmp_path / "checkpoints" / "checkpoint-0000002" / "shards").exists()
+    _torchrun(tmp_path, "fsdp", 29723, "resume")
+    assert _mem(tmp_path, 1)["world_size"] == 2
     (tmp_path / "init.pt").symlink_to(single / "init.pt")
     _same_run(single, tmp_path)
 
