@@ -180,6 +180,27 @@ def test_fsdp_stop_under_one_resume_under_two(tmp_path, single):
     _same_run(single, tmp_path)
 
 
+def test_ddp_stop_under_two_resume_under_one(tmp_path, single):
+    "'ddp' checkpoints too go through DCP (replicated weights: one process writes each tensor) and resume in 1 process."
+    _torchrun(tmp_path, "ddp", 29724, "stop", 2)
+    shards = tmp_path / "checkpoints" / "checkpoint-0000002" / "shards"
+    assert sum(_tensor_bytes_per_file(shards).values()) >= _whole_team_bytes(single)    # each tensor written once
+    assert json.loads((shards.parent / "trainer_state.json").read_text())["sharded"]["strategy"] == "ddp"
+    _wait(_run([sys.executable, SCRIPT, tmp_path, "ddp", "resume"]))
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+
+
+def test_iac_stop_under_two_resume_under_one(tmp_path_factory):
+    "IAC's actor optimizers also hold the value heads' parameters (not the model's): they come back exactly too."
+    one, out = _single(tmp_path_factory, "iac"), tmp_path_factory.mktemp("resume_iac")
+    _torchrun(out, "fsdp", 29725, "stop", 2, algo="iac")
+    assert (out / "checkpoints" / "checkpoint-0000002" / "shards" / "__1_0.distcp").is_file()
+    _wait(_run([sys.executable, SCRIPT, out, "fsdp", "resume"], "iac"))
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+
+
 @pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633), ("madpo", 29634),
                                       ("marlhf", 29635)])
 def test_families_under_fsdp(tmp_path_factory, algo, port):
