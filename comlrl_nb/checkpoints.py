@@ -180,15 +180,24 @@ def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | No
 # %% ../nbs/23_checkpoints.ipynb #16e99b5f
 SHARDS_DIR = "shards"                  # the checkpoint's folder of torch.distributed.checkpoint files
 
+def _why(err: BaseException) -> str:
+    "An error in a line; DCP's CheckpointException as each failed process' own error."
+    fails = getattr(err, "failures", None)
+    if isinstance(fails, dict) and fails:
+        return "; ".join(f"process {r}: {type(x[0]).__name__}: {str(x[0])[:200]}" for r, x in sorted(fails.items()))
+    return f"{type(err).__name__}: {str(err)[:300]}"
+
 def _agree(dist, err: BaseException | None, cleanup=None):
     """After a step of a collective save, every process learns every process' outcome: this one's error is raised
     here, another's as a RuntimeError naming its process; `cleanup` runs first where any failed."""
-    errs = dist.gather(None if err is None else f"{type(err).__name__}: {str(err)[:300]}")
+    errs = dist.gather(None if err is None else _why(err))
     bad = [(r, e) for r, e in enumerate(errs) if e is not None]
     if bad and cleanup is not None: cleanup()
-    if err is not None: raise err
-    if bad: raise RuntimeError(f"could not save the checkpoint: process {bad[0][0]} failed ({bad[0][1]}); nothing of "
-                               "it was committed and the earlier checkpoints are intact")
+    if isinstance(err, Exception): raise err
+    if err is not None or bad:               # another process' error, or DCP's CheckpointException (a BaseException)
+        why = _why(err) if err is not None else f"process {bad[0][0]}: {bad[0][1]}"
+        raise RuntimeError(f"could not save the checkpoint: {why}; nothing of it was committed and the earlier "
+                           "checkpoints are intact") from err
 
 # %% ../nbs/23_checkpoints.ipynb #26bba8db
 def _save_sharded(self: CheckpointManager, batch: int, state: dict, info: dict | None, shards: dict, dist,

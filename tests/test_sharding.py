@@ -201,6 +201,17 @@ def test_iac_stop_under_two_resume_under_one(tmp_path_factory):
     _same_run(one, out)
 
 
+def test_sharded_save_failing_in_one_process_commits_nothing(tmp_path):
+    "Process 1 cannot write its shards: both processes raise, no checkpoint-2 (nor its temporary folder) is left."
+    root = tmp_path / "checkpoints"
+    _wait(_run([BIN / "torchrun", "--nproc_per_node", 2, "--master_port", 29726, HERE / "dcp_atomic_script.py", root]))
+    r0, r1 = (json.loads((tmp_path / f"result_rank{r}.json").read_text()) for r in (0, 1))
+    for r in (r0, r1):                                  # each names the process that failed and why
+        assert "could not save the checkpoint: process 1: OSError: [Errno 28] No space left" in r["error"], r
+        assert r["latest"] == ["checkpoint-0000001", 1, [float(i) for i in range(8)]]   # the previous one, intact
+    assert r0["folder"] == ["checkpoint-0000001"]                               # nothing of the failed save
+
+
 @pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633), ("madpo", 29634),
                                       ("marlhf", 29635)])
 def test_families_under_fsdp(tmp_path_factory, algo, port):
