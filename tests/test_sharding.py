@@ -17,8 +17,8 @@ SCRIPT = HERE / "shard_script.py"
 ATOL = 1e-4
 
 
-def _run(cmd, algo="magrpo"):
-    env = {**os.environ, "SHARD_ALGO": algo, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+def _run(cmd, algo="magrpo", **extra_env):
+    env = {**os.environ, **extra_env, "SHARD_ALGO": algo, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
@@ -30,9 +30,9 @@ def _wait(*procs):
         assert p.returncode == 0, out[-6000:]
 
 
-def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo"):
+def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo", **env):
     _wait(_run([BIN / "torchrun", "--nproc_per_node", nproc, "--master_port", port, SCRIPT, out, strategy, *extra],
-               algo))
+               algo, **env))
 
 
 def _params(d):
@@ -155,9 +155,13 @@ def test_fsdp_stop_and_resume(tmp_path, single):
     assert (last / "state.pt").stat().st_size < 0.1 * whole                     # the rest: no agent in it
     meta = json.loads((last / "trainer_state.json").read_text())
     assert meta["sharded"] == {"dir": "shards", "world_size": 2, "strategy": "fsdp", "components": ["team"]}
-    _torchrun(tmp_path, "fsdp", 29721, "resume")
+    _torchrun(tmp_path, "fsdp", 29721, "resume", SHARD_SAVE_CHECKPOINT="1")
     (tmp_path / "init.pt").symlink_to(single / "init.pt")
     _same_run(single, tmp_path)
+    saved = tmp_path / "saved_checkpoint"                    # trainer.save_checkpoint: the same layout, all processes
+    assert sorted(p.name for p in (saved / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert json.loads((saved / "trainer_state.json").read_text())["sharded"]["world_size"] == 2
+    assert not list(tmp_path.glob(".saved_checkpoint*"))      # its temporary folder is gone
 
 
 def test_fsdp_stop_under_two_resume_under_one(tmp_path, single):
