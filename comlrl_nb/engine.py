@@ -222,10 +222,16 @@ def save(self: Run, rng: Optional[dict] = None, epoch: bool = False):
     if ids: info["wandb"] = ids[0]                      # the W&B run's id/project/entity: read_checkpoint_metadata
     num = self.state["epoch" if epoch and self.step_key == "global_batch" else self.step_key]
     mgr = self.epoch_ckpt if epoch else self.ckpt
-    if shards: p = mgr.save(num, state, info, shards, self.dist, getattr(self.args, "distributed", "fsdp"))
+    if shards: p = mgr.save(num, state, info, shards, self.dist, self.shard_strategy(shards))
     elif self.dist.is_main: p = mgr.save(num, state, info)
     if self.dist.is_main: logger.info(f"checkpoint saved: {p}")
     self.dist.barrier()
+
+@patch
+def shard_strategy(self: Run, names) -> str:
+    "How the sharded components `names` are shared ('fsdp', 'ddp'): their DistContext's, else the config's."
+    found = [getattr(getattr(self.components[n], "sharding", None), "strategy", None) for n in names]
+    return next((s for s in found if s), getattr(self.args, "distributed", "fsdp"))
 
 @patch
 def checkpoint_info(self: Run) -> dict:
@@ -466,7 +472,7 @@ def save_trainer_checkpoint(trainer, output_dir) -> Path:
     tmp_root = target.parent / f".{target.name}.saving"
     if main: shutil.rmtree(tmp_root, ignore_errors=True)
     new = CheckpointManager(tmp_root, None, run.algo, run.num_agents).save(
-        run.state[run.step_key], state, info, shards or None, run.dist, getattr(run.args, "distributed", "fsdp"))
+        run.state[run.step_key], state, info, shards or None, run.dist, run.shard_strategy(shards))
     if main:
         _replace_dir(new, target, tmp_root / "old")
         shutil.rmtree(tmp_root, ignore_errors=True)
