@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from .core import DISK_FULL, NOT_WRITABLE, atomic_write_text, byte_size, free_bytes, logger
 
 # %% auto #0
-__all__ = ['rng_state', 'set_rng_state', 'CheckpointManager']
+__all__ = ['SHARDS_DIR', 'rng_state', 'set_rng_state', 'CheckpointManager', 'read_shards', 'shard_keys']
 
 # %% ../nbs/23_checkpoints.ipynb #10c1bbeb
 def rng_state() -> dict:
@@ -115,15 +115,17 @@ def _save_error(self: CheckpointManager, final: Path, e: BaseException, doing: s
                          f"Fix: {_FIX.get(kind, _FIX['full'])}")
 
 # %% ../nbs/23_checkpoints.ipynb #099d98c4
-def _build(self: CheckpointManager, batch: int, state: dict, info: dict | None) -> tuple[Path, Path]:
+def _build(self: CheckpointManager, batch: int, state: dict, info: dict | None, made: bool = False) -> tuple[Path, Path]:
     """checkpoint-<batch> built complete under a temporary name: (the temporary directory, the final one). A write
-    that fails removes the temporary directory and is named (`_save_error`)."""
+    that fails removes the temporary directory and is named (`_save_error`). `made`: the temporary directory exists
+    already (the processes' shards are in it) and is kept."""
     num = f"{batch:0{self.width}d}"
     final, tmp = self.root / f"checkpoint-{num}", self.root / f".checkpoint-{num}.tmp"
     doing = [f"creating {tmp}", None]                          # the step under way and its bytes: for the error
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        if not made:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
         doing = [f"writing {tmp / 'state.pt'}", _state_bytes(state)]
         torch.save(state, tmp / "state.pt")
         with open(tmp / "state.pt", "rb") as f: os.fsync(f.fileno())
@@ -165,17 +167,71 @@ def _prune(self: CheckpointManager, batch: int):
     for p in older[:max(0, len(older) - (self.total_limit - 1))]: _discard(p)
 
 # %% ../nbs/23_checkpoints.ipynb #8fbf65c6
-def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | None = None) -> Path:
+def _ckpt_save(self: CheckpointManager, batch: int, state: dict, info: dict | None = None, shards: dict | None = None,
+               dist=None, strategy: str = "fsdp") -> Path:
     """Write `state` (torch-serializable) as checkpoint-<batch>; at every instant a complete checkpoint exists; prune
-    old ones."""
+    old ones. With `shards` (states each process holds part of) every process of `dist` calls this (`_save_sharded`)."""
+    if shards: return _save_sharded(self, batch, state, info, shards, dist, strategy)
     tmp, final = _build(self, batch, state, info)
     _put_in_place(self, tmp, final)
     if self.total_limit: _prune(self, batch)
     return final
 
+# %% ../nbs/23_checkpoints.ipynb #16e99b5f
+SHARDS_DIR = "shards"                  # the checkpoint's folder of torch.distributed.checkpoint files
+
+def _why(err: BaseException) -> str:
+    "An error in a line; DCP's CheckpointException as each failed process' own error."
+    fails = getattr(err, "failures", None)
+    if isinstance(fails, dict) and fails:
+        return "; ".join(f"process {r}: {type(x[0]).__name__}: {str(x[0])[:200]}" for r, x in sorted(fails.items()))
+    return f"{type(err).__name__}: {str(err)[:300]}"
+
+def _agree(dist, err: BaseException | None, cleanup=None):
+    """After a step of a collective save, every process learns every process' outcome: this one's error is raised
+    here, another's as a RuntimeError naming its process; `cleanup` runs first where any failed."""
+    errs = dist.gather(None if err is None else _why(err))
+    bad = [(r, e) for r, e in enumerate(errs) if e is not None]
+    if bad and cleanup is not None: cleanup()
+    if isinstance(err, Exception): raise err
+    if err is not None or bad:               # another process' error, or DCP's CheckpointException (a BaseException)
+        why = _why(err) if err is not None else f"process {bad[0][0]}: {bad[0][1]}"
+        raise RuntimeError(f"could not save the checkpoint: {why}; nothing of it was committed and the earlier "
+                           "checkpoints are intact") from err
+
+# %% ../nbs/23_checkpoints.ipynb #26bba8db
+def _save_sharded(self: CheckpointManager, batch: int, state: dict, info: dict | None, shards: dict, dist,
+                  strategy: str) -> Path:
+    """`save` of a checkpoint whose `shards` every process of `dist` holds part of: the main process makes the temporary
+    directory; every process writes its own part with `torch.distributed.checkpoint`; when all succeeded the main one
+    writes state.pt and trainer_state.json and commits. Every process gets the final path (or the error)."""
+    import torch.distributed as td, torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException       # a BaseException
+    num = f"{batch:0{self.width}d}"
+    final, tmp = self.root / f"checkpoint-{num}", self.root / f".checkpoint-{num}.tmp"
+    drop = lambda: shutil.rmtree(tmp, ignore_errors=True) if dist.is_main else None
+    err = None
+    if dist.is_main:
+        try: drop(); tmp.mkdir(parents=True)
+        except Exception as e: err = e
+    _agree(dist, err)
+    record = {"dir": SHARDS_DIR, "world_size": dist.world, "strategy": strategy, "components": sorted(shards)}
+    try: dcp.save(shards, checkpoint_id=tmp / SHARDS_DIR, no_dist=not (td.is_available() and td.is_initialized()))
+    except (Exception, CheckpointException) as e: err = e
+    _agree(dist, err, drop)                                   # every process has written its shards
+    if dist.is_main:
+        try:
+            _build(self, batch, {**state, "sharded": record}, {**(info or {}), "sharded": record}, made=True)
+            _put_in_place(self, tmp, final)
+            if self.total_limit: _prune(self, batch)
+        except Exception as e: err = e
+    _agree(dist, err)
+    return final
+
 # %% ../nbs/23_checkpoints.ipynb #7752a793
 def _read_checkpoint(p: Path) -> tuple[dict, dict]:
-    "(trainer_state.json, state.pt) of one checkpoint; ValueError naming the damaged file."
+    """(trainer_state.json, state.pt) of one checkpoint; ValueError naming the damaged file. A sharded checkpoint's
+    record gets the path of its shards."""
     meta_f, state_f = p / "trainer_state.json", p / "state.pt"
     try: meta = json.loads(meta_f.read_text())
     except (OSError, ValueError) as e:
@@ -184,7 +240,36 @@ def _read_checkpoint(p: Path) -> tuple[dict, dict]:
     except FileNotFoundError: raise ValueError(f"{state_f} is missing") from None
     except Exception as e:
         raise ValueError(f"{state_f} is damaged (truncated?) ({type(e).__name__}: {str(e)[:200]})") from None
+    rec = state.get("sharded") if isinstance(state, dict) else None
+    if rec:                                               # the processes' shards: where this machine finds them
+        d = p / rec["dir"]
+        if not (d / ".metadata").is_file(): raise ValueError(f"{d} (the shards of the sharded agents) is incomplete: "
+                                                             "it has no .metadata")
+        state["sharded"] = {**rec, "path": str(d)}
     return meta, state
+
+# %% ../nbs/23_checkpoints.ipynb #bf737447
+def read_shards(record: dict, template: dict):
+    """Fill `template` (this process' state dicts: its own shards, or whole tensors) in place from a sharded checkpoint
+    (`_read_checkpoint`'s `sharded` record): DCP reshards the files to this run's processes; a single process without a
+    process group reads them alone. A failure names the number of processes and the strategy that wrote them."""
+    import torch.distributed as td, torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException       # a BaseException
+    alone = not (td.is_available() and td.is_initialized())
+    try: dcp.load(template, checkpoint_id=record["path"], no_dist=alone)
+    except (Exception, CheckpointException) as e:
+        W, here = record["world_size"], 1 if alone else td.get_world_size()
+        raise ValueError(f"cannot read the shards in {record['path']} (written by {W} processes under distributed="
+                         f"{record['strategy']!r}) into this run of {here} process(es): {type(e).__name__}: "
+                         f"{str(e)[:300]}; resume it with {W} processes (torchrun --nproc_per_node {W} ...) and "
+                         f"distributed={record['strategy']!r}") from None
+
+def shard_keys(record: dict) -> set:
+    "The keys (DCP's dotted paths) of the tensors a sharded checkpoint holds, read from its .metadata."
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    md = FileSystemReader(record["path"]).read_metadata().state_dict_metadata
+    return {k for k, v in md.items() if isinstance(v, TensorStorageMetadata)}
 
 # %% ../nbs/23_checkpoints.ipynb #4faf39dc
 def _check_meta(self: CheckpointManager, p: Path, meta: dict):

@@ -92,11 +92,15 @@ def register(self: Run, name: str, component):
 
 # %% ../nbs/25_engine.ipynb #a9dd0df0
 @patch
-def checkpoint(self: Run, rng: Optional[dict] = None) -> dict:
-    "The checkpoint: every registered component's entries, then the position, the random state and the config."
+def checkpoint(self: Run, rng: Optional[dict] = None, shards: Optional[dict] = None) -> dict:
+    """The checkpoint: every registered component's entries, then the position, the random state and the config. With
+    a dict `shards`, a component holding sharded states (`sharded_state_dict`) puts them there, under its name, for
+    every process to write its own part; its other entries stay in the checkpoint."""
     state = {}
     for name, comp in self.components.items():
-        sd = comp.state_dict()
+        sd, sh = comp.sharded_state_dict() if shards is not None and hasattr(comp, "sharded_state_dict") else \
+            (comp.state_dict(), None)
+        if sh is not None: shards[name] = sh
         clash = sorted(state.keys() & sd.keys())
         if clash: raise ValueError(f"component {name!r} reuses checkpoint entries {clash}; give it another key")
         state.update(sd)
@@ -209,16 +213,25 @@ def _open(self: Run, resume_from_checkpoint, checkpoint_dir, checkpoint_total_li
 # %% ../nbs/25_engine.ipynb #5c35ba8c
 @patch
 def save(self: Run, rng: Optional[dict] = None, epoch: bool = False):
-    "Write a checkpoint at the current position (main process; all wait); `epoch`: the library's checkpoint_dir one."
-    state = self.checkpoint(rng)
-    if self.dist.is_main:
-        info = {**self.checkpoint_info(), "config": config_json(state["config"])}   # compared when resuming
-        ids = [t.identity for t in self.metrics.trackers if getattr(t, "identity", None)]
-        if ids: info["wandb"] = ids[0]                  # the W&B run's id/project/entity: read_checkpoint_metadata
-        num = self.state["epoch" if epoch and self.step_key == "global_batch" else self.step_key]
-        p = (self.epoch_ckpt if epoch else self.ckpt).save(num, state, info)
-        logger.info(f"checkpoint saved: {p}")
+    """Write a checkpoint at the current position (main process; all wait); `epoch`: the library's checkpoint_dir one.
+    Sharded components (`checkpoint`'s `shards`): every process writes its own shards, the main process the rest."""
+    shards = {}
+    state = self.checkpoint(rng, shards)
+    info = {**self.checkpoint_info(), "config": config_json(state["config"])}   # compared when resuming
+    ids = [t.identity for t in self.metrics.trackers if getattr(t, "identity", None)]
+    if ids: info["wandb"] = ids[0]                      # the W&B run's id/project/entity: read_checkpoint_metadata
+    num = self.state["epoch" if epoch and self.step_key == "global_batch" else self.step_key]
+    mgr = self.epoch_ckpt if epoch else self.ckpt
+    if shards: p = mgr.save(num, state, info, shards, self.dist, self.shard_strategy(shards))
+    elif self.dist.is_main: p = mgr.save(num, state, info)
+    if self.dist.is_main: logger.info(f"checkpoint saved: {p}")
     self.dist.barrier()
+
+@patch
+def shard_strategy(self: Run, names) -> str:
+    "How the sharded components `names` are shared ('fsdp', 'ddp'): their DistContext's, else the config's."
+    found = [getattr(getattr(self.components[n], "sharding", None), "strategy", None) for n in names]
+    return next((s for s in found if s), getattr(self.args, "distributed", "fsdp"))
 
 @patch
 def checkpoint_info(self: Run) -> dict:
@@ -237,16 +250,21 @@ def _truncate_metrics(self: Run):
 # %% ../nbs/25_engine.ipynb #26dfd288
 @patch
 def restore(self: Run, which=True) -> Path:
-    "Load a checkpoint (a path, or True for the newest) into every component, the position and the random state."
+    """Load a checkpoint (a path, or True for the newest) into every component, the position and the random state.
+    A sharded checkpoint's components read their shards, resharded to this run's processes (one process or several)."""
     p, s = self.ckpt.load(which)
     if s.get("config") is not None:                        # a changed config would not continue the same run
         current = config_json(asdict(self.args) if is_dataclass(self.args) else vars(self.args))
         check_resume_config(config_json(s["config"]), current, self.allow_config_changes)
-    for comp in self.components.values(): comp.load_state_dict(s)
+    rec = s.get("sharded") or {}
+    for name, comp in self.components.items():
+        if name in rec.get("components", ()): comp.load_sharded_state_dict(s, name)
+        else: comp.load_state_dict(s)
     self.state.clear()
     self.state.update(s["state"])                           # in place: the trainer holds the same dict
     set_rng_state(s["rng"])
-    logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state.get('epoch', 0)})")
+    was = f", written by {rec['world_size']} processes, read by {self.dist.world}" if rec else ""
+    logger.info(f"resumed from {p} (batch {self.state['global_batch']}, epoch {self.state.get('epoch', 0)}{was})")
     return p
 
 # %% ../nbs/25_engine.ipynb #6b107daf
@@ -454,22 +472,27 @@ def _replace_dir(new: Path, target: Path, aside: Path):
 
 # %% ../nbs/25_engine.ipynb #1f4a0ebd
 def save_trainer_checkpoint(trainer, output_dir) -> Path:
-    "Write the trainer's checkpoint as the directory `output_dir` (replacing a checkpoint there, atomically)."
+    """Write the trainer's checkpoint as the directory `output_dir` (replacing a checkpoint there, atomically); sharded
+    agents: every process calls this and writes its own shards."""
     target = Path(output_dir).expanduser().absolute()
     if target.is_symlink() or (target.exists() and not (target / "trainer_state.json").is_file()):
         raise FileExistsError(f"{target} exists and is not a checkpoint; save to a new directory "
                               "(only an existing checkpoint is replaced)")
-    run = trainer_run(trainer)
-    if not run.dist.is_main: return target
-    state = run.checkpoint()
+    run, shards = trainer_run(trainer), {}
+    state = run.checkpoint(shards=shards)
+    main = run.dist.is_main
+    if not shards and not main: return target
     info = {**run.checkpoint_info(), "config": config_json(state["config"])}
     tmp_root = target.parent / f".{target.name}.saving"
-    shutil.rmtree(tmp_root, ignore_errors=True)
-    new = CheckpointManager(tmp_root, None, run.algo, run.num_agents).save(run.state[run.step_key], state, info)
-    _replace_dir(new, target, tmp_root / "old")
-    shutil.rmtree(tmp_root, ignore_errors=True)
-    _fsync_dir(target.parent)
-    logger.info(f"checkpoint saved: {target}")
+    if main: shutil.rmtree(tmp_root, ignore_errors=True)
+    new = CheckpointManager(tmp_root, None, run.algo, run.num_agents).save(
+        run.state[run.step_key], state, info, shards or None, run.dist, run.shard_strategy(shards))
+    if main:
+        _replace_dir(new, target, tmp_root / "old")
+        shutil.rmtree(tmp_root, ignore_errors=True)
+        _fsync_dir(target.parent)
+        logger.info(f"checkpoint saved: {target}")
+    if shards: run.dist.barrier()
     return target
 
 # %% ../nbs/25_engine.ipynb #8b85d23b

@@ -238,6 +238,9 @@ def state_dict(self: Team) -> dict:
 @patch
 def load_state_dict(self: Team, sd: dict):
     "Restore a `state_dict`, after checking that each agent is the model it was (a named error if not)."
+    if sd.get("agents") is None and sd.get("sharded"):
+        raise ValueError("this checkpoint holds the agents as per-process shards (torch.distributed.checkpoint): restore "
+                         "it with train(resume_from_checkpoint=...) or trainer.load_checkpoint(path)")
     if self.sharding is not None: return self._load_full_state_dict(sd)
     check_architectures(self.agents, sd.get("architectures"))          # older checkpoints have none: not checked
     for i, (m, s) in enumerate(zip(self.agents, sd["agents"])): _load_weights(m, s, f"agent {i}")
@@ -294,6 +297,79 @@ def memory(self: Team) -> dict:
     world = D.world if D else int(os.environ.get("WORLD_SIZE", "1"))     # 'none' under a launcher: replicas
     return {"world_size": world, "strategy": D.strategy if D else "none",
             **process_bytes(self.agents, self.optimizers)}
+
+# %% ../nbs/24_team.ipynb #fe7f1192
+from .checkpoints import read_shards, shard_keys
+
+def _str_keys(x):
+    "A state dict with every dict key a string (DCP's paths), lists kept; `_int_keys` undoes it for digit keys."
+    if isinstance(x, dict): return {str(k): _str_keys(v) for k, v in x.items()}
+    return [_str_keys(v) for v in x] if isinstance(x, list) else x
+
+def _int_keys(x):
+    if isinstance(x, dict): return {int(k) if k.isdigit() else k: _int_keys(v) for k, v in x.items()}
+    return [_int_keys(v) for v in x] if isinstance(x, list) else x
+
+def _tensor_keys(x, prefix: str) -> set:
+    "The DCP keys of the tensors in a nested state (dict keys as given, list items by position)."
+    if isinstance(x, dict): return set().union(set(), *(_tensor_keys(v, f"{prefix}.{k}") for k, v in x.items()))
+    if isinstance(x, list): return set().union(set(), *(_tensor_keys(v, f"{prefix}.{i}") for i, v in enumerate(x)))
+    return {prefix} if torch.is_tensor(x) else set()
+
+# %% ../nbs/24_team.ipynb #2d901742
+def _zero_step(opt):
+    "Create an optimizer's per-parameter states without changing a weight: one step on zero gradients at lr 0."
+    params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+    lrs = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups: g["lr"] = 0.0
+    for p in params: p.grad = torch.zeros_like(p)
+    try: opt.step()
+    finally:
+        for g, lr in zip(opt.param_groups, lrs): g["lr"] = lr
+        for p in params: p.grad = None
+
+def _optimizer_template(opt, prefix: str, saved: set) -> dict:
+    """This optimizer's state dict (string keys) holding exactly the tensors `saved` (the checkpoint's keys) has under
+    `prefix`, laid out as this process holds them (its shards), for `read_shards` to fill."""
+    sd = _str_keys(opt.state_dict())
+    if {k for k in saved if k.startswith(prefix + ".")} - _tensor_keys(sd, prefix):   # not stepped yet here
+        _zero_step(opt)
+        sd = _str_keys(opt.state_dict())
+    if "state" in sd:                                          # parameters without a state when it was saved: none
+        sd["state"] = {k: v for k, v in sd["state"].items() if _tensor_keys(v, f"{prefix}.state.{k}") & saved}
+    return sd
+
+# %% ../nbs/24_team.ipynb #20f2ff0e
+@patch
+def _shard_state(self: Team) -> dict:
+    "Every agent's model and optimizer state as this process holds them (its shards when sharded), for DCP."
+    return {f"agent_{i}": {"model": m.state_dict(), "optimizer": _str_keys(o.state_dict())}
+            for i, (m, o) in enumerate(zip(self.agents, self.optimizers))}
+
+@patch
+def sharded_state_dict(self: Team) -> tuple[dict, Optional[dict]]:
+    """A checkpoint's parts: (entries for state.pt, this process' shards for torch.distributed.checkpoint). Sharded
+    agents: the references and architectures, and the agents' and optimizers' shards; else (`state_dict()`, None)."""
+    if self.sharding is None: return self.state_dict(), None
+    return {"agents": None, "optimizers": None, "architectures": [architecture(m) for m in self.agents],
+            "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}, self._shard_state()
+
+@patch
+def load_sharded_state_dict(self: Team, sd: dict, name: str = "team"):
+    """Restore `sharded_state_dict`'s parts: `sd` is the checkpoint's state.pt (its `sharded` record locates the shards,
+    the team's under `name`), read into this team's layout (its shards, or whole tensors: resharded on load)."""
+    check_architectures(self.agents, sd.get("architectures"))
+    rec = sd["sharded"]
+    saved = shard_keys(rec)
+    parts = {f"agent_{i}": {"model": m.state_dict(), "optimizer": _optimizer_template(o, f"{name}.agent_{i}.optimizer",
+                                                                                      saved)}
+             for i, (m, o) in enumerate(zip(self.agents, self.optimizers))}
+    read_shards(rec, {name: parts})
+    for i, (m, o) in enumerate(zip(self.agents, self.optimizers)):
+        _load_weights(m, parts[f"agent_{i}"]["model"], f"agent {i}")
+        o.load_state_dict(_int_keys(parts[f"agent_{i}"]["optimizer"]))
+    if self.ref_agents and sd.get("refs"):
+        for i, (m, s) in enumerate(zip(self.ref_agents, sd["refs"])): _load_weights(m, s, f"agent {i}'s reference")
 
 # %% ../nbs/24_team.ipynb #e7baa0d6
 def _config_token_ids(d: Path, tokenizer):

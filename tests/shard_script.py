@@ -1,9 +1,10 @@
 """Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
 
 argv: out_dir strategy [stop N | resume]; the family from $SHARD_ALGO (magrpo, centralized, maac, iac, madpo,
-marlhf, madpo_iter, marlhf_iter); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL: evaluation during training. Writes
-params.pt (the full weights, main process), mem_rank<r>.json (this process' parameter / optimizer bytes, its own
-shards) and the run's metrics.jsonl / checkpoints."""
+marlhf, madpo_iter, marlhf_iter); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL: evaluation during training;
+$SHARD_SAVE_CHECKPOINT=1: a resumed run also writes and reads back trainer.save_checkpoint(out/saved_checkpoint).
+Writes params.pt (the full weights, main process), mem_rank<r>.json (this process' parameter / optimizer bytes, its
+own shards) and the run's metrics.jsonl / checkpoints."""
 import json
 import os
 import sys
@@ -79,4 +80,7 @@ with open(os.path.join(out, f"mem_rank{rank}.json"), "w") as f:
     json.dump({**tr.team.memory(), "train_seconds": seconds}, f)
 full = tr.team.state_dict()["agents"]                 # every process takes part; the main one holds the full weights
 if rank == 0: torch.save([{k: v.detach().cpu() for k, v in sd.items()} for sd in full], os.path.join(out, "params.pt"))
+if mode == "resume" and os.environ.get("SHARD_SAVE_CHECKPOINT"):   # the library's trainer.save/load_checkpoint
+    saved = tr.save_checkpoint(os.path.join(out, "saved_checkpoint"))
+    assert tr.load_checkpoint(saved)["global_batch"] == tr.state["global_batch"]
 tr.save_model(os.path.join(out, "final"))

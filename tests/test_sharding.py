@@ -17,10 +17,9 @@ SCRIPT = HERE / "shard_script.py"
 ATOL = 1e-4
 
 
-def _run(cmd, algo="magrpo", micro=None, evals=False):
-    env = {**os.environ, "SHARD_ALGO": algo, "SHARD_MICRO": str(micro or ""), "SHARD_EVAL": "1" if evals else "",
-           "OMP_NUM_THREADS": "1",
-           "TOKENIZERS_PARALLELISM": "false",
+def _run(cmd, algo="magrpo", micro=None, evals=False, **extra_env):
+    env = {**os.environ, **extra_env, "SHARD_ALGO": algo, "SHARD_MICRO": str(micro or ""),
+           "SHARD_EVAL": "1" if evals else "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
@@ -32,9 +31,9 @@ def _wait(*procs):
         assert p.returncode == 0, out[-6000:]
 
 
-def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo", micro=None, evals=False):
+def _torchrun(out, strategy, port, *extra, nproc=2, algo="magrpo", micro=None, evals=False, **env):
     _wait(_run([BIN / "torchrun", "--nproc_per_node", nproc, "--master_port", port, SCRIPT, out, strategy, *extra],
-               algo, micro, evals))
+               algo, micro, evals, **env))
 
 
 def _params(d):
@@ -135,14 +134,99 @@ def test_fsdp_on_two_nodes(tmp_path, single):
     assert _mem(tmp_path, 0)["world_size"] == 2
 
 
+def _whole_team_bytes(single):
+    "The bytes of the whole team's parameters and optimizer states (the one-process run holds all of them)."
+    m = _mem(single, 0)
+    return m["parameter_bytes"] + m["optimizer_bytes"]
+
+
+def _tensor_bytes_per_file(shards):
+    "The tensor bytes each DCP file of a checkpoint holds, from its .metadata (the files add pickling overhead)."
+    import math
+    from torch.distributed.checkpoint import FileSystemReader
+    md, out = FileSystemReader(str(shards)).read_metadata(), {}
+    for idx, where in md.storage_data.items():
+        m = md.state_dict_metadata[idx.fqn]
+        if hasattr(m, "chunks"):                                        # a tensor (not pickled bytes)
+            c = next(c for c in m.chunks if tuple(c.offsets) == tuple(idx.offset))
+            out[where.relative_path] = out.get(where.relative_path, 0) + math.prod(c.sizes) * m.properties.dtype.itemsize
+    return out
+
+
 def test_fsdp_stop_and_resume(tmp_path, single):
-    "Stopped after batch 2 and resumed from its (consolidated) checkpoint: the uninterrupted run."
-    _torchrun(tmp_path, "fsdp", 29624, "stop", 2)
+    """Stopped after batch 2 and resumed: the uninterrupted run. Each checkpoint holds one shard file per process
+    (torch.distributed.checkpoint), none of them the whole team, and a state.pt without the agents."""
+    _torchrun(tmp_path, "fsdp", 29720, "stop", 2)
     ck = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert ck == ["checkpoint-0000001", "checkpoint-0000002"]
-    _torchrun(tmp_path, "fsdp", 29625, "resume")
+    assert ck == ["checkpoint-0000001", "checkpoint-0000002"]                  # nothing temporary left behind
+    last = tmp_path / "checkpoints" / ck[-1]
+    assert sorted(p.name for p in (last / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    per_file, whole = _tensor_bytes_per_file(last / "shards"), _whole_team_bytes(single)
+    assert sorted(per_file) == ["__0_0.distcp", "__1_0.distcp"]
+    # every weight and optimizer state once (tied embeddings twice), each process' file about half of them
+    assert sum(per_file.values()) >= whole and max(per_file.values()) <= 0.55 * sum(per_file.values()), per_file
+    assert (last / "state.pt").stat().st_size < 0.1 * whole                     # the rest: no agent in it
+    meta = json.loads((last / "trainer_state.json").read_text())
+    assert meta["sharded"] == {"dir": "shards", "world_size": 2, "strategy": "fsdp", "components": ["team"]}
+    _torchrun(tmp_path, "fsdp", 29721, "resume", SHARD_SAVE_CHECKPOINT="1")
     (tmp_path / "init.pt").symlink_to(single / "init.pt")
     _same_run(single, tmp_path)
+    saved = tmp_path / "saved_checkpoint"                    # trainer.save_checkpoint: the same layout, all processes
+    assert sorted(p.name for p in (saved / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert json.loads((saved / "trainer_state.json").read_text())["sharded"]["world_size"] == 2
+    assert not list(tmp_path.glob(".saved_checkpoint*"))      # its temporary folder is gone
+
+
+def test_fsdp_stop_under_two_resume_under_one(tmp_path, single):
+    "A checkpoint written by 2 processes resumes in 1 (DCP reshards on load, no process group): the uninterrupted run."
+    _torchrun(tmp_path, "fsdp", 29722, "stop", 2)
+    assert (tmp_path / "checkpoints" / "checkpoint-0000002" / "shards" / "__1_0.distcp").is_file()
+    _wait(_run([sys.executable, SCRIPT, tmp_path, "fsdp", "resume"]))          # one process: the agents whole
+    assert _mem(tmp_path, 0)["world_size"] == 1
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+
+
+def test_fsdp_stop_under_one_resume_under_two(tmp_path, single):
+    "A one-process checkpoint (whole agents in state.pt) resumes under 2 processes, each taking its shards of it."
+    _wait(_run([sys.executable, SCRIPT, tmp_path, "fsdp", "stop", 2]))
+    assert not (tmp_path / "checkpoints" / "checkpoint-0000002" / "shards").exists()
+    _torchrun(tmp_path, "fsdp", 29723, "resume")
+    assert _mem(tmp_path, 1)["world_size"] == 2
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+
+
+def test_ddp_stop_under_two_resume_under_one(tmp_path, single):
+    "'ddp' checkpoints too go through DCP (replicated weights: one process writes each tensor) and resume in 1 process."
+    _torchrun(tmp_path, "ddp", 29724, "stop", 2)
+    shards = tmp_path / "checkpoints" / "checkpoint-0000002" / "shards"
+    assert sum(_tensor_bytes_per_file(shards).values()) >= _whole_team_bytes(single)    # each tensor written once
+    assert json.loads((shards.parent / "trainer_state.json").read_text())["sharded"]["strategy"] == "ddp"
+    _wait(_run([sys.executable, SCRIPT, tmp_path, "ddp", "resume"]))
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+
+
+def test_iac_stop_under_two_resume_under_one(tmp_path_factory, one_process):
+    "IAC's actor optimizers also hold the value heads' parameters (not the model's): they come back exactly too."
+    one, out = one_process("iac"), tmp_path_factory.mktemp("resume_iac")
+    _torchrun(out, "fsdp", 29725, "stop", 2, algo="iac")
+    assert (out / "checkpoints" / "checkpoint-0000002" / "shards" / "__1_0.distcp").is_file()
+    _wait(_run([sys.executable, SCRIPT, out, "fsdp", "resume"], "iac"))
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+
+
+def test_sharded_save_failing_in_one_process_commits_nothing(tmp_path):
+    "Process 1 cannot write its shards: both processes raise, no checkpoint-2 (nor its temporary folder) is left."
+    root = tmp_path / "checkpoints"
+    _wait(_run([BIN / "torchrun", "--nproc_per_node", 2, "--master_port", 29726, HERE / "dcp_atomic_script.py", root]))
+    r0, r1 = (json.loads((tmp_path / f"result_rank{r}.json").read_text()) for r in (0, 1))
+    for r in (r0, r1):                                  # each names the process that failed and why
+        assert "could not save the checkpoint: process 1: OSError: [Errno 28] No space left" in r["error"], r
+        assert r["latest"] == ["checkpoint-0000001", 1, [float(i) for i in range(8)]]   # the previous one, intact
+    assert r0["folder"] == ["checkpoint-0000001"]                               # nothing of the failed save
 
 
 @pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633), ("madpo", 29634),
