@@ -325,6 +325,7 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
             losses, timing = self._timed_update()
             run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev},
                              rollouts=[s for agent in ro.samples for s in agent])     # metrics_callback's input
+    self.team.close()                       # the generation backend's engines (vLLM): memory back
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/30_reinforce.ipynb #64472d21
