@@ -303,7 +303,7 @@ class BackendSampler:
         self.backend = check_generation_backend(backend)
         if self.backend == "vllm" and not vllm_available():         # before any model loads
             raise ImportError(f"generation_backend='vllm': {VLLM_HINT}; or set generation_backend='own'")
-        self.engine_kwargs, self.engines, self._versions = dict(engine_kwargs), {}, {}
+        self.engine_kwargs, self.engines, self._versions, self._dirty = dict(engine_kwargs), {}, {}, set()
 
     def __call__(self, model, tokenizer, prompts: Sequence[str], **kw) -> Completions:
         if self.backend == "own": return generate_completions(model, tokenizer, prompts, **kw)
@@ -317,22 +317,29 @@ def engine(self: BackendSampler, model, tokenizer) -> VLLMSampler:
     "The agent's engine, built on first use; the agent's weights marked for a push when they changed since the last."
     shared = getattr(model, "shares_base", False)
     key = id(model.peft) if shared else id(model)
-    if key not in self.engines:
+    new = key not in self.engines
+    if new:
         kw = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""), **self.engine_kwargs}
         eng = VLLMSampler(**kw, **_lora_engine_args(model)) if shared else VLLMSampler(model, tokenizer, **kw)
         self.engines[key] = (eng, model)                           # the model kept alive: its id stays its own
         logger.info(f"vLLM engine built for {'the LoRA agents' if shared else type(model).__name__}")
-    eng, v = self.engines[key][0], weights_version(model)
-    if self._versions.get(id(model), (None, v))[1] != v or (shared and id(model) not in self._versions):
+    eng, v, seen = self.engines[key][0], weights_version(model), self._versions.get(id(model))
+    if not new and (seen is None or seen[1] != v or id(model) in self._dirty):
         eng.push_weights(model)                                    # goes in before this sampling
+    self._dirty.discard(id(model))
     self._versions[id(model)] = (model, v)
     return eng
+
+@patch
+def mark_stale(self: BackendSampler, model):
+    "`model`'s weights changed (an optimizer step: fused kernels leave version counters as they were): push them."
+    self._dirty.add(id(model))
 
 @patch
 def close(self: BackendSampler):
     "Stop every engine (their memory freed); a later sampling builds them again."
     for eng, _ in self.engines.values(): eng.close()
-    self.engines, self._versions = {}, {}
+    self.engines, self._versions, self._dirty = {}, {}, set()
 
 @patch
 def forget(self: BackendSampler, model):
