@@ -77,6 +77,14 @@ class Team:
                            for m in self.agents]
         for i in range(len(self.agents)): self._watch_steps(i)
 
+@patch
+def _watch_steps(self: Team, i: int):
+    "vLLM backend: each step of agent i's optimizer marks its engine's weights stale (pushed before the next sampling)."
+    if self.backend.backend != "vllm": return
+    opt = self.optimizers[i]
+    opt = opt if hasattr(opt, "register_step_post_hook") else opt.inner          # MasterAdamW: its inner AdamW
+    opt.register_step_post_hook(lambda *_, m=self.agents[i]: self.backend.mark_stale(m))
+
 # %% ../nbs/24_team.ipynb #ae1be903
 def frozen_copy(model, device, autocast_dtype=None):
     """A frozen reference copy of `model` on `device`; in bfloat16 when the run computes in bfloat16 (`autocast_dtype`
@@ -252,14 +260,6 @@ def set_param_groups(self: Team, i: int, extra: Sequence[dict] = ()):
     groups = [{"params": list(self.agents[i].parameters()), "lr": self.learning_rate}, *extra]
     self.optimizers[i] = make_optimizer(groups, self.learning_rate, self.weight_decay, self.master_weights)
     self._watch_steps(i)
-
-@patch
-def _watch_steps(self: Team, i: int):
-    "vLLM backend: each step of agent i's optimizer marks its engine's weights stale (pushed before the next sampling)."
-    if self.backend.backend != "vllm": return
-    opt = self.optimizers[i]
-    opt = opt if hasattr(opt, "register_step_post_hook") else opt.inner          # MasterAdamW: its inner AdamW
-    opt.register_step_post_hook(lambda *_, m=self.agents[i]: self.backend.mark_stale(m))
 
 @patch
 def state_dict(self: Team) -> dict:
