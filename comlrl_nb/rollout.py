@@ -152,6 +152,7 @@ class Turn:
     comps: Optional[list] = None               # per agent Completions (in-process only)
     values: Optional[torch.Tensor] = None      # episodes: critic values V(h_t) [live, critics]
     targets: Optional[torch.Tensor] = None     # episodes: TD targets y_t [live, critics]
+    sampler: Optional[list] = None             # vLLM backend: per agent, `sampler_mismatch` (in-process only)
     def __getitem__(self, key: str): return getattr(self, key)
 
 # %% ../nbs/20_rollout.ipynb #9cd1f4c6

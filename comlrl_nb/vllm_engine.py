@@ -288,8 +288,8 @@ def _lora_engine_args(model) -> dict:
     path = getattr(base.config, "_name_or_path", None)
     if not path or not Path(path).is_dir():
         raise ValueError(f"generation_backend='vllm' with LoRA agents needs their base in a local directory (got "
-                         f"{path!r}): save the base (save_for_engine) and build the agents with LoRAAgents(base=<dir>), "
-                         "or use generation_backend='own'")
+                         f"{path!r}): save the base (save_for_engine) and build the agents with "
+                         "LoRAAgents(base=<dir>), or use generation_backend='own'")
     cfgs = list(model.peft.peft_config.values())
     return dict(model=str(path), lora=True, max_loras=len(cfgs), max_lora_rank=max(c.r for c in cfgs))
 

@@ -36,7 +36,7 @@ def hf_calls(monkeypatch):
 def test_field_validation():
     assert MAGRPOConfig().generation_backend == "own" and MADPOConfig().generation_backend == "own"
     assert MAGRPOConfig(generation_backend=" HF").generation_backend == "hf"
-    with pytest.raises(ValueError, match="MAGRPOConfig.generation_backend='vLLM2' is invalid: use one of own, hf, vllm"):
+    with pytest.raises(ValueError, match="generation_backend=.vLLM2. is invalid: use one of own, hf, vllm"):
         MAGRPOConfig(generation_backend="vLLM2")
     with pytest.raises(ValueError, match="vllm_kv_cache_bytes=0 is invalid"):
         MADPOConfig(vllm_kv_cache_bytes=0)
@@ -127,3 +127,34 @@ def test_comparator_and_evaluation_sample_through_the_backend(tmp_path, hf_calls
     res = evaluate_agents(task, ([m, m], [tok, tok]), items=task.train_dataset[:2], num_samples=2,
                           args=MAGRPOConfig(num_agents=task.num_agents, generation_backend="hf", max_new_tokens=6))
     assert len(hf_calls) == 1 + task.num_agents and np.isfinite(res["mean"])
+
+
+class ShiftedEngine:
+    "A stand-in engine: our sampler's rows, with 'engine log-probs' the learner's own moved by 0.25 (a known gap)."
+    backend = "vllm"
+    def __call__(self, model, tok, prompts, **kw):
+        from comlrl_nb.scoring import completion_logprobs
+        from comlrl_nb.vllm_engine import SampledCompletions
+        c = generate_completions(model, tok, prompts, **kw)
+        lp, _ = completion_logprobs(model, c.prompt_ids, c.prompt_mask, c.completion_ids, c.completion_mask)
+        fields = {f: getattr(c, f) for f in c.__dataclass_fields__}
+        return SampledCompletions(**fields, sample_logprobs=(lp - 0.25) * c.completion_mask)
+    def close(self): pass
+
+
+def test_sampler_metrics_from_the_engines_logprobs(tmp_path):
+    tr = magrpo(tmp_path, "own")
+    tr.team.backend = ShiftedEngine()
+    tr.train()
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "agent_0/sampler/logp_abs_diff" in r]
+    assert rows
+    for r in rows:
+        for i in (0, 1):
+            assert r[f"agent_{i}/sampler/logp_abs_diff"] == pytest.approx(0.25, abs=1e-4)
+            assert r[f"agent_{i}/sampler/tis_weight"] == pytest.approx(1.0)      # the learner is the surer one
+    assert not any("sampler/" in k for r in read_metrics(magrpo_metrics(tmp_path / "own")) for k in r)
+
+
+def magrpo_metrics(tmp):
+    magrpo(tmp, "own").train()
+    return tmp / "metrics.jsonl"

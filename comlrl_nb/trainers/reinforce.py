@@ -194,7 +194,8 @@ def _level_turn(self: MAGRPOTrainer, level, K: int, timers: dict) -> Turn:
     R = torch.stack([per_agent_returns(nd.returns, self.n, K, a.joint_mode) for nd in level], 1)   # [n, nodes, K]
     adv = [node_advantages(penalized_returns(R[i], kl[i], a.reference_kl_coef) if kl is not None else R[i],
                            a.advantage_mode, a.advantage_normalization) for i in range(self.n)]
-    return Turn(torch.stack([nd.rewards for nd in level]), R, adv, kl, [c.lengths.cpu() for c in comps], comps)
+    return Turn(torch.stack([nd.rewards for nd in level]), R, adv, kl, [c.lengths.cpu() for c in comps], comps,
+                sampler=self._sampler_gap(comps))
 
 # %% ../../nbs/30_reinforce.ipynb #4e18b51f
 @patch
@@ -207,6 +208,23 @@ def _reference_kl(self: MAGRPOTrainer, comps) -> list[torch.Tensor]:
         with gathered([team.agents[i]]): lp, _ = completion_logprobs(team.agents[i], *args)   # sharded: whole
         lr, _ = completion_logprobs(team.ref_agents[i], *args)
         out.append(k3_kl(lr.to(lp.device), lp, c.completion_mask.to(lp.device)).float().cpu().view(c.num_prompts, c.k))
+    return out
+
+# %% ../../nbs/30_reinforce.ipynb #162fdda8
+from ..vllm_engine import sampler_mismatch
+
+@patch
+@torch.no_grad()
+def _sampler_gap(self: MAGRPOTrainer, comps) -> Optional[list]:
+    """Per agent, `sampler_mismatch` of the engine's log-probs (`SampledCompletions.sample_logprobs`, the vLLM backend)
+    against the learner's on the same weights; None for samplers that give none ('own', 'hf')."""
+    if all(getattr(c, "sample_logprobs", None) is None for c in comps): return None
+    out, team = [], self.team
+    for i, c in enumerate(comps):
+        args = (c.prompt_ids, c.prompt_mask, c.completion_ids, c.completion_mask, self.args.autocast_dtype)
+        with gathered([team.agents[i]]): lp, _ = completion_logprobs(team.agents[i], *args)
+        ls, mask = c.sample_logprobs.to(lp.device).float(), c.completion_mask.to(lp.device)
+        out.append(sampler_mismatch(lp.float(), ls, mask))
     return out
 
 # %% ../../nbs/30_reinforce.ipynb #d9c6d228
@@ -374,6 +392,8 @@ def _batch_metrics(self: MAGRPOTrainer, ro: Rollout, losses: dict, wall: float) 
         m[f"agent_{i}/completion_len"] = float(torch.cat([st.lengths[i].float() for st in ro.turns]).mean())
         if ro.turns[0].kl is not None:
             m[f"agent_{i}/kl"] = float(torch.cat([st.kl[i].flatten() for st in ro.turns]).mean())
+        gaps = [st.sampler[i] for st in ro.turns if getattr(st, "sampler", None)]     # the vLLM backend's
+        if gaps: m.update({f"agent_{i}/{k}": float(np.mean([g[k] for g in gaps])) for k in gaps[0]})
         if i in losses:
             m[f"agent_{i}/loss"] = float(np.mean(losses[i]))
             m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
