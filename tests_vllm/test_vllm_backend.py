@@ -54,6 +54,8 @@ def test_magrpo_trains_on_the_vllm_backend(tmp_path, kept_open):
         rows = read_metrics(tmp_path / "metrics.jsonl")
         vals = [r[k] for r in rows for k in r if k.endswith("/loss")]
         assert vals and all(np.isfinite(vals))
+        gaps = [r[f"agent_{i}/sampler/logp_abs_diff"] for r in rows for i in (0, 1)]   # fp32: engine = learner
+        assert len(gaps) == 2 * 4 and max(gaps) < 1e-3                   # 4 batches (2 epochs of 2)
     finally: _close(tr)
 
 
