@@ -95,3 +95,45 @@ def test_after_an_optimizer_step_the_engine_samples_the_new_weights(tmp_path):
         assert torch.equal(got.completion_mask, now.completion_mask) and torch.equal(got.ended, now.ended)
     finally: team.close()
     assert team.backend.engines == {}
+
+
+def test_actor_critic_and_centralized_sample_through_the_engine(tmp_path, kept_open):
+    "The other families: MAAC's episodes and centralized MAGRPO's joint actor sample through the engine and train."
+    from comlrl_nb.trainers.actor_critic import MAACConfig, MAACTrainer
+    from comlrl_nb.trainers.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+    m, tok = agent(0)
+    cm, _ = agent(3, tokenizer=tok)
+    ac = MAACTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, critic_model=cm, train_dataset=ITEMS,
+                     args=MAACConfig(**{k: v for k, v in RUN.items() if k != "top_k"}, critic_learning_rate=1e-2,
+                                     rollout_buffer_size=2, output_dir=str(tmp_path / "ac")))
+    c, ctok = agent(1)
+    ce = CentralizedMAGRPOTrainer(agents=[c], tokenizer=ctok, reward_func=vowels, train_dataset=ITEMS,
+                                  formatters=[lambda it: "left", lambda it: "right"],
+                                  centralized_prompt_builder=lambda roles, item: "joint " + " ".join(roles),
+                                  centralized_parser=lambda t, n: [t[: len(t) // 2], t[len(t) // 2:]],
+                                  args=CentralizedMAGRPOConfig(**RUN, num_generations=2, rollout_buffer_size=1,
+                                                               output_dir=str(tmp_path / "ce")))
+    for tr, d in ((ac, "ac"), (ce, "ce")):
+        before = [p.detach().clone() for p in tr.agents[0].parameters()]
+        try:
+            tr.train()
+            assert len(tr.team.backend.engines) == len(tr.agents)      # an engine per trained model
+            assert any(not torch.equal(x, y) for x, y in zip(before, tr.agents[0].parameters())), d
+            losses = [r[k] for r in read_metrics(tmp_path / d / "metrics.jsonl") for k in r if k.endswith("loss")]
+            assert losses and all(np.isfinite(losses)), d
+        finally: _close(tr)
+    assert len(kept_open) >= 2                                         # updates between samplings: pushed
+
+
+def test_hf_backend_on_this_transformers():
+    "The HF backend's greedy rows are our sampler's on the vLLM venv's transformers too (5.19 here, 5.2x in .venv)."
+    from comlrl_nb.generation import hf_generate_completions
+    m, tok = agent(0)
+    prompts = [it["prompt"] for it in ITEMS]
+    a = hf_generate_completions(m, tok, prompts, k=2, max_new_tokens=12, temperature=0)
+    b = generate_completions(m, tok, prompts, k=2, max_new_tokens=12, temperature=0)
+    for f in ("prompt_ids", "completion_ids", "completion_mask", "ended"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    s1 = hf_generate_completions(m, tok, prompts[1:2], k=3, keys=[(0, "t", 1)], max_new_tokens=8)
+    s2 = hf_generate_completions(m, tok, prompts[:2], k=3, keys=[(0, "t", 0), (0, "t", 1)], max_new_tokens=8)
+    assert s1.texts == s2.texts[3:]
