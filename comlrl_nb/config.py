@@ -309,6 +309,10 @@ class SamplingFields:
     vllm_gpu_memory_utilization: Optional[float] = field(default=None, metadata={"help": "generation_backend='vllm' "
         "on a GPU: the share of the GPU's memory each engine may take (weights and KV cache), instead of "
         "vllm_kv_cache_bytes; leave room for the training model and its optimizer."})
+    vllm_importance_correction: bool = field(default=False, metadata={"help": "generation_backend='vllm', MAGRPO "
+        "family: weight each token's policy-gradient term by min(1, pi_train/pi_sample) (truncated importance "
+        "sampling, TRL's correction for the engine's numerics), pi_train the learner's probability at sampling time. "
+        "The gap itself is always logged (agent_<i>/sampler/*)."})
 
 # %% ../nbs/26_config.ipynb #af5d34c9
 @validates(SamplingFields)
@@ -325,6 +329,14 @@ def validate_sampling(c, owner):
     if c.vllm_kv_cache_bytes is not None and c.vllm_gpu_memory_utilization is not None:
         raise config_error(owner, "vllm_kv_cache_bytes and vllm_gpu_memory_utilization are both set; set one (the KV "
                                   "cache's bytes, or the GPU's share for the engine)")
+    check_bool(c.vllm_importance_correction, "vllm_importance_correction", owner)
+    if c.vllm_importance_correction and c.generation_backend != "vllm":
+        raise config_error(owner, f"vllm_importance_correction=True with generation_backend={c.generation_backend!r}: "
+                                  "the correction needs the engine's log-probs; set generation_backend='vllm' or "
+                                  "leave the correction off")
+    if c.vllm_importance_correction and not getattr(c, "importance_correction", False):
+        raise config_error(owner, "vllm_importance_correction=True: this trainer's loss takes no per-token weights "
+                                  "(the MAGRPO family's does); leave it False")
     if c.generation_backend == "vllm" and str(getattr(c, "parallel_training", "none")).strip().lower() == "mp":
         raise config_error(owner, "generation_backend='vllm' with parallel_training='mp': the engines are not "
                                   "thread-safe; use parallel_training='none' (or generation_backend='own')")

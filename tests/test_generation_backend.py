@@ -48,6 +48,10 @@ def test_field_validation():
         MAGRPOConfig(generation_backend="vllm", parallel_training="mp", agent_devices="cpu")
     with pytest.raises(ValueError, match="distributed='ddp' or 'none'"):
         MAGRPOConfig(generation_backend="vllm", distributed="fsdp")
+    with pytest.raises(ValueError, match="set generation_backend='vllm'"):
+        MAGRPOConfig(vllm_importance_correction=True)
+    with pytest.raises(ValueError, match="MADPOConfig: vllm_importance_correction=True: this trainer's loss"):
+        MADPOConfig(generation_backend="vllm", vllm_importance_correction=True)
 
 
 def test_vllm_missing_names_the_install_before_any_model_loads(tmp_path):
@@ -158,3 +162,41 @@ def test_sampler_metrics_from_the_engines_logprobs(tmp_path):
 def magrpo_metrics(tmp):
     magrpo(tmp, "own").train()
     return tmp / "metrics.jsonl"
+
+
+def test_importance_correction_weights_the_loss(tmp_path, monkeypatch):
+    "An engine surer than the learner by 0.25 nats a token: every token's weight is exp(-0.25), and so is the loss's."
+    import math
+    from comlrl_nb.trainers import reinforce
+    from comlrl_nb.trainers.reinforce import policy_rows_loss, weighted_sums
+    tok_lp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    assert torch.allclose(weighted_sums(tok_lp, [torch.ones(2), torch.ones(1)]), tok_lp.sum(-1))
+    assert torch.allclose(weighted_sums(tok_lp, [torch.tensor([0.5, 1.0]), torch.tensor([2.0])]),
+                          torch.tensor([-2.5, -1.0]))
+    class SurerEngine(ShiftedEngine):
+        def __call__(self, *a, **kw):
+            c = super().__call__(*a, **kw)
+            c.sample_logprobs = (c.sample_logprobs + 0.5) * c.completion_mask     # learner - 0.25 + 0.5
+            return c
+    tr = magrpo(tmp_path, "own")
+    tr.team.backend = SurerEngine()
+    tr.args.vllm_importance_correction = True                   # (the config refuses it without a vLLM install)
+    seen, update = [], reinforce.MAGRPOTrainer._update_agent
+    def spy(self, i, samples):
+        prompts = [s.prompt for s in samples for _ in s.completions]
+        comps, ws = [c for s in samples for c in s.completions], [w for s in samples for w in s.weights]
+        adv, rows, pad = torch.cat([s.advantages for s in samples]), list(range(len(comps))), 0
+        with torch.no_grad():
+            plain = policy_rows_loss(self.team.agents[i], prompts, comps, adv, rows, pad)
+            weighted = policy_rows_loss(self.team.agents[i], prompts, comps, adv, rows, pad, weights=ws)
+        seen.append((torch.cat(ws), float(plain), float(weighted)))
+        return update(self, i, samples)
+    monkeypatch.setattr(reinforce.MAGRPOTrainer, "_update_agent", spy)
+    tr.train()
+    assert seen
+    for w, plain, weighted in seen:
+        assert torch.allclose(w, torch.full_like(w, math.exp(-0.25)), atol=1e-4)
+        assert weighted == pytest.approx(plain * math.exp(-0.25), rel=1e-3, abs=1e-6)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert all(np.isfinite(r[k]) for r in rows for k in r if k.endswith("/loss"))
+    assert rows[0]["agent_0/sampler/tis_weight"] == pytest.approx(math.exp(-0.25), abs=1e-4)
