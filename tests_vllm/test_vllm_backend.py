@@ -40,11 +40,12 @@ def _close(tr):
 
 
 def test_magrpo_trains_on_the_vllm_backend(tmp_path, kept_open):
+    "Two agents, two engines, the importance correction on: pushed after updates, trained, sampler/* logged."
     m0, tok = agent(0)
     m1, _ = agent(1, tokenizer=tok)
     tr = MAGRPOTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, train_dataset=ITEMS,
                        args=MAGRPOConfig(**{**RUN, "num_train_epochs": 2}, num_generations=4, rollout_batch_size=2,
-                                         output_dir=str(tmp_path)))
+                                         vllm_importance_correction=True, output_dir=str(tmp_path)))
     before = [p.detach().clone() for p in tr.agents[0].parameters()]
     try:
         tr.train()
@@ -56,6 +57,8 @@ def test_magrpo_trains_on_the_vllm_backend(tmp_path, kept_open):
         assert vals and all(np.isfinite(vals))
         gaps = [r[f"agent_{i}/sampler/logp_abs_diff"] for r in rows for i in (0, 1)]   # fp32: engine = learner
         assert len(gaps) == 2 * 4 and max(gaps) < 1e-3                   # 4 batches (2 epochs of 2)
+        tis = [r[f"agent_{i}/sampler/tis_weight"] for r in rows for i in (0, 1)]    # the loss's weights: ~1 in fp32
+        assert min(tis) > 0.999 and max(tis) <= 1.0
     finally: _close(tr)
 
 
