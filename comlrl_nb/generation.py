@@ -257,6 +257,17 @@ class FastDecoder:
         self.pad = None if bool(prompt_mask.all()) else torch.cat([prompt_mask.bool(), ones], 1)[:, None, None, :]
 
 # %% ../nbs/02_generation.ipynb #7b5a80b6
+@functools.lru_cache(maxsize=1)
+def _packs_gqa() -> bool:
+    "Whether HF's SDPA attention packs a masked one-token query's heads by key/value head (transformers >= 5.20)."
+    from transformers.integrations import sdpa_attention
+    return hasattr(sdpa_attention, "pack_gqa")
+
+def _repeat_kv(x: torch.Tensor, g: int) -> torch.Tensor:
+    "HF's repeat_kv: each key/value head repeated for its g query heads [B, kv heads * g, L, head dim]."
+    B, H, L, D = x.shape
+    return x[:, :, None].expand(B, H, g, L, D).reshape(B, H * g, L, D)
+
 @patch
 def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     "Next-token logits [rows, vocab] for one new token per row (`ids`, `pos`: [rows, 1])."
@@ -274,6 +285,9 @@ def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
         if g > 1 and mask is None:                        # the calls HF's sdpa_attention_forward makes for one query
             o = F.scaled_dot_product_attention(q, K, V, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=False,
                                                enable_gqa=True)
+        elif g > 1 and not _packs_gqa():                  # transformers < 5.20: keys and values repeated per head
+            o = F.scaled_dot_product_attention(q, _repeat_kv(K, g), _repeat_kv(V, g), attn_mask=mask, dropout_p=0.0,
+                                               scale=sc, is_causal=False)
         else:
             o = F.scaled_dot_product_attention(q.reshape(B, -1, g, hd) if g > 1 else q, K, V, attn_mask=mask,
                                                dropout_p=0.0, scale=sc, is_causal=False)
