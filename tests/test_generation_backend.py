@@ -200,3 +200,17 @@ def test_importance_correction_weights_the_loss(tmp_path, monkeypatch):
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert all(np.isfinite(r[k]) for r in rows for k in r if k.endswith("/loss"))
     assert rows[0]["agent_0/sampler/tis_weight"] == pytest.approx(math.exp(-0.25), abs=1e-4)
+
+
+def test_marlhf_collects_and_trains_through_the_backend(tmp_path, hf_calls):
+    "MARLHF: the pair collection and the policy phase (its MAGRPO backend) both sample through the chosen backend."
+    from comlrl_nb.trainers.preference import MARLHFConfig, MARLHFTrainer
+    m, tok = make_tiny_model(seed=0)
+    cfg = MARLHFConfig(**{**RUN, "top_k": None}, preference_num_candidates=4, preference_pairs_per_sample=2,
+                       num_generations=4, rollout_batch_size=2, reward_learning_rate=1e-3, reward_num_train_epochs=1,
+                       reward_train_batch_size=2, output_dir=str(tmp_path), generation_backend="hf")
+    tr = MARLHFTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS, reward_model=m)
+    assert tr.policy_trainer.args.generation_backend == "hf"
+    tr.train()
+    collect = 2 * len(ITEMS)                                        # every agent's candidates of every item
+    assert sum(hf_calls) > collect                                  # and then the policy phase's batches
