@@ -65,16 +65,17 @@ def run_generator(generator: Callable, agent_idx: int, prompts: Sequence[str], k
 # %% ../nbs/51_comparators.ipynb #d2c51b02
 class ModelGenerator:
     """Candidates from local models (one per role), sampled with keys (seed, stream, round, item, role) + candidate
-    index."""
+    index; `sampler`: the run's generation backend (a `BackendSampler`; default: our `generate_completions`)."""
     def __init__(self, models: Sequence, tokenizers: Sequence, max_new_tokens: int = 32, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: Optional[int] = None, autocast_dtype=None, seed: int = 0,
-                 stream: str = "comparator"):
+                 stream: str = "comparator", sampler: Optional[Callable] = None):
         self.models, self.tokenizers, self.seed, self.stream = list(models), list(tokenizers), seed, stream
         self.kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                        autocast_dtype=autocast_dtype)
         self.__name__ = f"ModelGenerator({stream})"
+        self.sampler = sampler if sampler is not None else generate_completions    # the run's generation backend
     def __call__(self, agent_idx, prompts, k, items, item_ids, round_key):
-        c = generate_completions(self.models[agent_idx], self.tokenizers[agent_idx], prompts, k=k,
+        c = self.sampler(self.models[agent_idx], self.tokenizers[agent_idx], prompts, k=k,
                                  keys=[(self.seed, self.stream, round_key, int(j), agent_idx) for j in item_ids],
                                  **self.kw)
         return c.texts, [bool(x) for x in c.ended.tolist()]
@@ -249,6 +250,8 @@ def _cs_begin_round(self: ComparatorSide, iteration: int) -> Callable:
 def _cs_end_round(self: ComparatorSide):
     "Free what only the collection phase needed (the current_copy models)."
     if self._copies is not None:
+        forget = getattr(self.gen_kwargs.get("sampler"), "forget", None)     # their vLLM engines go with them
+        for m in self._copies if forget is not None else (): forget(m)
         self._copies = None
         gc.collect()
         if torch.cuda.is_available(): torch.cuda.empty_cache()

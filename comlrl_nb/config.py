@@ -13,7 +13,7 @@ import torch
 from .core import (check_bool, check_choice, check_number, config_error, logger, resolve_device,
                             resolve_dtype)
 from .distributed import DISTRIBUTED_STRATEGIES
-from .generation import check_joint_mode
+from .generation import check_generation_backend, check_joint_mode
 
 # %% auto #0
 __all__ = ['GROUPS', 'PAIR_SELECTIONS', 'COLLECTION_ROWS', 'RL_ALGORITHMS', 'COMPARATOR_POLICIES', 'COMPARATOR_GENERATION_MODES',
@@ -300,6 +300,19 @@ class SamplingFields:
         "holding this much probability (1.0: off)."})
     top_k: Optional[int] = field(default=50, metadata={"help": "Sample from the k most likely tokens (None or 0: off, "
         "as in HF generate; 0 is stored as None)."})
+    generation_backend: str = field(default="own", metadata={"help": "Which sampler makes the completions: 'own' "
+        "(this package's sampling loop: fastest on a CPU and for small models), 'hf' (HF model.generate: the "
+        "reference, slowest) or 'vllm' (a vLLM engine in this process, weights pushed after updates: the choice on a "
+        "GPU; needs vLLM, see `make vllm`). The loss's log-probs are always recomputed by the training model."})
+    vllm_kv_cache_bytes: Optional[int] = field(default=None, metadata={"help": "generation_backend='vllm': bytes of "
+        "KV cache per engine (one engine per agent; None: 1 GiB). Without it vLLM claims most of the device."})
+    vllm_gpu_memory_utilization: Optional[float] = field(default=None, metadata={"help": "generation_backend='vllm' "
+        "on a GPU: the share of the GPU's memory each engine may take (weights and KV cache), instead of "
+        "vllm_kv_cache_bytes; leave room for the training model and its optimizer."})
+    vllm_importance_correction: bool = field(default=False, metadata={"help": "generation_backend='vllm', MAGRPO "
+        "family: weight each token's policy-gradient term by min(1, pi_train/pi_sample) (truncated importance "
+        "sampling, TRL's correction for the engine's numerics), pi_train the learner's probability at sampling time. "
+        "The gap itself is always logged (agent_<i>/sampler/*)."})
 
 # %% ../nbs/26_config.ipynb #af5d34c9
 @validates(SamplingFields)
@@ -309,6 +322,27 @@ def validate_sampling(c, owner):
     check_number(c.top_p, "top_p", owner, min=0, min_exclusive=True, max=1)
     check_number(c.top_k, "top_k", owner, integer=True, min=0, allow_none=True)
     if c.top_k == 0: c.top_k = None                 # 0 means no top-k filtering (HF generate); one spelling of "off"
+    c.generation_backend = check_generation_backend(c.generation_backend, owner)
+    check_number(c.vllm_kv_cache_bytes, "vllm_kv_cache_bytes", owner, integer=True, min=1, allow_none=True)
+    check_number(c.vllm_gpu_memory_utilization, "vllm_gpu_memory_utilization", owner, min=0, min_exclusive=True,
+                 max=1, allow_none=True)
+    if c.vllm_kv_cache_bytes is not None and c.vllm_gpu_memory_utilization is not None:
+        raise config_error(owner, "vllm_kv_cache_bytes and vllm_gpu_memory_utilization are both set; set one (the KV "
+                                  "cache's bytes, or the GPU's share for the engine)")
+    check_bool(c.vllm_importance_correction, "vllm_importance_correction", owner)
+    if c.vllm_importance_correction and c.generation_backend != "vllm":
+        raise config_error(owner, f"vllm_importance_correction=True with generation_backend={c.generation_backend!r}: "
+                                  "the correction needs the engine's log-probs; set generation_backend='vllm' or "
+                                  "leave the correction off")
+    if c.vllm_importance_correction and not getattr(c, "importance_correction", False):
+        raise config_error(owner, "vllm_importance_correction=True: this trainer's loss takes no per-token weights "
+                                  "(the MAGRPO family's does); leave it False")
+    if c.generation_backend == "vllm" and str(getattr(c, "parallel_training", "none")).strip().lower() == "mp":
+        raise config_error(owner, "generation_backend='vllm' with parallel_training='mp': the engines are not "
+                                  "thread-safe; use parallel_training='none' (or generation_backend='own')")
+    if c.generation_backend == "vllm" and str(getattr(c, "distributed", "none")).strip().lower() == "fsdp":
+        raise config_error(owner, "generation_backend='vllm' with distributed='fsdp': the engine needs each agent's "
+                                  "whole weights; use distributed='ddp' or 'none' (or generation_backend='own')")
 
 # %% ../nbs/26_config.ipynb #ee349492
 @group("generations")

@@ -46,11 +46,11 @@ def load_eval_agents(agents=None, num_agents: int = 2, tokenizer=None, device=No
     return [load_model(spec, device=device)] * num_agents, [load_tokenizer(spec)] * num_agents
 
 # %% ../nbs/65_evaluate.ipynb #43628776
-def _sample(models, toks, prompts, k, a, keys) -> list:
-    "Per agent: B*k completion texts (sample j of row b at b*k + j)."
+def _sample(models, toks, prompts, k, a, keys, sampler=generate_completions) -> list:
+    "Per agent: B*k completion texts (sample j of row b at b*k + j); `sampler`: the generation backend."
     opts = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                 autocast_dtype=getattr(a, "autocast_dtype", None))
-    return [generate_completions(m, t, p, k=k, keys=kk, **opts).texts
+    return [sampler(m, t, p, k=k, keys=kk, **opts).texts
             for m, t, p, kk in zip(models, toks, prompts, keys)]
 
 def _inputs(task: Task, toks, a, rows, raw=None) -> list:
@@ -73,18 +73,18 @@ def _next_prompts(task: Task, texts, chains, hist_p, hist_r, n) -> list:
                                    [hist_p[i][c] for i in range(n)], [hist_r[i][c] for i in range(n)], row))
     return [[r[i] for r in out] for i in range(n)]
 
-def _turns(task: Task, models, toks, a, rows, ids, k, num_turns):
+def _turns(task: Task, models, toks, a, rows, ids, k, num_turns, sampler=generate_completions):
     "Texts per turn (per agent, B*k) and the rows they belong to, running the transition between turns."
     n, B = task.num_agents, len(rows)
     first = _inputs(task, toks, a, rows)
-    texts = [_sample(models, toks, first, k, a, [[(a.seed, "eval", j, i) for j in ids] for i in range(n)])]
+    texts = [_sample(models, toks, first, k, a, [[(a.seed, "eval", j, i) for j in ids] for i in range(n)], sampler)]
     chains = [rows[c // k] for c in range(B * k)]
     hist_p = [[[p] for p in ps for _ in range(k)] for ps in first]          # per agent, per chain
     hist_r = [[[x] for x in texts[0][i]] for i in range(n)]
     for t in range(1, num_turns):
         raw = _next_prompts(task, texts, chains, hist_p, hist_r, n)
         keys = [[(a.seed, "eval", ids[c // k], i, t, c % k) for c in range(B * k)] for i in range(n)]
-        texts.append(_sample(models, toks, _inputs(task, toks, a, chains, raw), 1, a, keys))
+        texts.append(_sample(models, toks, _inputs(task, toks, a, chains, raw), 1, a, keys, sampler))
         for i in range(n):
             for c in range(B * k):
                 hist_p[i][c].append(raw[i][c])
@@ -104,17 +104,22 @@ def evaluate_agents(task: Task, agents=None, items: Optional[Sequence[dict]] = N
     k, T = num_samples or a.num_generations, num_turns or a.num_turns
     if T > 1 and task.external_transition is None:
         raise ValueError(f"num_turns={T} needs the task's external transition")
+    from comlrl_nb.team import engine_options
+    from comlrl_nb.vllm_engine import BackendSampler
+    sampler = BackendSampler(getattr(a, "generation_backend", "own"), **engine_options(a))   # before any model loads
     models, toks = agents if isinstance(agents, tuple) else load_eval_agents(agents, task.num_agents, tokenizer)
     rf = RewardFunction(task.reward_func, task.num_agents)
     per_turn, correct = [[] for _ in range(T)], []
-    for s in range(0, len(rows), batch_size):
-        ids = list(range(s, min(len(rows), s + batch_size)))
-        texts, chains = _turns(task, models, toks, a, [rows[j] for j in ids], ids, k, T)
-        for t in range(T): per_turn[t] += rf(texts[t], chains)
-        if task.success_func is not None:
-            ok = list(task.success_func(*texts[-1], batch_items=chains))
-            correct += [ok[b * k:(b + 1) * k] for b in range(len(ids))]
-        logger.info(f"evaluated {ids[-1] + 1} of {len(rows)} rows ({k} joint responses each)")
+    try:
+        for s in range(0, len(rows), batch_size):
+            ids = list(range(s, min(len(rows), s + batch_size)))
+            texts, chains = _turns(task, models, toks, a, [rows[j] for j in ids], ids, k, T, sampler)
+            for t in range(T): per_turn[t] += rf(texts[t], chains)
+            if task.success_func is not None:
+                ok = list(task.success_func(*texts[-1], batch_items=chains))
+                correct += [ok[b * k:(b + 1) * k] for b in range(len(ids))]
+            logger.info(f"evaluated {ids[-1] + 1} of {len(rows)} rows ({k} joint responses each)")
+    finally: sampler.close()                                 # vLLM: the engines' memory back
     return _summary(per_turn, correct, k, len(rows), ks)
 
 # %% ../nbs/65_evaluate.ipynb #f90d4b01

@@ -13,11 +13,12 @@ from fastcore.basics import patch
 from .core import autocast, check_choice, derive_seed, logger
 
 # %% auto #0
-__all__ = ['NUCLEUS_PREFIXES', 'STACK_MAX_PARAMS', 'JOINT_MODES', 'JOINT_ALIASES', 'RowNoise', 'filter_and_sample', 'Completions',
-           'eos_ids', 'encode_prompts', 'context_length', 'fit_context', 'fast_decodable', 'FastDecoder', 'fast_hidden',
-           'fast_forward', 'unhonoured_settings', 'GenerationSettings', 'generation_settings', 'LogitRules',
-           'generate_completions', 'stackable', 'generate_team', 'check_joint_mode', 'joint_indices', 'compose_joint',
-           'per_agent_returns']
+__all__ = ['NUCLEUS_PREFIXES', 'GENERATION_BACKENDS', 'STACK_MAX_PARAMS', 'JOINT_MODES', 'JOINT_ALIASES', 'RowNoise',
+           'filter_and_sample', 'Completions', 'eos_ids', 'encode_prompts', 'context_length', 'fit_context',
+           'fast_decodable', 'FastDecoder', 'fast_hidden', 'fast_forward', 'unhonoured_settings', 'GenerationSettings',
+           'generation_settings', 'LogitRules', 'generate_completions', 'check_generation_backend',
+           'hf_generate_completions', 'stackable', 'generate_team', 'check_joint_mode', 'joint_indices',
+           'compose_joint', 'per_agent_returns']
 
 # %% ../nbs/02_generation.ipynb #4ff86baa
 class RowNoise:
@@ -256,6 +257,17 @@ class FastDecoder:
         self.pad = None if bool(prompt_mask.all()) else torch.cat([prompt_mask.bool(), ones], 1)[:, None, None, :]
 
 # %% ../nbs/02_generation.ipynb #7b5a80b6
+@functools.lru_cache(maxsize=1)
+def _packs_gqa() -> bool:
+    "Whether HF's SDPA attention packs a masked one-token query's heads by key/value head (transformers >= 5.20)."
+    from transformers.integrations import sdpa_attention
+    return hasattr(sdpa_attention, "pack_gqa")
+
+def _repeat_kv(x: torch.Tensor, g: int) -> torch.Tensor:
+    "HF's repeat_kv: each key/value head repeated for its g query heads [B, kv heads * g, L, head dim]."
+    B, H, L, D = x.shape
+    return x[:, :, None].expand(B, H, g, L, D).reshape(B, H * g, L, D)
+
 @patch
 def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     "Next-token logits [rows, vocab] for one new token per row (`ids`, `pos`: [rows, 1])."
@@ -273,6 +285,9 @@ def step(self: FastDecoder, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
         if g > 1 and mask is None:                        # the calls HF's sdpa_attention_forward makes for one query
             o = F.scaled_dot_product_attention(q, K, V, attn_mask=None, dropout_p=0.0, scale=sc, is_causal=False,
                                                enable_gqa=True)
+        elif g > 1 and not _packs_gqa():                  # transformers < 5.20: keys and values repeated per head
+            o = F.scaled_dot_product_attention(q, _repeat_kv(K, g), _repeat_kv(V, g), attn_mask=mask, dropout_p=0.0,
+                                               scale=sc, is_causal=False)
         else:
             o = F.scaled_dot_product_attention(q.reshape(B, -1, g, hd) if g > 1 else q, K, V, attn_mask=mask,
                                                dropout_p=0.0, scale=sc, is_causal=False)
@@ -567,6 +582,61 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, m
     out, out_mask, _, done = _sample_loop(logits, next_logits, gens, pos, stop, pad, max_new_tokens, temperature,
                                           top_p, top_k, rules)
     return _completions(tokenizer, ids, mask, out, out_mask, done, B, k, pad)
+
+# %% ../nbs/02_generation.ipynb #7068cecd
+GENERATION_BACKENDS = ("own", "hf", "vllm")
+
+def check_generation_backend(backend: str, owner: str = "") -> str:
+    "'own' (our sampler, the default), 'hf' (HF `model.generate`) or 'vllm' (an engine in this process); any case."
+    b = backend.strip().lower() if isinstance(backend, str) else backend
+    return check_choice(b if b in GENERATION_BACKENDS else backend, "generation_backend", GENERATION_BACKENDS, owner)
+
+def _ended_rows(rows: Sequence[torch.Tensor], stop: Sequence[int], pad: int, tokenizer, B: int, k: int, ids, mask):
+    "`Completions` of generated token rows (`model.generate`'s, after the prompt): each cut after its first stop id."
+    lens, ended = [], []
+    for r in rows:
+        hit = torch.isin(r, torch.tensor(list(stop), device=r.device)).nonzero()
+        ended.append(len(hit) > 0)
+        lens.append(int(hit[0]) + 1 if len(hit) else len(r))
+    C = max(lens, default=0)
+    cids, cmask = torch.full((len(rows), C), pad, dtype=torch.long), torch.zeros(len(rows), C, dtype=torch.long)
+    for i, (r, n) in enumerate(zip(rows, lens)): cids[i, :n], cmask[i, :n] = r[:n].cpu(), 1
+    texts = tokenizer.batch_decode(cids.tolist(), skip_special_tokens=True)
+    dev = ids.device
+    return Completions(ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0), cids.to(dev), cmask.to(dev), texts,
+                       B, k, torch.tensor(ended, device=dev))
+
+# %% ../nbs/02_generation.ipynb #1e496b9f
+@torch.no_grad()
+def hf_generate_completions(model, tokenizer, prompts: Sequence[str], k: int = 1, max_new_tokens: int = 32,
+                            temperature: float = 1.0, top_p: float = 1.0, top_k: Optional[int] = None,
+                            keys: Optional[Sequence[tuple]] = None, seed: int = 0, autocast_dtype=None,
+                            fast: bool = True) -> Completions:
+    """`generate_completions` through HF `model.generate` (`fast`: ignored). Greedy: one call over the batch. Sampled:
+    one call per prompt for its k rows, under torch's global generator seeded from the prompt's key (then restored),
+    so a prompt gets the same rows in any batch."""
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, prompts, device)
+    ids, mask, new = fit_context(model, ids, mask, max_new_tokens)
+    B, stop = ids.shape[0], eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
+    keys = list(keys) if keys is not None else [(seed, b) for b in range(B)]
+    if len(keys) != B: raise ValueError(f"got {len(keys)} sampling keys for {B} prompts")
+    opts = dict(max_new_tokens=new, eos_token_id=stop, pad_token_id=pad)
+    if new == 0: return _ended_rows([ids.new_zeros(0)] * (B * k), stop, pad, tokenizer, B, k, ids, mask)
+    with autocast(device, autocast_dtype):
+        if temperature == 0:
+            out = model.generate(ids, attention_mask=mask, do_sample=False, **opts)[:, ids.shape[1]:]
+            return _ended_rows(list(out.repeat_interleave(k, 0)), stop, pad, tokenizer, B, k, ids, mask)
+        rows, cuda = [], [device.index or 0] if device.type == "cuda" else []
+        for b, key in enumerate(keys):
+            p = ids[b][mask[b].bool()][None]
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(derive_seed(*key) % 2**63)
+                o = model.generate(p, attention_mask=torch.ones_like(p), do_sample=True, num_return_sequences=k,
+                                   temperature=temperature, top_p=top_p, top_k=top_k or 0, **opts)
+            rows += list(o[:, p.shape[1]:])
+    return _ended_rows(rows, stop, pad, tokenizer, B, k, ids, mask)
 
 # %% ../nbs/02_generation.ipynb #9dcfde03
 STACK_MAX_PARAMS = 20_000_000   # agents up to this size decode in one loop (their steps are mostly Python)

@@ -124,20 +124,24 @@ class Sample:
     completions: list                          # completion ids (EOS included), one tensor per completion
     advantages: torch.Tensor                   # [K] advantages A
     key: tuple = ()                            # (turn, item id, branch path or candidate): the one-process order
+    weights: Optional[list] = None             # vLLM importance correction: per completion, its tokens' weights
     @property
     def completion(self) -> torch.Tensor: return self.completions[0]      # an episode step has one completion
     @property
     def advantage(self) -> float: return float(self.advantages[0])
 
 # %% ../nbs/20_rollout.ipynb #2e3a18df
-def samples_from(comps, advantages: torch.Tensor, keys: Sequence[tuple] = ()) -> list[Sample]:
-    "One Sample per prompt of `comps` (generation's Completions): unpadded prompt ids, its K completions, A [K]."
+def samples_from(comps, advantages: torch.Tensor, keys: Sequence[tuple] = (), weights=None) -> list[Sample]:
+    """One Sample per prompt of `comps` (generation's Completions): unpadded prompt ids, its K completions, A [K];
+    `weights` [rows, C]: per-token loss weights (the vLLM importance correction), cut like the completions."""
     out = []
     for b in range(comps.num_prompts):
         r = comps.rows(b)
         p = comps.prompt_ids[r][0][comps.prompt_mask[r][0] == 1].cpu()
         cs = [comps.completion_ids[j][comps.completion_mask[j] == 1].cpu() for j in range(r.start, r.stop)]
-        out.append(Sample(p, cs, advantages[b].detach().float().cpu(), keys[b] if keys else ()))
+        ws = None if weights is None else [weights[j][comps.completion_mask[j] == 1].float().cpu()
+                                           for j in range(r.start, r.stop)]
+        out.append(Sample(p, cs, advantages[b].detach().float().cpu(), keys[b] if keys else (), ws))
     return out
 
 # %% ../nbs/20_rollout.ipynb #eb5afca1
@@ -152,6 +156,8 @@ class Turn:
     comps: Optional[list] = None               # per agent Completions (in-process only)
     values: Optional[torch.Tensor] = None      # episodes: critic values V(h_t) [live, critics]
     targets: Optional[torch.Tensor] = None     # episodes: TD targets y_t [live, critics]
+    sampler: Optional[list] = None             # vLLM backend: per agent, `sampler_mismatch` (in-process only)
+    weights: Optional[list] = None             # vLLM importance correction: per agent, token weights [rows, C]
     def __getitem__(self, key: str): return getattr(self, key)
 
 # %% ../nbs/20_rollout.ipynb #9cd1f4c6

@@ -16,14 +16,15 @@ from .core import as_list, atomic_write_text, logger, resolve_device
 from .distributed import DistContext, gathered, process_bytes
 from .centralized_text import adapter_callables
 from .models import load_agents
-from .generation import Completions, generate_completions, generate_team, stackable
+from .generation import Completions, generate_team, stackable
+from .vllm_engine import BackendSampler
 from .rewards import RewardFunction, apply_chat_template, format_prompt, resolve_formatters
 from .sampling import adamw
 
 # %% auto #0
-__all__ = ['SAMPLING_FIELDS', 'ARCH_KEYS', 'TEAM_ATTRS', 'map_jobs', 'one_base', 'Team', 'frozen_copy', 'validate_dataset',
-           'architecture', 'check_architectures', 'team_attr', 'trainer_inputs', 'config_num_agents',
-           'library_keywords', 'wandb_with_settings', 'TrainerAPI']
+__all__ = ['SAMPLING_FIELDS', 'ARCH_KEYS', 'TEAM_ATTRS', 'map_jobs', 'one_base', 'Team', 'frozen_copy', 'engine_options',
+           'validate_dataset', 'architecture', 'check_architectures', 'team_attr', 'trainer_inputs',
+           'config_num_agents', 'library_keywords', 'wandb_with_settings', 'TrainerAPI']
 
 # %% ../nbs/24_team.ipynb #b3459ab2
 def map_jobs(fn: Callable[[int], Any], count: int, concurrent: bool = False) -> list:
@@ -55,11 +56,13 @@ class Team:
                  tokenizer=None, formatters=None, model_config: Optional[dict] = None, devices=None,
                  learning_rate: float = 5e-6, weight_decay: float = 0.0, parallel_training: str = "none",
                  use_chat_template: bool = False, reference_devices=False, sampling: Optional[dict] = None,
-                 gradient_checkpointing: bool = False, master_weights: bool = True, distributed: str = "none"):
+                 gradient_checkpointing: bool = False, master_weights: bool = True, distributed: str = "none",
+                 generation_backend: str = "own", engine_kwargs: Optional[dict] = None):
         self.n, self.num_policies = num_roles, num_policies or num_roles
         self.parallel_training, self.use_chat_template = parallel_training, use_chat_template
         self.learning_rate, self.weight_decay, self.sampling = learning_rate, weight_decay, dict(sampling or {})
         self._stack = None                      # generate_all: `stackable(agents)`, decided at its first call
+        self.backend = BackendSampler(generation_backend, **(engine_kwargs or {}))   # vllm missing: fails here
         self.formatters = resolve_formatters(formatters, self.n)
         self.devices = [resolve_device(d) for d in as_list(devices, self.n, "agent_devices", "device")]
         P = self.num_policies
@@ -72,6 +75,15 @@ class Team:
         self.sharding = self._shard(distributed)                         # None: whole agents (the default)
         self.optimizers = [make_optimizer(m.parameters(), learning_rate, weight_decay, master_weights)
                            for m in self.agents]
+        for i in range(len(self.agents)): self._watch_steps(i)
+
+@patch
+def _watch_steps(self: Team, i: int):
+    "vLLM backend: each step of agent i's optimizer marks its engine's weights stale (pushed before the next sampling)."
+    if self.backend.backend != "vllm": return
+    opt = self.optimizers[i]
+    opt = opt if hasattr(opt, "register_step_post_hook") else opt.inner          # MasterAdamW: its inner AdamW
+    opt.register_step_post_hook(lambda *_, m=self.agents[i]: self.backend.mark_stale(m))
 
 # %% ../nbs/24_team.ipynb #ae1be903
 def frozen_copy(model, device, autocast_dtype=None):
@@ -116,6 +128,12 @@ def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
 # %% ../nbs/24_team.ipynb #7100c589
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "autocast_dtype")
 
+def engine_options(args) -> dict:
+    "A config's vLLM engine settings as `VLLMSampler` keywords (only those set: the sampler's defaults otherwise)."
+    opts = {"kv_cache_bytes": getattr(args, "vllm_kv_cache_bytes", None),
+            "gpu_memory_utilization": getattr(args, "vllm_gpu_memory_utilization", None)}
+    return {k: v for k, v in opts.items() if v is not None}
+
 @patch(cls_method=True)
 def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, formatters=None,
                 model_config: Optional[dict] = None, num_policies: Optional[int] = None) -> Team:
@@ -128,7 +146,7 @@ def from_config(cls: Team, args, agent_model=None, agents=None, tokenizer=None, 
                args.agent_devices, args.agent_learning_rate, args.weight_decay, args.parallel_training,
                args.use_chat_template, refs, {f: getattr(args, f) for f in SAMPLING_FIELDS if hasattr(args, f)},
                getattr(args, "gradient_checkpointing", False), getattr(args, "master_weights", True),
-               getattr(args, "distributed", "none"))
+               getattr(args, "distributed", "none"), getattr(args, "generation_backend", "own"), engine_options(args))
 
 # %% ../nbs/24_team.ipynb #62d58de7
 @patch
@@ -171,22 +189,27 @@ def map(self: Team, fn: Callable[[int], Any]) -> list:
 @patch
 def generate(self: Team, i: int, prompts: Sequence[str], k: int = 1, keys: Optional[Sequence[tuple]] = None,
              **sampling) -> Completions:
-    "k completions per prompt from agent i (the team's sampling defaults, overridden by `sampling`)."
+    "k completions per prompt from agent i through the team's generation backend (sampling defaults, overridden)."
     with gathered([self.agents[i]]):          # sharded agents: whole weights for the loop (70_distributed)
-        return generate_completions(self.agents[i], self.tokenizers[i], list(prompts), k=k, keys=keys,
-                                    **{**self.sampling, **sampling})
+        return self.backend(self.agents[i], self.tokenizers[i], list(prompts), k=k, keys=keys,
+                            **{**self.sampling, **sampling})
 
 @patch
 def generate_all(self: Team, prompts: Sequence[Sequence[str]], k: int = 1, keys: Optional[Sequence] = None,
                  **sampling) -> list[Completions]:
     """Every trained agent's `generate` of its own prompts (`prompts[i]`, `keys[i]`): one loop where `generate_team` can
     (`stackable`, decided at the first call: the agents' shapes do not change during a run)."""
-    if self.parallel_training == "mp":
+    if self.parallel_training == "mp" or self.backend.backend != "own":     # hf, vllm: agent by agent
         return self.map(lambda i: self.generate(i, prompts[i], k, None if keys is None else keys[i], **sampling))
     with gathered(self.agents):               # sharded agents: whole weights for the loop (70_distributed)
         if self._stack is None: self._stack = stackable(self.agents, self.tokenizers)
         return generate_team(self.agents, self.tokenizers, [list(p) for p in prompts], k=k, keys=keys,
                              stack=self._stack, **{**self.sampling, **sampling})
+
+@patch
+def close(self: Team):
+    "Stop the generation backend's engines (vLLM: their memory freed); the next sampling builds them again."
+    self.backend.close()
 
 # %% ../nbs/24_team.ipynb #c8e10a01
 ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -226,6 +249,7 @@ def set_param_groups(self: Team, i: int, extra: Sequence[dict] = ()):
     "Rebuild agent i's optimizer over its model (team learning rate) plus `extra` param groups (their own lr)."
     groups = [{"params": list(self.agents[i].parameters()), "lr": self.learning_rate}, *extra]
     self.optimizers[i] = make_optimizer(groups, self.learning_rate, self.weight_decay, self.master_weights)
+    self._watch_steps(i)
 
 @patch
 def state_dict(self: Team) -> dict:

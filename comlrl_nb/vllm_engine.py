@@ -11,11 +11,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 from .core import derive_seed, logger
-from .generation import Completions, encode_prompts, eos_ids, fit_context
+from .generation import (Completions, check_generation_backend, encode_prompts, eos_ids, fit_context,
+                                  generate_completions, hf_generate_completions)
 
 # %% auto #0
 __all__ = ['VLLM_HINT', 'truncated_importance_weights', 'sampler_mismatch', 'vllm_available', 'require_vllm', 'protect_caller',
-           'SampledCompletions', 'request_seed', 'save_for_engine', 'VLLMSampler']
+           'SampledCompletions', 'request_seed', 'save_for_engine', 'VLLMSampler', 'weights_version', 'BackendSampler']
 
 # %% ../nbs/09_vllm.ipynb #6c065a7f
 def truncated_importance_weights(logp_train: torch.Tensor, logp_sample: torch.Tensor, cap: float = 1.0) -> torch.Tensor:
@@ -269,3 +270,83 @@ def close(self: VLLMSampler):
     self.llm = None
     _LIVE.discard(self)
     self._dir.cleanup()
+
+# %% ../nbs/09_vllm.ipynb #8f830b5b
+def weights_version(model) -> int:
+    """A number that grows whenever one of `model`'s parameters changes in place (an optimizer step, a loaded
+    checkpoint): the sum of their version counters. Equal numbers: the weights an engine holds are current."""
+    return sum(p._version for p in model.parameters())
+
+def _on_device(c: Completions, device) -> Completions:
+    "An engine's rows (CPU tensors) on the model's device, as our sampler returns them."
+    moved = {f: (v.to(device) if torch.is_tensor(v) else v) for f, v in vars(c).items()}
+    return type(c)(**moved)
+
+def _lora_engine_args(model) -> dict:
+    "LoRA agents: the engine's base directory and the adapters it must hold (all of the PEFT model's, at their rank)."
+    base = model.signature_target
+    path = getattr(base.config, "_name_or_path", None)
+    if not path or not Path(path).is_dir():
+        raise ValueError(f"generation_backend='vllm' with LoRA agents needs their base in a local directory (got "
+                         f"{path!r}): save the base (save_for_engine) and build the agents with "
+                         "LoRAAgents(base=<dir>), or use generation_backend='own'")
+    cfgs = list(model.peft.peft_config.values())
+    return dict(model=str(path), lora=True, max_loras=len(cfgs), max_lora_rank=max(c.r for c in cfgs))
+
+# %% ../nbs/09_vllm.ipynb #b1b372ff
+class BackendSampler:
+    """Sampling through one generation backend, called as `generate_completions`: 'own' (our sampler), 'hf'
+    (`hf_generate_completions`) or 'vllm': one `VLLMSampler` per agent (one with LoRA adapters per shared base), built
+    at the agent's first sampling and kept; before each sampling the agent's weights are pushed if they changed since
+    the last (`weights_version`). `engine_kwargs` go to `VLLMSampler` (kv_cache_bytes, gpu_memory_utilization, ...)."""
+    def __init__(self, backend: str = "own", **engine_kwargs):
+        self.backend = check_generation_backend(backend)
+        if self.backend == "vllm" and not vllm_available():         # before any model loads
+            raise ImportError(f"generation_backend='vllm': {VLLM_HINT}; or set generation_backend='own'")
+        self.engine_kwargs, self.engines, self._versions, self._dirty = dict(engine_kwargs), {}, {}, set()
+
+    def __call__(self, model, tokenizer, prompts: Sequence[str], **kw) -> Completions:
+        if self.backend == "own": return generate_completions(model, tokenizer, prompts, **kw)
+        if self.backend == "hf": return hf_generate_completions(model, tokenizer, prompts, **kw)
+        try: out = self.engine(model, tokenizer)(model, tokenizer, prompts, **kw)
+        except RuntimeError as e:                                   # e.g. a head size the CPU kernels lack
+            raise RuntimeError(f"generation_backend='vllm': the engine could not sample {type(model).__name__} ({e}); "
+                               "for a model vLLM's kernels do not cover, use generation_backend='own' or 'hf'") from e
+        return _on_device(out, next(model.parameters()).device)
+
+# %% ../nbs/09_vllm.ipynb #640e717d
+@patch
+def engine(self: BackendSampler, model, tokenizer) -> VLLMSampler:
+    "The agent's engine, built on first use; the agent's weights marked for a push when they changed since the last."
+    shared = getattr(model, "shares_base", False)
+    key = id(model.peft) if shared else id(model)
+    new = key not in self.engines
+    if new:
+        kw = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""), **self.engine_kwargs}
+        eng = VLLMSampler(**kw, **_lora_engine_args(model)) if shared else VLLMSampler(model, tokenizer, **kw)
+        self.engines[key] = (eng, model)                           # the model kept alive: its id stays its own
+        logger.info(f"vLLM engine built for {'the LoRA agents' if shared else type(model).__name__}")
+    eng, v, seen = self.engines[key][0], weights_version(model), self._versions.get(id(model))
+    if not new and (seen is None or seen[1] != v or id(model) in self._dirty):
+        eng.push_weights(model)                                    # goes in before this sampling
+    self._dirty.discard(id(model))
+    self._versions[id(model)] = (model, v)
+    return eng
+
+@patch
+def mark_stale(self: BackendSampler, model):
+    "`model`'s weights changed (an optimizer step: fused kernels leave version counters as they were): push them."
+    self._dirty.add(id(model))
+
+@patch
+def close(self: BackendSampler):
+    "Stop every engine (their memory freed); a later sampling builds them again."
+    for eng, _ in self.engines.values(): eng.close()
+    self.engines, self._versions, self._dirty = {}, {}, set()
+
+@patch
+def forget(self: BackendSampler, model):
+    "Stop `model`'s engine (a copy about to be dropped, e.g. a comparator's); nothing for 'own' and 'hf'."
+    got = self.engines.pop(id(model), None)
+    self._versions.pop(id(model), None)
+    if got is not None: got[0].close()

@@ -900,6 +900,7 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
             t1, upd = time.perf_counter(), self._update_full_buffers()
             rec = self._batch_metrics(ro, upd, time.perf_counter() - t0)
             run.end_of_batch({**rec, "time/update": time.perf_counter() - t1, **ev}, rollouts=ro.episodes)
+    self.team.close()                       # the generation backend's engines (vLLM): memory back
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/31_actor_critic.ipynb #f87eb399

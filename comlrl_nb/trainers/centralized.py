@@ -282,6 +282,7 @@ def train(self: CentralizedMAGRPOTrainer, resume_from_checkpoint=None, stop_afte
             m = self._batch_metrics(ro, losses, time.perf_counter() - t0)
             run.end_of_batch({**m, "time/update": time.perf_counter() - t1, **ev},
                              rollouts=list(ro.samples))                      # metrics_callback's input
+    self.team.close()                       # the generation backend's engines (vLLM): memory back
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/32_centralized.ipynb #ec0432b8

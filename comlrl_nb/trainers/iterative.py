@@ -162,7 +162,8 @@ def _setup_rounds(self: PreferenceRounds, model_config=None, comparator_tokenize
                                validate=lambda r, where: validate_pair_record(r, n, where))
     central = a.comparator_generation_mode == "centralized" and a.collaboration_mode != "centralized"
     gen_kwargs = dict(max_new_tokens=a.comparator_max_new_tokens or a.max_new_tokens * (n if central else 1),
-                      temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype)
+                      temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, autocast_dtype=a.autocast_dtype,
+                      sampler=self.team.backend)                 # the run's generation backend
     snaps = self.output_dir / "policy_checkpoints" if a.policy_checkpoint_dir is None else Path(a.policy_checkpoint_dir)
     self.comparator = ComparatorSide(
         a.comparator_policy, self.agents, self.tokenizers, devices=a.comparator_devices, gen_kwargs=gen_kwargs,
@@ -491,6 +492,7 @@ def train(self: PreferenceRounds, resume_from_checkpoint=None, stop_after_round:
             self._log_round(run, nu, stats, chosen, {**trained, "round/time_collect": t1 - t0,
                                                      "round/time_train": time.perf_counter() - t1})
             self._snapshot(nu)                                  # S_nu, for the history comparator
+    self.team.close()                       # the generation backend's engines (vLLM): memory back
     out = run.finish(plot=plot_rounds, png="rounds.png", title=f"{self.algo}: per round")
     return {**out, "rounds": list(self.rounds)}
 

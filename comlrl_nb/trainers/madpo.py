@@ -500,6 +500,7 @@ def train(self: MADPOTrainer, resume_from_checkpoint=None, stop_after_batch: Opt
         finally:
             modes.eval()                                                   # the agents leave train() in eval mode
             self._modes = None
+    self.team.close()                       # the generation backend's engines (vLLM): memory back
     return {**run.finish(plot=plot_run), "num_pairs": len(self.pairs)}
 
 # %% ../../nbs/42_madpo.ipynb #2d86b1c4

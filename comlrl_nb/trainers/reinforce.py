@@ -29,7 +29,7 @@ from ..tracking import plot_run
 
 # %% auto #0
 __all__ = ['MAGRPOConfig', 'MAREINFORCEConfig', 'MARLOOConfig', 'MAReMaxConfig', 'MAGRPOTrainer', 'policy_rows_loss',
-           'MAREINFORCETrainer', 'MARLOOTrainer', 'MAReMaxTrainer', 'Sample', 'Turn', 'Rollout']
+           'weighted_sums', 'MAREINFORCETrainer', 'MARLOOTrainer', 'MAReMaxTrainer', 'Sample', 'Turn', 'Rollout']
 
 # %% ../../nbs/30_reinforce.ipynb #1b40b11f
 from ..config import (AdvantageFields, BaselineFields, BufferFields, CheckpointFields, DeviceFields, EvalFields,
@@ -55,6 +55,7 @@ def _reinforce_relations(c, owner: str):
     "save_total_limit progress_bar tensorboard save_plot",))
 class MAGRPOConfig(TrainerConfig):
     "Settings of the multi-agent REINFORCE family (MAGRPO: group-mean baseline); `comlrl-nb options` prints their help."
+    importance_correction = True          # its loss takes per-token weights (vllm_importance_correction)
 
 # %% ../../nbs/30_reinforce.ipynb #5e8c4936
 _check_devices = check_devices           # the old private name, for modules that still import it
@@ -194,7 +195,9 @@ def _level_turn(self: MAGRPOTrainer, level, K: int, timers: dict) -> Turn:
     R = torch.stack([per_agent_returns(nd.returns, self.n, K, a.joint_mode) for nd in level], 1)   # [n, nodes, K]
     adv = [node_advantages(penalized_returns(R[i], kl[i], a.reference_kl_coef) if kl is not None else R[i],
                            a.advantage_mode, a.advantage_normalization) for i in range(self.n)]
-    return Turn(torch.stack([nd.rewards for nd in level]), R, adv, kl, [c.lengths.cpu() for c in comps], comps)
+    gap, weights = self._sampler_gap(comps)
+    return Turn(torch.stack([nd.rewards for nd in level]), R, adv, kl, [c.lengths.cpu() for c in comps], comps,
+                sampler=gap, weights=weights)
 
 # %% ../../nbs/30_reinforce.ipynb #4e18b51f
 @patch
@@ -208,6 +211,25 @@ def _reference_kl(self: MAGRPOTrainer, comps) -> list[torch.Tensor]:
         lr, _ = completion_logprobs(team.ref_agents[i], *args)
         out.append(k3_kl(lr.to(lp.device), lp, c.completion_mask.to(lp.device)).float().cpu().view(c.num_prompts, c.k))
     return out
+
+# %% ../../nbs/30_reinforce.ipynb #162fdda8
+from ..vllm_engine import sampler_mismatch, truncated_importance_weights
+
+@patch
+@torch.no_grad()
+def _sampler_gap(self: MAGRPOTrainer, comps) -> tuple[Optional[list], Optional[list]]:
+    """Per agent, `sampler_mismatch` of the engine's log-probs (`SampledCompletions.sample_logprobs`, the vLLM backend)
+    against the learner's on the same weights, and with vllm_importance_correction the tokens' truncated importance
+    weights [rows, C]; (None, None) for samplers that give no log-probs ('own', 'hf')."""
+    if all(getattr(c, "sample_logprobs", None) is None for c in comps): return None, None
+    out, ws, team = [], [], self.team
+    for i, c in enumerate(comps):
+        args = (c.prompt_ids, c.prompt_mask, c.completion_ids, c.completion_mask, self.args.autocast_dtype)
+        with gathered([team.agents[i]]): lp, _ = completion_logprobs(team.agents[i], *args)
+        ls, mask = c.sample_logprobs.to(lp.device).float(), c.completion_mask.to(lp.device)
+        out.append(sampler_mismatch(lp.float(), ls, mask))
+        ws.append((truncated_importance_weights(lp.float(), ls) * mask).cpu())
+    return out, (ws if getattr(self.args, "vllm_importance_correction", False) else None)
 
 # %% ../../nbs/30_reinforce.ipynb #d9c6d228
 @patch
@@ -226,7 +248,9 @@ def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int],
     for level in levels:
         turn = self._level_turn(level, K, timers)
         keys = [(nd.depth, int(item_ids[nd.item]), nd.path) for nd in level]      # the one-process order
-        for i in range(self.n): samples[i] += samples_from(turn.comps[i], turn.advantages[i], keys)
+        for i in range(self.n):
+            w = None if turn.weights is None else turn.weights[i]        # the vLLM importance correction
+            samples[i] += samples_from(turn.comps[i], turn.advantages[i], keys, w)
         turns.append(turn)
     return Rollout(samples, turns, timers["generate"], timers["reward"], timers["kl"], levels, prompts)
 
@@ -234,29 +258,39 @@ def rollout(self: MAGRPOTrainer, items: Sequence[dict], item_ids: Sequence[int],
 from ..core import micro_backward, shared_chunk_count
 
 @patch
-def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad) -> tuple[float, float, float]:
-    "This process' part of the mini-batch loss, backpropagated when finite: (loss value, forward start and end)."
+def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad,
+                weights=None) -> tuple[float, float, float]:
+    """This process' part of the mini-batch loss, backpropagated when finite: (loss value, forward start and end);
+    `weights`: per completion, its tokens' loss weights (the vLLM importance correction; None: all 1)."""
     t0, share = time.perf_counter(), len(rows) / max(len(comps), 1)
     sharded, size = is_sharded(model), self.args.micro_batch_size
     if not rows and not sharded: return 0.0, t0, t0
     if size is not None:                # chunks of micro_batch_size rows, gradients accumulated; sharded: as many
-        rows_loss = lambda ch: policy_rows_loss(model, prompts, comps, adv, ch, pad, self.args.autocast_dtype)
+        rows_loss = lambda ch: policy_rows_loss(model, prompts, comps, adv, ch, pad, self.args.autocast_dtype, weights)
         count = shared_chunk_count(len(comps), self.dist.world, size) if sharded else 0   # chunks on every process
         value = micro_backward(rows_loss, rows, len(comps), size, count)
         return value, t0, time.perf_counter()
     rows = rows or [0]                      # FSDP2: every process runs each forward and backward (weight 0 here)
-    _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
-                                 autocast_dtype=self.args.autocast_dtype)
+    tok, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
+                                   autocast_dtype=self.args.autocast_dtype)
+    if weights is not None: seq = weighted_sums(tok, [weights[r] for r in rows])
     loss = reinforce_loss(seq, adv[rows]) * share                           # = -(1/N) sum over these rows
     value, t1 = float(loss.detach()), time.perf_counter()
     if math.isfinite(value): loss.backward()
     return value, t0, t1
 
-def policy_rows_loss(model, prompts, comps, adv, rows, pad, autocast_dtype=None) -> torch.Tensor:
+def policy_rows_loss(model, prompts, comps, adv, rows, pad, autocast_dtype=None, weights=None) -> torch.Tensor:
     "The mean REINFORCE loss of the completions `rows` (one micro-batch): -(1/len(rows)) sum A log pi."
-    _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
-                                 autocast_dtype=autocast_dtype)
+    tok, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
+                                   autocast_dtype=autocast_dtype)
+    if weights is not None: seq = weighted_sums(tok, [weights[r] for r in rows])
     return reinforce_loss(seq, adv[rows])
+
+def weighted_sums(tok: torch.Tensor, weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    "Per row, sum_t w_t log pi_t: the tokens' log-probs [N, C] (0 on padding) under per-token weights (constants)."
+    W = torch.zeros(tok.shape, dtype=tok.dtype, device=tok.device)
+    for r, w in enumerate(weights): W[r, :len(w)] = w.to(tok.device, tok.dtype)
+    return (tok * W).sum(-1)
 
 # %% ../../nbs/30_reinforce.ipynb #e15a3908
 @patch
@@ -271,7 +305,8 @@ def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[fl
         adv = torch.cat([s.advantages for s in mb]).to(team.devices[i])
         rows = list(range(D.rank, len(comps), D.world))                    # this process' rows of the mini-batch
         opt.zero_grad(set_to_none=True)
-        loss_value, t0, t1 = self._local_loss(model, prompts, comps, adv, rows, pad)
+        ws = [w for s in mb for w in s.weights] if all(s.weights is not None for s in mb) else None   # vLLM TIS
+        loss_value, t0, t1 = self._local_loss(model, prompts, comps, adv, rows, pad, ws)
         where = f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}"
         losses.append(float(check_finite_loss(torch.tensor(D.sum(loss_value)), where)))
         D.sum_grads(model.parameters())                                  # sum over processes = full mini-batch gradient
@@ -327,6 +362,7 @@ def train(self: MAGRPOTrainer, resume_from_checkpoint=None, stop_after_batch: Op
             losses, timing = self._timed_update()
             run.end_of_batch({**self._batch_metrics(ro, losses, time.perf_counter() - t0), **timing, **ev},
                              rollouts=[s for agent in ro.samples for s in agent])     # metrics_callback's input
+    self.team.close()                       # the generation backend's engines (vLLM): memory back
     return run.finish(plot=plot_run)
 
 # %% ../../nbs/30_reinforce.ipynb #64472d21
@@ -375,6 +411,8 @@ def _batch_metrics(self: MAGRPOTrainer, ro: Rollout, losses: dict, wall: float) 
         m[f"agent_{i}/completion_len"] = float(torch.cat([st.lengths[i].float() for st in ro.turns]).mean())
         if ro.turns[0].kl is not None:
             m[f"agent_{i}/kl"] = float(torch.cat([st.kl[i].flatten() for st in ro.turns]).mean())
+        gaps = [st.sampler[i] for st in ro.turns if getattr(st, "sampler", None)]     # the vLLM backend's
+        if gaps: m.update({f"agent_{i}/{k}": float(np.mean([g[k] for g in gaps])) for k in gaps[0]})
         if i in losses:
             m[f"agent_{i}/loss"] = float(np.mean(losses[i]))
             m[f"agent_{i}/optimizer_steps"] = self.state["optimizer_steps"][i]
