@@ -20,8 +20,8 @@ __all__ = ['ALGORITHMS', 'PREFERENCE_ALGOS', 'CPU_PRESET', 'TINY_PRESET', 'FINAL
            'load_config_file', 'build_config', 'heldout_reward', 'paired_change', 'hardware_choice', 'Stopwatch',
            'warm_plotting', 'FirstBatchEstimate', 'add_data_args', 'task_from_args', 'plain_weights', 'write_agents',
            'save_final', 'add_eval_parser', 'cmd_eval', 'check_train_args', 'check_eval_args', 'check_query_args',
-           'check_model_dir', 'check_saved_agents', 'read_report', 'claim_run_dir', 'cmd_train', 'rebase_links',
-           'render_readme', 'cmd_readme', 'cmd_comparator_query', 'cmd_options', 'run', 'main']
+           'read_report', 'claim_run_dir', 'cmd_train', 'rebase_links', 'render_readme', 'cmd_readme',
+           'cmd_comparator_query', 'cmd_options', 'run', 'main']
 
 # %% ../nbs/80_cli.ipynb #cac70cfe
 def _algorithms() -> dict:
@@ -242,7 +242,9 @@ def cmd_eval(args) -> dict:
     check_eval_args(args)
     cfg_cls, _ = _check_algo(args.algo)
     task, user = task_from_args(args), _overrides(args)
-    if args.agents: check_saved_agents(args.agents, task.num_agents)
+    if args.agents:
+        from comlrl_nb.evaluate import check_saved_agents
+        check_saved_agents(args.agents, task.num_agents)
     names = {f.name for f in dataclasses.fields(cfg_cls)}
     run_cfg = {k: v for k, v in _run_config(args.agents).items() if k in names
                and k not in ("output_dir", "num_agents")}
@@ -383,7 +385,9 @@ def _check_model_spec(spec: Optional[str], flag: str = "--model"):
     "A --model that names a local path must exist and hold a loadable model; hub ids and the built-ins pass."
     if spec is None or spec in ("embedded", "tiny"): return
     p = Path(spec).expanduser()
-    if p.is_dir(): return check_model_dir(p, f"{flag} {spec}")
+    if p.is_dir():
+        from comlrl_nb.evaluate import check_model_dir
+        return check_model_dir(p, f"{flag} {spec}")
     if p.exists(): raise ValueError(f"{flag} {spec} is a file; give a model directory (config.json and weights), a hub "
                                     "id, 'embedded' or 'tiny'")
     if spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1:
@@ -431,118 +435,6 @@ def check_query_args(args):
                                                    "(0: greedy)")
     if not 0 < args.top_p <= 1: raise ValueError(f"--top-p {args.top_p} is invalid: give a number in (0, 1] (1: no "
                                                  "nucleus filter)")
-
-# %% ../nbs/80_cli.ipynb #6cd73468
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
-_AGAIN = "save it again (a run's final/ is written again by `comlrl-nb train --resume`)"
-
-def _safetensors_shapes(f: Path, who: str) -> dict:
-    "Tensor name -> shape from a safetensors file's header; ValueError naming `who` when it is cut short or not one."
-    size = f.stat().st_size
-    with open(f, "rb") as fh:
-        head = fh.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 0 or n > size - 8:
-            raise ValueError(f"{who}: {f} is truncated ({size} bytes, not even its header); {_AGAIN}")
-        try: header = json.loads(fh.read(n))
-        except ValueError: raise ValueError(f"{who}: {f} is not a safetensors file (its header does not parse); "
-                                            f"{_AGAIN}") from None
-    if not isinstance(header, dict): raise ValueError(f"{who}: {f} is not a safetensors file; {_AGAIN}")
-    tensors = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
-    need = 8 + n + max((int(v.get("data_offsets", [0, 0])[1]) for v in tensors.values()), default=0)
-    if size < need: raise ValueError(f"{who}: {f} is truncated: {size} of its {need} bytes are there; {_AGAIN}")
-    return {k: list(v.get("shape", [])) for k, v in tensors.items()}
-
-def _weights(d: Path, who: str) -> Optional[dict]:
-    "The shapes of every tensor the agent's weights hold (None when only .bin files, whose shapes are not read)."
-    from comlrl_nb.config_files import parse_json, read_user_text
-    have = [f for f in _WEIGHT_FILES if (d / f).is_file()]
-    if not have: raise ValueError(f"{who}: {d} has no weights ({' or '.join(_WEIGHT_FILES[::2])}); {_AGAIN}")
-    if have[0].endswith(".index.json"):
-        idx, _ = parse_json(read_user_text(d / have[0], "weights index"), d / have[0], key_lines=False)
-        shards = sorted(set((idx.get("weight_map") or {}).values())) if isinstance(idx, dict) else []
-        if not shards: raise ValueError(f"{who}: {d / have[0]} names no weight files; {_AGAIN}")
-        missing = [s for s in shards if not (d / s).is_file()]
-        if missing: raise ValueError(f"{who}: {d} lacks the weight file(s) {missing} that {have[0]} names; {_AGAIN}")
-    else: shards = [have[0]]
-    if not all(s.endswith(".safetensors") for s in shards):
-        import zipfile
-        bad = [s for s in shards if not zipfile.is_zipfile(d / s)]
-        if bad: raise ValueError(f"{who}: {d / bad[0]} is truncated or not a torch checkpoint; {_AGAIN}")
-        return None
-    shapes = {}
-    for s in shards: shapes.update(_safetensors_shapes(d / s, who))
-    return shapes
-
-def _expected_shapes(d: Path, who: str) -> tuple:
-    "(tensor name -> shape, config) of the model its config.json describes, built on the meta device (no memory)."
-    from transformers import AutoConfig, AutoModelForCausalLM
-    try: cfg = AutoConfig.from_pretrained(d)
-    except Exception as e: raise ValueError(f"{who}: {d / 'config.json'} does not describe a model transformers knows "
-                                            f"({type(e).__name__}: {str(e)[:200]}); {_AGAIN}") from None
-    try:
-        with torch.device("meta"): m = AutoModelForCausalLM.from_config(cfg)
-    except Exception: return None, cfg                         # a model class we cannot build here: not checked
-    return {k: list(v.shape) for k, v in m.state_dict().items()}, cfg
-
-def check_model_dir(d, who: str = "model"):
-    """A saved model directory, checked before it loads: config.json readable, tokenizer and weights there, weights not
-    cut short, and weights that fit the architecture config.json names (else ValueError naming `who`)."""
-    from comlrl_nb.config_files import parse_json, read_user_text
-    d = Path(d)
-    if not (d / "config.json").is_file(): raise ValueError(f"{who}: {d} has no config.json; {_AGAIN}")
-    conf, _ = parse_json(read_user_text(d / "config.json", "model config"), d / "config.json", key_lines=False)
-    if not isinstance(conf, dict) or not isinstance(conf.get("model_type"), str):
-        raise ValueError(f"{who}: {d / 'config.json'} names no model_type; {_AGAIN}")
-    if not any((d / f).is_file() for f in _TOKENIZER_FILES):
-        raise ValueError(f"{who}: {d} has no tokenizer ({', '.join(_TOKENIZER_FILES[:2])}); save the agent with its "
-                         "tokenizer (trainer.save_model does)")
-    got = _weights(d, who)
-    if got is None: return
-    want, cfg = _expected_shapes(d, who)
-    if want is None: return
-    prefix = getattr(cfg, "base_model_prefix", None) or "model"
-    norm = lambda k: k if k in want or f"{prefix}.{k}" not in want else f"{prefix}.{k}"
-    got = {norm(k): v for k, v in got.items()}
-    arch = (conf.get("architectures") or [conf["model_type"]])[0]
-    if not set(got) & set(want):
-        raise ValueError(f"{who}: the weights in {d} are of another architecture than its config.json ({arch}): none of "
-                         f"their tensors (e.g. {next(iter(got), '?')}) is one of the model's; {_AGAIN}")
-    wrong = [(k, got[k], want[k]) for k in want if k in got and got[k] != want[k]]
-    if wrong:
-        k, a, b = wrong[0]
-        raise ValueError(f"{who}: its weights do not fit its config.json ({arch}): {k} is {a} in the weights, {b} for "
-                         f"the model config.json describes ({len(wrong)} tensor(s) differ); the weights and the "
-                         f"config come from different models: {_AGAIN}")
-    tied = getattr(cfg, "tie_word_embeddings", False)
-    lost = [k for k in want if k not in got and not (tied and "lm_head" in k)]
-    if lost: raise ValueError(f"{who}: its weights lack {len(lost)} of the model's tensors (e.g. {lost[0]}): they would "
-                              f"be random; {_AGAIN}")
-
-def check_saved_agents(path, num_agents: Optional[int] = None) -> list:
-    """The agent directories of a saved team (`agent_0/`, `agent_1/`, ...), each checked with `check_model_dir`, before
-    any of them loads; a directory that is itself one model is checked as such. Errors name the agent."""
-    p = Path(path)
-    if not p.is_dir(): raise FileNotFoundError(f"--agents {path}: no such directory")
-    if not any(c.name.startswith("agent_") for c in p.iterdir() if c.is_dir()):
-        if (p / "config.json").is_file(): return [check_model_dir(p, f"--agents {path}") or p]
-        raise ValueError(f"--agents {path} holds neither agent_0/, agent_1/, ... nor a model (config.json); give the "
-                         "final/ folder of a run or a saved model directory")
-    dirs = {}
-    for c in sorted(x for x in p.iterdir() if x.is_dir() and x.name.startswith("agent_")):
-        if not c.name[6:].isdigit(): raise ValueError(f"--agents {path}: {c.name}/ is not agent_<number>/; rename or "
-                                                      "remove it")
-        dirs[int(c.name[6:])] = c
-    top = max(max(dirs) + 1, num_agents or 0)
-    gaps, found = [i for i in range(top) if i not in dirs], ", ".join(d.name for d in dirs.values())
-    if gaps: raise ValueError(f"--agents {path}: agent_{gaps[0]}/ is missing (found {found}); the save was "
-                              f"interrupted: {_AGAIN}")
-    if num_agents is not None and len(dirs) != num_agents:
-        raise ValueError(f"--agents {path} holds {len(dirs)} saved agents but the task has {num_agents}; pass the "
-                         "matching task (or --num-agents with --dataset)")
-    for i in sorted(dirs): check_model_dir(dirs[i], f"agent_{i} ({dirs[i]})")
-    return [dirs[i] for i in sorted(dirs)]
 
 # %% ../nbs/80_cli.ipynb #ec5379ff
 REPORT_FILE = "report.json"

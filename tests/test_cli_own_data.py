@@ -279,3 +279,18 @@ def test_an_intact_saved_team_still_evaluates(saved_team, capsys):
     assert main(["eval", "--agents", str(saved_team), "--samples", "1", "--max-rows", "2", "--set",
                  "max_new_tokens=4"]) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 2
+
+
+@pytest.mark.parametrize("name", ["weights cut in half", "agent_1 missing", "no tokenizer"])
+def test_evaluate_agents_from_python_checks_the_saved_team_the_same_way(saved_team, tmp_path, name, monkeypatch):
+    "evaluate_agents(task, agents=DIR) runs the command line's file-by-file checks (named `agents=`) before any load."
+    import re
+    import comlrl_nb.models as M
+    from comlrl_nb.evaluate import evaluate_agents
+    from comlrl_nb.tasks import get_task
+    damage, msg = DAMAGE[name]
+    d = _damaged(saved_team, tmp_path, damage)
+    monkeypatch.setattr(M, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises((ValueError, FileNotFoundError)) as e:
+        evaluate_agents(get_task("length_ratio"), agents=d, num_samples=1)
+    assert re.search(msg, str(e.value)), str(e.value)
