@@ -64,7 +64,9 @@ def test_a_failing_reward_leaves_the_last_finished_batch_which_resumes_exactly(t
     assert all(torch.equal(x, y) for x, y in zip(params(full), params(resumed)))
 
 
-def test_sigterm_stops_at_the_batch_boundary_with_a_checkpoint_and_exit_status_143(tmp_path):
+def _signalled_job(tmp_path, at_call: int, run: str):
+    """A training job in a fresh process whose reward sends it SIGTERM (what SLURM / docker stop send) at its
+    `at_call`-th call; `run`: the script's last lines. The finished process."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys, torch
@@ -75,14 +77,19 @@ def test_sigterm_stops_at_the_batch_boundary_with_a_checkpoint_and_exit_status_1
         calls = []
         def reward(a, b):
             calls.append(1)
-            if len(calls) == 2: os.kill(os.getpid(), signal.SIGTERM)     # what SLURM / docker stop send
+            if len(calls) == {at_call}: os.kill(os.getpid(), signal.SIGTERM)
             return vowels(a, b)
+    """) + textwrap.dedent(run))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_sigterm_stops_at_the_batch_boundary_with_a_checkpoint_and_exit_status_143(tmp_path):
+    p = _signalled_job(tmp_path, 2, """
         try: make(sys.argv[1], reward=reward).train()
         except KeyboardInterrupt as e: sys.exit(exit_status(e))
-    """))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env, capture_output=True, text=True,
-                       timeout=600)
+    """)
     assert p.returncode == 143, p.stderr[-2000:]
     assert "SIGTERM received" in p.stderr
     assert checkpoints(tmp_path / "run") == ["checkpoint-0000002"]        # batch 2 finished, batch 3 never started
@@ -93,23 +100,10 @@ def test_sigterm_stops_at_the_batch_boundary_with_a_checkpoint_and_exit_status_1
 
 def test_a_sigterm_after_the_last_batch_is_passed_on_once_the_run_is_saved(tmp_path):
     "The signal arrives during the last batch (after its boundary check): the run ends and saves, then the signal acts."
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, signal, sys, torch
-        torch.set_num_threads(1)
-        sys.path.insert(0, {str(ROOT / "tests")!r})
-        from test_run_safety import make, vowels
-        calls = []
-        def reward(a, b):
-            calls.append(1)
-            if len(calls) == 4: os.kill(os.getpid(), signal.SIGTERM)     # during batch 4 of 4
-            return vowels(a, b)
-        make(sys.argv[1], reward=reward, save_steps=1).train()
+    p = _signalled_job(tmp_path, 4, """
+        make(sys.argv[1], reward=reward, save_steps=1).train()        # SIGTERM during batch 4 of 4
         print("went on after the SIGTERM", flush=True)
-    """))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env, capture_output=True, text=True,
-                       timeout=600)
+    """)
     assert p.returncode == -signal.SIGTERM and "went on" not in p.stdout, (p.returncode, p.stderr[-2000:])
     assert "SIGTERM arrived after the last batch" in p.stderr
     assert checkpoints(tmp_path / "run")[-1] == "checkpoint-0000004"       # everything the run did is saved
