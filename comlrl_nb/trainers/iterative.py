@@ -719,7 +719,7 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
     rm.load_state_dict(self._rm_initial)
     summary = fit_reward(rm, records, a, d, derive_seed(a.seed, "reward_model_round", nu), {"iteration": nu},
-                         self.dist, console=False)          # data parallel: each process its share of each batch
+                         self.team.sharding or self.dist, console=False)   # data parallel: the agents' strategy
     self._rm_fitted = True
     return summary
 
