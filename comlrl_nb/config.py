@@ -260,7 +260,7 @@ def validate_devices(c, owner):
     if c.distributed != "none" and c.parallel_training == "mp":
         raise config_error(owner, f"distributed={c.distributed!r} with parallel_training='mp': the agents' threads "
                                   "would interleave their collectives; use parallel_training='none' (or "
-                                  "distributed='none')")
+                                  "distributed='none' in one process)")
     check_devices(c.agent_devices, "agent_devices", owner)
     if c.autocast_dtype is not None:
         try: resolve_dtype(c.autocast_dtype)

@@ -207,7 +207,7 @@ def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:
     cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))      # fully_shard's subclass removed
     if not hasattr(model, "config"):
         raise TypeError(f"cannot copy the sharded {cls.__name__}: a whole copy is built from a model's `config` (Hugging "
-                        "Face models); use distributed='none' or a comparator_policy that needs no copy ('current')")
+                        "Face models); run in one process or use a comparator_policy that needs no copy ('current')")
     state = full_state(model)
     with torch.device("meta"): plain = cls(copy.deepcopy(model.config))
     plain.load_state_dict(state, strict=False, assign=True)                   # tied weights: one of the two names

@@ -432,15 +432,23 @@ class Critics(list):
         super().__init__(critics)
         self.optimizers = list(optimizers)
     def state_dict(self) -> dict:
-        "Whole states, as in one process (sharded ones gathered: every process calls it)."
+        "Whole states, as in one process (handed to torch: gathered, every process calls it)."
         from comlrl_nb.team import _full_optimizer_state
+        full = lambda o: _full_optimizer_state(o) if _on_torch(o) else o.state_dict()
         return {"critics": [c.state_dict() for c in self],
-                "critic_optimizers": [_full_optimizer_state(o) if o is not None else None for o in self.optimizers]}
+                "critic_optimizers": [full(o) if o is not None else None for o in self.optimizers]}
     def load_state_dict(self, state: dict):
         from comlrl_nb.team import _load_full_optimizer_state
         for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
         for o, sd in zip(self.optimizers, state["critic_optimizers"]):
-            if o is not None and sd is not None: _load_full_optimizer_state(o, sd)
+            if o is None or sd is None: continue
+            if _on_torch(o): _load_full_optimizer_state(o, sd)
+            else: o.load_state_dict(sd)
+
+def _on_torch(opt) -> bool:
+    "Whether an optimizer steps FSDP2's parameters (DTensors)."
+    from torch.distributed.tensor import DTensor
+    return any(isinstance(p, DTensor) for g in opt.param_groups for p in g["params"])
 
 # %% ../../nbs/31_actor_critic.ipynb #442122ae
 @patch
