@@ -14,7 +14,7 @@ from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
 from .sampling import adamw, make_optimizer
 from .generation import fast_decodable, fast_hidden
-from .distributed import full_state
+from .distributed import full_state, is_sharded, whole_copy
 
 # %% auto #0
 __all__ = ['joint_text', 'bradley_terry_numbers', 'plot_bradley_terry', 'bradley_terry_widget', 'JointRewardModel',
@@ -75,6 +75,11 @@ def bradley_terry_widget(d: float = 0.0):
     return off_main_shell(w)                          # see 10_advantages: a slider moved while cells run stays live
 
 # %% ../nbs/41_reward_model.ipynb #fc9adab9
+def _own_copy(model: torch.nn.Module) -> torch.nn.Module:
+    "A trainable copy of a backbone: `copy.deepcopy`, or for an agent already handed to torch a whole one (`whole_copy`)."
+    if not is_sharded(model): return copy.deepcopy(model)
+    return whole_copy(model).train().requires_grad_(True)       # a collective: every process builds its reward model
+
 class JointRewardModel(torch.nn.Module):
     """A language model (`backbone`) and a linear `reward_head` on the final hidden state at the last non-padding
     token; scores joint texts. The parts carry the library's names, so state dicts have its keys."""
@@ -82,7 +87,7 @@ class JointRewardModel(torch.nn.Module):
                  device=None, model_config: Optional[dict] = None, seed: int = 0, copy_backbone: bool = False):
         super().__init__()
         given = isinstance(backbone, torch.nn.Module)                # no tokenizer with it: token ids only
-        if given: model = copy.deepcopy(backbone) if copy_backbone else backbone
+        if given: model = _own_copy(backbone) if copy_backbone else backbone
         else: model = load_model(backbone, model_config)
         self.tokenizer = None if given and tokenizer is None else \
             load_tokenizer(tokenizer if tokenizer is not None else backbone)

@@ -65,6 +65,10 @@ def _same_run(one, other, reward_tol=1e-6):
     # families, 0.12 for MADPO (its tiny DPO gradients: Adam magnifies float-level differences to ~lr-sized ones)
     assert norm(a, b) < 0.25 * norm(a, init), (norm(a, b), norm(a, init))
     ra, rb = _rows(one), _rows(other)
+    seen = {k: max((abs(x[n] - y[n]) for x, y in zip(ra, rb) for n in x if n.endswith(tail) and n in y), default=0.0)
+            for k, tail in (("loss", "loss"), ("reward", "reward_mean"))}
+    print(f"[same_run] {Path(other).name}: weights {diff:.2e}, loss {seen['loss']:.2e}, reward {seen['reward']:.2e}, "
+          f"moved apart {norm(a, b) / norm(a, init):.3f} of the training move")
     assert len(ra) >= 4 and [r["batch"] for r in ra] == [r["batch"] for r in rb]      # written once, by the main one
     checked = 0
     for x, y in zip(ra, rb):
