@@ -243,11 +243,10 @@ class DeviceFields:
     autocast_dtype: Optional[str] = field(default=None, metadata={"help": "'bfloat16' or 'float16': mixed-precision "
         "matmuls over fp32 weights; None: full precision."})
     distributed: str = field(default="none", metadata={"help": "Data parallel under a launcher (torchrun, accelerate "
-        "launch), every trained model (agents, separate critics and value heads, reward model) handed to torch's "
-        "FSDP2, which sums the gradients in backward: 'ddp': replicated models (a replicate-only mesh); 'fsdp': each "
-        "model sharded over the processes (fully_shard per decoder layer and per model); 'none' (default) runs as "
-        "'ddp' under a launcher (logged once). In one process all three train whole models, nothing shared. Not with "
-        "parallel_training='mp'."})
+        "launch): 'none': every process holds each agent whole and gradients are summed by comlrl_nb's own all-reduce "
+        "(one process: no parallelism); 'ddp': replicated agents, the reduction done by torch (FSDP2 with a replicate-"
+        "only mesh); 'fsdp': each agent sharded over the processes with FSDP2 (fully_shard per decoder layer and per "
+        "model). In one process 'ddp' and 'fsdp' run as 'none'. Not with parallel_training='mp'."})
 
 # %% ../nbs/26_config.ipynb #b8d8cf9a
 @validates(DeviceFields)
@@ -260,7 +259,7 @@ def validate_devices(c, owner):
     if c.distributed != "none" and c.parallel_training == "mp":
         raise config_error(owner, f"distributed={c.distributed!r} with parallel_training='mp': the agents' threads "
                                   "would interleave their collectives; use parallel_training='none' (or "
-                                  "distributed='none' in one process)")
+                                  "distributed='none')")
     check_devices(c.agent_devices, "agent_devices", owner)
     if c.autocast_dtype is not None:
         try: resolve_dtype(c.autocast_dtype)

@@ -13,8 +13,8 @@ from fastcore.basics import patch
 from .core import logger, process_device
 
 # %% auto #0
-__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'decoder_layers', 'body_of', 'is_sharded', 'gathered', 'process_bytes',
-           'full_state', 'load_full_state', 'whole_copy']
+__all__ = ['BUCKET_BYTES', 'DISTRIBUTED_STRATEGIES', 'DistContext', 'grad_buckets', 'decoder_layers', 'body_of', 'is_sharded',
+           'gathered', 'process_bytes', 'full_state', 'whole_copy']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -46,6 +46,39 @@ class DistContext:
         if self.enabled: torch.distributed.barrier()
 
 # %% ../nbs/70_distributed.ipynb #dbb0c32c
+BUCKET_BYTES = 25 * 2**20      # gradients are summed in buckets of about this size: never one copy of them all
+
+def grad_buckets(params: Sequence[torch.Tensor], max_bytes: int = BUCKET_BYTES) -> list[list]:
+    """`params` in consecutive buckets of one device and dtype, each at most `max_bytes` of gradient (a larger tensor
+    alone), in the given order (the same on every process)."""
+    out, key, size = [], None, 0
+    for p in params:
+        nb = p.numel() * p.element_size()
+        k = (p.device, p.dtype)
+        if not out or k != key or size + nb > max_bytes and out[-1]: out, key, size = out + [[]], k, 0
+        out[-1].append(p)
+        size += nb
+    return out
+
+def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES):
+    """Sum gradients over processes (missing grads count as zeros; FSDP2's DTensors are left to torch) in flat
+    buckets of at most `bucket_bytes` per device and dtype (`grad_buckets`); under NCCL a bucket off this process'
+    device (an agent on another GPU or the CPU) is summed on a copy there."""
+    if not self.enabled: return
+    from torch.distributed.tensor import DTensor             # FSDP2's parameters: torch sums them in their backward
+    ps = [p for p in params if p.requires_grad and not isinstance(p, DTensor)]
+    for p in ps:
+        if p.grad is None: p.grad = torch.zeros_like(p)
+    nccl = torch.distributed.get_backend() == "nccl"
+    for bucket in grad_buckets([p.grad for p in ps], bucket_bytes):
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        buf = flat.to(self.device) if nccl and flat.device != self.device else flat
+        torch.distributed.all_reduce(buf, op=torch.distributed.ReduceOp.SUM)
+        i = 0
+        for g in bucket:
+            g.copy_(buf[i:i + g.numel()].view_as(g))
+            i += g.numel()
+
 def _dist_sum(self: DistContext, x: float) -> float:
     "Sum of a number over processes (on this process' GPU under NCCL, which reduces no CPU tensors)."
     if not self.enabled: return x
@@ -54,7 +87,7 @@ def _dist_sum(self: DistContext, x: float) -> float:
     torch.distributed.all_reduce(t)
     return float(t)
 
-DistContext.sum = _dist_sum
+DistContext.sum_grads, DistContext.sum = _dist_sum_grads, _dist_sum
 
 # %% ../nbs/70_distributed.ipynb #d1a70002
 @patch
@@ -72,21 +105,15 @@ def gather_cat(self: DistContext, xs: Sequence) -> list:
 # %% ../nbs/70_distributed.ipynb #ff074e58
 DISTRIBUTED_STRATEGIES = ("none", "ddp", "fsdp")     # the trainer configs' `distributed` field
 DistContext.strategy = "none"
-_NONE_LOGGED: list = []       # the note that 'none' runs as 'ddp' under a launcher: once per process
 
 @patch
 def use(self: DistContext, strategy: str = "none") -> DistContext:
-    """Choose how the trained models are data parallel: 'ddp' (whole models, torch sums their gradients in backward)
-    or 'fsdp' (models sharded with FSDP2); 'none' under a launcher runs as 'ddp' (logged once). One process: 'none'."""
+    """Choose how the agents are data parallel: 'none' (whole agents; `sum_grads` sums their gradients), 'ddp' (whole
+    agents; torch sums them in backward) or 'fsdp' (agents sharded with FSDP2). One process: always 'none'."""
     if strategy not in DISTRIBUTED_STRATEGIES:
         raise ValueError(f"distributed={strategy!r} is invalid: use one of {', '.join(DISTRIBUTED_STRATEGIES)}")
     if strategy != "none" and not self.enabled:
         logger.info(f"distributed={strategy!r} in one process: nothing to share, the agents stay whole")
-    if strategy == "none" and self.enabled:
-        if not _NONE_LOGGED: logger.info(f"distributed='none' under a launcher ({self.world} processes) runs as 'ddp': "
-                                         "torch sums the gradients in backward")
-        _NONE_LOGGED.append(True)
-        strategy = "ddp"
     self.strategy = strategy if self.enabled else "none"
     return self
 
@@ -132,21 +159,18 @@ def is_sharded(model) -> bool:
 
 @patch
 def wrap(self: DistContext, model: torch.nn.Module) -> torch.nn.Module:
-    """`model` handed to torch, in place: one process unchanged; else `fully_shard` per decoder layer, for the body
-    (`body_of`) and for the model, over `mesh` (replicated unless 'fsdp'), with gradients summed over processes in
-    backward (the losses are per-process shares of one mini-batch). Agents, critics, value heads, reward models."""
-    if not self.enabled or is_sharded(model): return model
+    """`model` under this strategy, in place: 'none' unchanged; else `fully_shard` per decoder layer, for the body
+    (`body_of`) and for the model, over `mesh`, with gradients summed over processes (the losses are per-process shares
+    of one mini-batch)."""
+    if self.strategy == "none": return model
     from torch.distributed.fsdp import fully_shard
     mesh = self.mesh(next(model.parameters()).device.type)
     for layer in decoder_layers(model): fully_shard(layer, mesh=mesh)
     body = body_of(model)
     if body is not None and body is not model: fully_shard(body, mesh=mesh)   # its own unit: callable alone
     fully_shard(model, mesh=mesh)
-    from torch.distributed.fsdp import FSDPModule
-    for unit in model.modules():                     # each unit's own setting (torch sets them per unit, not below)
-        if isinstance(unit, FSDPModule):
-            unit.set_gradient_divide_factor(1.0)            # a sum, not the mean over processes
-            unit.set_force_sum_reduction_for_comms(True)    # SUM collectives (gloo has no pre-multiplied sum)
+    model.set_gradient_divide_factor(1.0)            # a sum, not the mean over processes
+    model.set_force_sum_reduction_for_comms(True)    # SUM collectives (gloo has no pre-multiplied sum)
     return model
 
 # %% ../nbs/70_distributed.ipynb #7afa9536
@@ -191,12 +215,6 @@ def full_state(model: torch.nn.Module) -> dict:
     whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v
     return {k: whole(v).detach().cpu() for k, v in model.state_dict().items()}
 
-def load_full_state(model: torch.nn.Module, state: dict):
-    "Load a whole state (`full_state`'s, or a whole model's) into `model`; an FSDP2 model keeps its shards of it."
-    if not is_sharded(model): return model.load_state_dict(state)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
-
 def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:
     """A frozen, unsharded copy of `model` on `device` (default: its own): `copy.deepcopy`, or for an FSDP2 module (which
     refuses deepcopy) a model of its original class built on the meta device from its `config`, given `full_state`
@@ -207,7 +225,7 @@ def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:
     cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))      # fully_shard's subclass removed
     if not hasattr(model, "config"):
         raise TypeError(f"cannot copy the sharded {cls.__name__}: a whole copy is built from a model's `config` (Hugging "
-                        "Face models); run in one process or use a comparator_policy that needs no copy ('current')")
+                        "Face models); use distributed='none' or a comparator_policy that needs no copy ('current')")
     state = full_state(model)
     with torch.device("meta"): plain = cls(copy.deepcopy(model.config))
     plain.load_state_dict(state, strict=False, assign=True)                   # tied weights: one of the two names

@@ -278,14 +278,8 @@ def _div(s: PlanSettings) -> int: return s.devices if s.sharding == "fsdp" else 
 def _share(s: PlanSettings, rows: int) -> int: return -(-rows // s.devices) if s.sharding != "none" else rows
 
 def _xdiv(s: PlanSettings, x) -> int:
-    """FSDP shards every trained model: the policies (agents, a LoRA base), the critics and the reward model's fit (its
-    gradients, moments, master copies); the frozen references stay whole per process."""
-    return _div(s) if x.kind in ("agent", "base", "critic", "reward_model") else 1
-
-def _wbytes(s: PlanSettings, x, b: int) -> int:
-    "A member's weights on a process: its share; a reward model whole (it scores) plus its fit's copy (a share of it)."
-    return x.params * b + x.params * b // _div(s) if x.kind == "reward_model" and s.sharding != "none" else \
-        x.params * b // _xdiv(s, x)
+    "FSDP shards the policies (agents, a LoRA base); references, critics and reward models stay whole per process."
+    return _div(s) if x.kind in ("agent", "base") else 1
 
 def _persistent(s: PlanSettings, m: ModelShape, on: list, device_memory: Optional[int] = None) -> dict:
     "Bytes that live through the whole stage on a device holding the members `on` (`engine_bytes` among them)."
@@ -294,7 +288,7 @@ def _persistent(s: PlanSettings, m: ModelShape, on: list, device_memory: Optiona
     for x in on:
         key = {"agent": "weights", "base": "weights", "reference": "references", "critic": "critics",
                "reward_model": "reward_model"}[x.kind]
-        comp[key] = comp.get(key, 0) + _wbytes(s, x, b)
+        comp[key] = comp.get(key, 0) + x.params * b // _xdiv(s, x)
     comp["master_weights"] = sum(x.trained * 4 // _xdiv(s, x) for x in on) if master else 0
     comp["optimizer_states"] = sum(x.trained * (8 if b == 4 or master else 2 * b) // _xdiv(s, x) for x in on)
     comp["sharding_buffers"] = ((2 * m.layer_params + m.embed_params) * b if s.sharding == "fsdp" else

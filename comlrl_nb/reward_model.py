@@ -14,7 +14,6 @@ from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
 from .sampling import adamw, make_optimizer
 from .generation import fast_decodable, fast_hidden
-from .distributed import full_state, is_sharded, whole_copy
 
 # %% auto #0
 __all__ = ['joint_text', 'bradley_terry_numbers', 'plot_bradley_terry', 'bradley_terry_widget', 'JointRewardModel',
@@ -75,11 +74,6 @@ def bradley_terry_widget(d: float = 0.0):
     return off_main_shell(w)                          # see 10_advantages: a slider moved while cells run stays live
 
 # %% ../nbs/41_reward_model.ipynb #fc9adab9
-def _own_copy(model: torch.nn.Module) -> torch.nn.Module:
-    "A trainable copy of a backbone: `copy.deepcopy`, or for an agent already handed to torch a whole one (`whole_copy`)."
-    if not is_sharded(model): return copy.deepcopy(model)
-    return whole_copy(model).train().requires_grad_(True)       # a collective: every process builds its reward model
-
 class JointRewardModel(torch.nn.Module):
     """A language model (`backbone`) and a linear `reward_head` on the final hidden state at the last non-padding
     token; scores joint texts. The parts carry the library's names, so state dicts have its keys."""
@@ -87,7 +81,7 @@ class JointRewardModel(torch.nn.Module):
                  device=None, model_config: Optional[dict] = None, seed: int = 0, copy_backbone: bool = False):
         super().__init__()
         given = isinstance(backbone, torch.nn.Module)                # no tokenizer with it: token ids only
-        if given: model = _own_copy(backbone) if copy_backbone else backbone
+        if given: model = copy.deepcopy(backbone) if copy_backbone else backbone
         else: model = load_model(backbone, model_config)
         self.tokenizer = None if given and tokenizer is None else \
             load_tokenizer(tokenizer if tokenizer is not None else backbone)
@@ -241,10 +235,8 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
     "Bradley-Terry training on (winner text, loser text) pairs; returns per-step {'step','epoch','loss','accuracy'}."
     if len(winners) != len(losers) or not winners:
         raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
-    shared = dist is not None and dist.enabled           # data parallel: a copy handed to torch trains (see below)
-    model = dist.wrap(copy.deepcopy(self)) if shared else self
-    params = [p for p in model.parameters() if p.requires_grad]
-    model.optimizer = make_optimizer(params, learning_rate)   # bf16 weights: fp32 master copies
+    params = [p for p in self.parameters() if p.requires_grad]
+    self.optimizer = make_optimizer(params, learning_rate)   # bf16 weights: fp32 master copies
     history, step, P = [], 0, len(winners)
     ids = self.token_ids(list(winners) + list(losers), remember=True)    # tokenized once, not once per epoch
     self.train()
@@ -254,7 +246,7 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             if dist is not None and dist.enabled:            # data parallel (DistContext): see below
-                loss_value, acc = bt_shared_step(model, winners, losers, idx, step + 1, autocast_dtype, dist)
+                loss_value, acc = bt_shared_step(self, winners, losers, idx, step + 1, autocast_dtype, dist)
             else:
                 B = len(idx)
                 rows = [ids[j] for j in idx] + [ids[P + j] for j in idx]
@@ -268,9 +260,6 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
             rec = {"step": step, "epoch": epoch, "loss": loss_value, "accuracy": acc, "pairs": len(idx)}
             history.append(rec)
             if callback is not None: callback(rec)
-    if shared:                                  # the fitted weights back into this (whole) model; the copy goes
-        self.load_state_dict(full_state(model))
-        self.optimizer = None
     self.eval()
     return history
 
@@ -280,18 +269,17 @@ def bt_share_loss(r_w: torch.Tensor, r_l: torch.Tensor, total: int) -> torch.Ten
     return bradley_terry_loss(r_w, r_l) * (len(r_w) / total)
 
 def bt_shared_step(rm: JointRewardModel, winners, losers, idx: list, step: int, autocast_dtype, dist) -> tuple:
-    """One fit step under data parallel (`rm` handed to torch, `DistContext.wrap`): this process scores pairs rank,
-    rank+W, ... of `idx`, torch sums the gradients in backward; (batch loss, accuracy). A process with no pairs scores
-    the batch's first pair with weight 0: every process runs one forward and one backward (each is a collective)."""
+    "One fit step under data parallel: this process scores pairs rank, rank+W, ... of `idx`; (batch loss, accuracy)."
     mine, B = idx[dist.rank::dist.world], len(idx)
     rm.optimizer.zero_grad(set_to_none=True)
-    rows = mine or idx[:1]
-    r = rm(*rm.encode([winners[j] for j in rows] + [losers[j] for j in rows]), autocast_dtype=autocast_dtype)
-    loss = bt_share_loss(r[:len(rows)], r[len(rows):], B) * (1.0 if mine else 0.0)
-    right = float((r[:len(rows)] > r[len(rows):]).sum()) if mine else 0.0
-    value = dist.sum(float(loss.detach()))
+    loss, right = None, 0.0
+    if mine:                                                              # an empty share adds zeros
+        r = rm(*rm.encode([winners[j] for j in mine] + [losers[j] for j in mine]), autocast_dtype=autocast_dtype)
+        loss, right = bt_share_loss(r[:len(mine)], r[len(mine):], B), float((r[:len(mine)] > r[len(mine):]).sum())
+    value = dist.sum(float(loss.detach()) if loss is not None else 0.0)
     check_finite_loss(torch.tensor(value), f"reward model step {step}")
-    loss.backward()
+    if loss is not None: loss.backward()
+    dist.sum_grads([p for p in rm.parameters() if p.requires_grad])
     rm.optimizer.step()
     return value, dist.sum(right) / B
 

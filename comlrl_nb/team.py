@@ -111,23 +111,18 @@ def _references(self: Team, reference_devices=False) -> Optional[list]:
 # %% ../nbs/24_team.ipynb #615d4ab2
 @patch
 def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
-    """Hand the agents to torch's data parallel (`DistContext.wrap`: FSDP2, 70_distributed) under a launcher: 'ddp'
-    (also 'none', which runs as 'ddp' there) or 'fsdp'; the context, or None (one process: the agents stay whole)."""
+    """Hand the agents to torch's data parallel (`DistContext.wrap`: FSDP2, 70_distributed) under a launcher when
+    `strategy` is 'ddp' or 'fsdp'; the context, or None (one process, or 'none': the agents stay as they are)."""
+    if strategy == "none": return None
     D = DistContext().use(strategy)
     if D.strategy == "none": return None
-    if self.parallel_training == "mp":
-        raise ValueError(f"parallel_training='mp' under a launcher ({D.world} processes): the agents' threads would "
-                         f"interleave torch's gradient collectives (distributed={strategy!r} runs on FSDP2); use "
-                         "parallel_training='none', or one process")
     ids = [{id(p) for p in m.parameters()} for m in self.agents]
     if len(set().union(*ids)) < sum(map(len, ids)):
-        raise ValueError(f"distributed={strategy!r} under a launcher ({D.world} processes): the agents share parameters "
-                         "(adapters on one base model, or one model object given twice), and torch's data parallel "
-                         "(FSDP2, also for 'ddp' and 'none') cannot wrap one parameter twice; run in one process, or "
-                         "give each agent its own model")
+        raise ValueError(f"distributed={strategy!r}: the agents share parameters (adapters on one base model, or one "
+                         "model object given twice), which FSDP cannot wrap twice; use distributed='none'")
     self.agents = [D.wrap(m) for m in self.agents]
     b = process_bytes(self.agents)["parameter_bytes"]
-    logger.info(f"process {D.rank} of {D.world}: agents under {D.strategy} ({b / 2**20:.1f} MiB of parameters here)")
+    logger.info(f"process {D.rank} of {D.world}: agents under {strategy} ({b / 2**20:.1f} MiB of parameters here)")
     return D
 
 # %% ../nbs/24_team.ipynb #7100c589

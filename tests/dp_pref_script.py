@@ -66,9 +66,7 @@ else:
                                        collaboration_mode="centralized" if central else "decentralized", **common))
     res = tr.train(resume_from_checkpoint=True if resume else None, stop_after_batch=stop)
     params = [p for a in tr.agents for p in a.parameters()]
-from torch.distributed.tensor import DTensor  # noqa: E402
-whole = lambda p: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()   # handed to torch: DTensors
-torch.save([whole(p) for p in params], os.path.join(out, f"params_rank{rank}.pt"))
+torch.save([p.detach().clone() for p in params], os.path.join(out, f"params_rank{rank}.pt"))
 if torch.distributed.is_initialized():          # leave together: a process exiting mid-collective aborts its peer
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

@@ -28,21 +28,6 @@ def vowels(a, b):
     return [0.5 * f(x) + 0.5 * f(y) for x, y in zip(a, b)]
 
 
-import comlrl_nb.distributed as Dm  # noqa: E402
-from torch.distributed.tensor import DTensor  # noqa: E402
-
-WRAPPED, _wrap = [], Dm.DistContext.wrap
-
-
-def _recorded(self, model):
-    "Each model handed to torch: its class and whether its parameters became DTensors."
-    out = _wrap(self, model)
-    cls = next(c for c in type(out).__mro__ if not c.__name__.startswith("FSDP"))
-    WRAPPED.append([cls.__name__, all(isinstance(p, DTensor) for p in out.parameters())])
-    return out
-
-
-Dm.DistContext.wrap = _recorded
 m0, tok = make_tiny_model(seed=0)
 m1, _ = make_tiny_model(seed=1, tokenizer=tok)
 data = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe", "Describe a city"]]
@@ -92,9 +77,7 @@ else: tr.train(resume_from_checkpoint=True if mode == "resume" else None)
 seconds = time.perf_counter() - t0
 rank = int(os.environ.get("RANK", "0"))
 with open(os.path.join(out, f"mem_rank{rank}.json"), "w") as f:
-    crit = [isinstance(p, DTensor) for c in getattr(tr, "critics", []) for p in c.parameters()]
-    json.dump({**tr.team.memory(), "train_seconds": seconds, "wrapped": WRAPPED,
-               "critic_params": [len(crit), sum(crit)]}, f)
+    json.dump({**tr.team.memory(), "train_seconds": seconds}, f)
 full = tr.team.state_dict()["agents"]                 # every process takes part; the main one holds the full weights
 if rank == 0: torch.save([{k: v.detach().cpu() for k, v in sd.items()} for sd in full], os.path.join(out, "params.pt"))
 if mode == "resume" and os.environ.get("SHARD_SAVE_CHECKPOINT"):   # the library's trainer.save/load_checkpoint

@@ -64,10 +64,6 @@ def _same_run(one, other, reward_tol=1e-6):
     # families, 0.12 for MADPO (its tiny DPO gradients: Adam magnifies float-level differences to ~lr-sized ones)
     assert norm(a, b) < 0.25 * norm(a, init), (norm(a, b), norm(a, init))
     ra, rb = _rows(one), _rows(other)
-    seen = {k: max((abs(x[n] - y[n]) for x, y in zip(ra, rb) for n in x if n.endswith(tail) and n in y), default=0.0)
-            for k, tail in (("loss", "loss"), ("reward", "reward_mean"))}
-    print(f"[same_run] {Path(other).name}: weights {diff:.2e}, loss {seen['loss']:.2e}, reward {seen['reward']:.2e}, "
-          f"moved apart {norm(a, b) / norm(a, init):.3f} of the training move")
     assert len(ra) >= 4 and [r["batch"] for r in ra] == [r["batch"] for r in rb]      # written once, by the main one
     checked = 0
     for x, y in zip(ra, rb):
@@ -236,8 +232,8 @@ def test_sharded_save_failing_in_one_process_commits_nothing(tmp_path):
 @pytest.mark.parametrize("algo,port", [("centralized", 29631), ("maac", 29632), ("iac", 29633), ("madpo", 29634),
                                       ("marlhf", 29635), ("madpo_iter", 29742), ("marlhf_iter", 29743)])
 def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
-    """CentralizedMAGRPO (one actor), MAAC (its separate critic sharded), IAC (value heads on the sharded actors, both
-    handed to torch), MADPO, MARLHF (its reward model fitted sharded: its rewards agree within ATOL), MADPOIter
+    """CentralizedMAGRPO (one actor), MAAC (separate critics, whole), IAC (value heads on the sharded actors), MADPO,
+    MARLHF (its reward model whole, fitted by the home-made data parallel: its rewards agree within ATOL), MADPOIter
     (two rounds against the history comparator: whole copies of the sharded agents and their snapshots) and
     MARLHFIter (two rounds against the current agents, a reward model per round: learned rewards within ATOL)."""
     one, out = one_process(algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
@@ -246,46 +242,19 @@ def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
     _same_run(one, out, ATOL if algo.startswith("marlhf") else 1e-6)
     m1, m = _mem(out, 1), _mem(one, 0)
     assert m1["strategy"] == "fsdp" and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
-    _handed_to_torch(algo, m1, m)
 
 
-def _handed_to_torch(algo, m1, one):
-    """Every trained model went to torch (FSDP2: its parameters DTensors, torch sums the gradients in backward): the
-    agents, MAAC's separate critic (backbone and value head), IAC's value heads, MARLHF's reward model."""
-    assert one["wrapped"] == [] and all(dt for _, dt in m1["wrapped"]), m1["wrapped"]
-    names = [n for n, _ in m1["wrapped"]]
-    agents = 1 if algo == "centralized" else 2
-    assert names[:agents] == ["LlamaForCausalLM"] * agents, names
-    extra = {"maac": ["LlamaForCausalLM", "ValueHead"], "iac": ["ValueHead", "ValueHead"]}.get(algo, [])
-    if algo.startswith("marlhf"): extra = ["JointRewardModel"] * (2 if algo == "marlhf_iter" else 1)   # a fit a round
-    assert names[agents:] == extra, names
-    n, dt = m1["critic_params"]
-    assert dt == n and (n > 0) == (algo in ("maac", "iac")), m1["critic_params"]     # the critics kept as DTensors
-
-
-@pytest.mark.parametrize("algo,port", [("madpo", 29744), ("maac", 29745), ("madpo_iter", 29746), ("marlhf", 29770)])
+@pytest.mark.parametrize("algo,port", [("madpo", 29744), ("maac", 29745), ("madpo_iter", 29746)])
 def test_families_under_ddp(tmp_path_factory, one_process, algo, port):
     """Replicated data parallel on torch's reduction (FSDP2 over a (replicate, shard) mesh of shape (2, 1)) for MADPO,
-    MAAC (its separate critic replicated too), MADPOIter and MARLHF (its reward model fitted replicated): the
-    one-process run, each process holding whole agents."""
+    MAAC (critics whole, summed by hand) and MADPOIter: the one-process run, each process holding whole agents."""
     one, out = one_process(algo), tmp_path_factory.mktemp(f"ddp_{algo}")
     _torchrun(out, "ddp", port, algo=algo)
     (out / "init.pt").symlink_to(one / "init.pt")
-    _same_run(one, out, ATOL if algo.startswith("marlhf") else 1e-6)
+    _same_run(one, out)
     m1, m = _mem(out, 1), _mem(one, 0)
     assert (m1["strategy"], m1["world_size"]) == ("ddp", 2)
     assert (m1["parameter_bytes"], m1["optimizer_bytes"]) == (m["parameter_bytes"], m["optimizer_bytes"])
-    _handed_to_torch(algo, m1, m)
-
-
-def test_none_under_a_launcher_runs_as_ddp(tmp_path, single):
-    "distributed='none' (the default) under torchrun: replicated data parallel on torch (no home-made all-reduce)."
-    _torchrun(tmp_path, "none", 29771)
-    (tmp_path / "init.pt").symlink_to(single / "init.pt")
-    _same_run(single, tmp_path)
-    m1, one = _mem(tmp_path, 1), _mem(single, 0)
-    assert (m1["strategy"], m1["world_size"], m1["parameter_bytes"]) == ("ddp", 2, one["parameter_bytes"])
-    _handed_to_torch("magrpo", m1, one)
 
 
 @pytest.mark.parametrize("algo,port", [("magrpo", 29748), ("madpo", 29749)])

@@ -19,7 +19,7 @@ from ..scoring import collate, completion_logprobs, k3_kl
 from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..distributed import DistContext, full_state, gathered, is_sharded, load_full_state
+from ..distributed import DistContext, gathered, is_sharded
 from ..engine import Run, eval_count
 from ..sampling import SampleBuffers, Sampler, adamw, batches_ahead, minibatches
 from ..tracking import plot_run
@@ -167,12 +167,10 @@ class Critic:
         self.head.train(on)
         self.backbone.train(on)
     def state_dict(self) -> dict:
-        "Whole weights (a sharded part's gathered: every process calls it)."
-        sd = lambda m: full_state(m) if is_sharded(m) else m.state_dict()
-        return {"head": sd(self.head), "backbone": None if self.shared else sd(self.backbone)}
+        return {"head": self.head.state_dict(), "backbone": None if self.shared else self.backbone.state_dict()}
     def load_state_dict(self, sd: dict):
-        load_full_state(self.head, sd["head"])
-        if not self.shared and sd.get("backbone") is not None: load_full_state(self.backbone, sd["backbone"])
+        self.head.load_state_dict(sd["head"])
+        if not self.shared and sd.get("backbone") is not None: self.backbone.load_state_dict(sd["backbone"])
 
 # %% ../../nbs/31_actor_critic.ipynb #0fe9cc03
 def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]],
@@ -338,7 +336,6 @@ class ActorCriticTrainer(TrainerAPI):
         self._check_critic_sources(critic_model, critics)              # before any model loads
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
         self.critics, self.critic_of = self._build_critics(critic_model, critics, critic_tokenizer)
-        self._hand_critics_to_torch()
         self._make_optimizers()
         self._init_loop_state()
         self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
@@ -432,35 +429,12 @@ class Critics(list):
         super().__init__(critics)
         self.optimizers = list(optimizers)
     def state_dict(self) -> dict:
-        "Whole states, as in one process (handed to torch: gathered, every process calls it)."
-        from comlrl_nb.team import _full_optimizer_state
-        full = lambda o: _full_optimizer_state(o) if _on_torch(o) else o.state_dict()
         return {"critics": [c.state_dict() for c in self],
-                "critic_optimizers": [full(o) if o is not None else None for o in self.optimizers]}
+                "critic_optimizers": [o.state_dict() if o is not None else None for o in self.optimizers]}
     def load_state_dict(self, state: dict):
-        from comlrl_nb.team import _load_full_optimizer_state
         for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
         for o, sd in zip(self.optimizers, state["critic_optimizers"]):
-            if o is None or sd is None: continue
-            if _on_torch(o): _load_full_optimizer_state(o, sd)
-            else: o.load_state_dict(sd)
-
-def _on_torch(opt) -> bool:
-    "Whether an optimizer steps FSDP2's parameters (DTensors)."
-    from torch.distributed.tensor import DTensor
-    return any(isinstance(p, DTensor) for g in opt.param_groups for p in g["params"])
-
-# %% ../../nbs/31_actor_critic.ipynb #442122ae
-@patch
-def _hand_critics_to_torch(self: ActorCriticTrainer):
-    """Under a launcher the critics are data parallel as the agents (the team's strategy): each separate critic's
-    backbone and every value head wrapped by `DistContext.wrap` (replicated for 'ddp', sharded for 'fsdp'), before
-    their optimizers are built, so torch sums their gradients in backward."""
-    D = self.team.sharding
-    if D is None: return
-    for c in self.critics:
-        if not c.shared: D.wrap(c.backbone)
-        D.wrap(c.head)
+            if o is not None and sd is not None: o.load_state_dict(sd)
 
 # %% ../../nbs/31_actor_critic.ipynb #57baf741
 @patch
@@ -755,13 +729,14 @@ def _local(self: ActorCriticTrainer, loss_fn: Callable[[list], torch.Tensor], n:
 # %% ../../nbs/31_actor_critic.ipynb #23eae363
 @patch
 def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> list[float]:
-    """One step on the sum of the local `parts` (the caller zeroed the gradients before computing them): backward
-    (under a launcher torch sums the gradients over processes in it); their values summed over processes, checked."""
+    """One step on the sum of the local `parts` (the caller zeroed the gradients before computing them): backward;
+    their values summed over processes and checked; grads summed."""
     loss = parts[0]
     for p in parts[1:]: loss = loss + p
     if loss.requires_grad and math.isfinite(float(loss.detach())): loss.backward()
     values = [self.dist.sum(float(p.detach())) for p in parts]
     check_finite_loss(torch.tensor(sum(values)), where)
+    self.dist.sum_grads(params)                                       # summed over processes = the full mini-batch's
     if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
     opt.step()
     return values
@@ -933,8 +908,7 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
 def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
     "This process' share of the batch's episodes (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    critics = [m for c in self.critics for m in ((c.head,) if c.shared else (c.head, c.backbone))]   # they score here
-    with self.sampler.planned(round_key, list(ahead)), gathered(list(self.team.agents) + critics):   # one gather, all
+    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.agents):     # sharded: one gather, all join
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
     parts = [p for p in self.dist.gather(None if ro is None else (ro.episodes, ro.times)) if p is not None]
@@ -946,18 +920,15 @@ def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = (
 @patch
 def save_model(self: ActorCriticTrainer, output_dir) -> Path:
     "Each agent to output_dir/agent_<i>/; the critics to critic/ (MAAC), critic_<i>/ (IAC) or agent_<i>/value_head.pt."
-    out, D = self.team.save_pretrained(output_dir), self.team.sharding
-    write = D is None or D.is_main                   # handed to torch: every process gathers, the main one writes
+    out = self.team.save_pretrained(output_dir)
     for c in self.critics:
         name = f"agent_{c.agents[0]}" if c.shared else "critic" if self.algo == "maac" else f"critic_{c.agents[0]}"
-        d, sd = out / name, c.state_dict()
-        if not c.shared and write:
-            c.backbone.save_pretrained(d, state_dict=sd["backbone"])
+        d = out / name
+        if not c.shared:
+            c.backbone.save_pretrained(d)
             c.tokenizer.save_pretrained(d)
-        if write:
-            d.mkdir(parents=True, exist_ok=True)
-            torch.save(sd["head"], d / "value_head.pt")
-    if D is not None: D.barrier()
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save(c.head.state_dict(), d / "value_head.pt")
     return out
 
 # %% ../../nbs/31_actor_critic.ipynb #d1c0e311

@@ -219,6 +219,7 @@ def _update(self: CentralizedMAGRPOTrainer, samples: list[Sample]) -> list[float
         value = self._joint_loss(model, prompts, comps, adv, list(range(D.rank, len(comps), D.world)), pad)
         where = f"actor optimizer step {self.state['optimizer_steps'][0] + 1}"
         losses.append(float(check_finite_loss(torch.tensor(D.sum(value)), where)))
+        D.sum_grads(model.parameters())
         if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
         opt.step()
         self.state["optimizer_steps"][0] += 1

@@ -721,7 +721,7 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
     rm.load_state_dict(self._rm_initial)
     summary = fit_reward(rm, records, a, d, derive_seed(a.seed, "reward_model_round", nu), {"iteration": nu},
-                         self.team.sharding or self.dist, console=False)   # data parallel: the agents' strategy
+                         self.dist, console=False)          # data parallel: each process its share of each batch
     self._rm_fitted = True
     return summary
 
@@ -755,7 +755,9 @@ def _extra_state(self: MARLHFIterTrainer) -> dict:
     "The backend's counters and critics, whether a reward model is fitted, and (when it scores) the reward model."
     pt = self.policy_trainer
     out = {"policy_state": copy.deepcopy(pt.state), "rm_fitted": self._rm_fitted}
-    if hasattr(pt, "critics"): out.update(pt.critics.state_dict())   # whole states (sharded: gathered by every process)
+    if hasattr(pt, "critics"):
+        out["critics"] = [c.state_dict() for c in pt.critics]
+        out["critic_optimizers"] = [o.state_dict() if o is not None else None for o in pt.critic_optimizers]
     if self.args.preference_scoring_reward == "reward_model" and self._rm_fitted:
         out["reward_model"] = self.reward_model.state_dict()
     return out
@@ -765,8 +767,9 @@ def _extra_state(self: MARLHFIterTrainer) -> dict:
 def _load_extra_state(self: MARLHFIterTrainer, s: dict):
     pt = self.policy_trainer
     pt.state, self._rm_fitted = s["policy_state"], s["rm_fitted"]
-    if hasattr(pt, "critics") and "critics" in s:
-        pt.critics.load_state_dict({"critics": s["critics"], "critic_optimizers": s["critic_optimizers"]})
+    for c, sd in zip(getattr(pt, "critics", []), s.get("critics", [])): c.load_state_dict(sd)
+    for o, sd in zip(getattr(pt, "critic_optimizers", []), s.get("critic_optimizers", [])):
+        if o is not None and sd is not None: o.load_state_dict(sd)
     if "reward_model" in s:
         self.reward_model.load_state_dict(s["reward_model"])
         self.reward_model.freeze()

@@ -457,8 +457,7 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model"
     dist = self.policy_trainer.dist                     # data parallel: each process fits on its share of each batch
-    on = self.policy_trainer.team.sharding or dist     # the agents' strategy: 'fsdp' shards the fitted copy too
-    summary = fit_reward(rm, self.pairs, a, d, a.seed, {"phase": "reward_model"}, on, summary_line=True)
+    summary = fit_reward(rm, self.pairs, a, d, a.seed, {"phase": "reward_model"}, dist, summary_line=True)
     if a.save_steps >= 0 and dist.is_main:
         buf = io.BytesIO()
         torch.save(rm.state_dict(), buf)

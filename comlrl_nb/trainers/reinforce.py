@@ -309,6 +309,7 @@ def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[fl
         loss_value, t0, t1 = self._local_loss(model, prompts, comps, adv, rows, pad, ws)
         where = f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}"
         losses.append(float(check_finite_loss(torch.tensor(D.sum(loss_value)), where)))
+        D.sum_grads(model.parameters())                                  # sum over processes = full mini-batch gradient
         if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
         opt.step()
         self.state["optimizer_steps"][i] += 1
