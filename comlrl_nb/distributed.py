@@ -169,8 +169,10 @@ def wrap(self: DistContext, model: torch.nn.Module) -> torch.nn.Module:
     body = body_of(model)
     if body is not None and body is not model: fully_shard(body, mesh=mesh)   # its own unit: callable alone
     fully_shard(model, mesh=mesh)
-    model.set_gradient_divide_factor(1.0)            # a sum, not the mean over processes
-    model.set_force_sum_reduction_for_comms(True)    # SUM collectives (gloo has no pre-multiplied sum)
+    from torch.distributed.fsdp import FSDPModule
+    for unit in (u for u in model.modules() if isinstance(u, FSDPModule)):   # each unit reduces its own gradients
+        unit.set_gradient_divide_factor(1.0)            # a sum, not the mean over processes
+        unit.set_force_sum_reduction_for_comms(True)    # SUM collectives (gloo has no pre-multiplied sum)
     return model
 
 # %% ../nbs/70_distributed.ipynb #7afa9536

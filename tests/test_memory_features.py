@@ -334,3 +334,35 @@ def test_master_copies_hold_only_the_trained_weights():
     before = net[0].weight.clone()
     opt.step()
     assert torch.equal(net[0].weight, before) and net[1].weight.grad is not None
+
+
+def _fsdp_sum_worker(rank, world, init, out, strategy):
+    "Each process backpropagates its half of a loss through a model handed to FSDP2; the gradients, whole."
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from comlrl_nb.distributed import DistContext
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    ctx = DistContext(from_env=False)
+    ctx.world, ctx.rank = world, rank
+    model = ctx.use(strategy).wrap(make_tiny_model(seed=0)[0])
+    ids = torch.arange(2, 34).view(4, 8)[rank::world]              # this process' rows of one batch of 4
+    model(input_ids=ids, labels=ids).loss.backward()
+    whole = [(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad) for p in model.parameters()]
+    torch.save(whole, f"{out}/{strategy}{rank}.pt")
+    _leave_together(dist)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_fsdp_units_sum_the_gradients_over_processes(tmp_path, strategy):
+    """Every FSDP2 unit (decoder layers, body, model) sums its gradients over the processes, as the losses are shares of
+    one batch: the result equals one process' gradient of the two halves' summed losses (a mean halves the layers')."""
+    import torch.multiprocessing as mp
+    mp.spawn(_fsdp_sum_worker, args=(2, f"file://{tmp_path}/init", str(tmp_path), strategy), nprocs=2, join=True)
+    m = make_tiny_model(seed=0)[0]
+    ids = torch.arange(2, 34).view(4, 8)
+    sum(m(input_ids=ids[r::2], labels=ids[r::2]).loss for r in range(2)).backward()
+    for r in range(2):
+        got = torch.load(tmp_path / f"{strategy}{r}.pt")
+        for (name, p), g in zip(m.named_parameters(), got):
+            torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=lambda s: f"{name}: {s}")
