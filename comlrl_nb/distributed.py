@@ -212,10 +212,12 @@ def process_bytes(models, optimizers=()) -> dict:
 
 # %% ../nbs/70_distributed.ipynb #1ba57c80
 def full_state(model: torch.nn.Module) -> dict:
-    "`model.state_dict()` with whole CPU tensors on this process (an FSDP2 model's shards gathered: all processes call it)."
+    """`model.state_dict()` as whole CPU tensors of this process' own (an FSDP2 model's shards gathered: all processes call
+    it). Copies: on a CPU a replicated shard's `full_tensor()` is the parameter itself, and a copy loaded with
+    `assign=True` (`whole_copy`) would share the agent's storage."""
     from torch.distributed.tensor import DTensor
     whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v
-    return {k: whole(v).detach().cpu() for k, v in model.state_dict().items()}
+    return {k: whole(v).detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:
     """A frozen, unsharded copy of `model` on `device` (default: its own): `copy.deepcopy`, or for an FSDP2 module (which

@@ -32,7 +32,8 @@ m, tok = make_tiny_model(seed=0)
 common = dict(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-5, dpo_beta=0.5,
               preference_num_candidates=3, preference_pairs_per_sample=2, collection_batch_size=2, train_batch_size=3,
               rollout_buffer_size=3,
-              eval_interval=0, output_dir=out, progress_bar=False, logging_steps=1000)
+              eval_interval=0, output_dir=out, progress_bar=False, logging_steps=1000,
+              distributed=os.environ.get("DP_STRATEGY", "none"))
 if algo == "reward_model":                      # the MARLHF reward fit: 7 pairs, batches of 3 (the last one a single)
     rm = JointRewardModel(m, tok, seed=0)
     w = ["good answer " * (j % 3 + 1) for j in range(7)]
@@ -66,7 +67,9 @@ else:
                                        collaboration_mode="centralized" if central else "decentralized", **common))
     res = tr.train(resume_from_checkpoint=True if resume else None, stop_after_batch=stop)
     params = [p for a in tr.agents for p in a.parameters()]
-torch.save([p.detach().clone() for p in params], os.path.join(out, f"params_rank{rank}.pt"))
+from torch.distributed.tensor import DTensor  # noqa: E402
+whole = lambda p: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()   # handed to torch: DTensors
+torch.save([whole(p) for p in params], os.path.join(out, f"params_rank{rank}.pt"))
 if torch.distributed.is_initialized():          # leave together: a process exiting mid-collective aborts its peer
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

@@ -57,10 +57,10 @@ PORTS = {"madpo": 29541, "madpo_central": 29542, "madpo_iter": 29543, "reward_mo
          "marlhf_central": 29546}
 
 
-def _launch(out, algo, port, *extra):
+def _launch(out, algo, port, *extra, strategy="none"):
     _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port), str(PREF), str(out),
-          algo, *extra])
+          algo, *extra], env={"DP_STRATEGY": strategy})
 
 
 def _params(d, rank=0):
@@ -120,13 +120,16 @@ def test_preference_two_processes_match_one(tmp_path, algo):
         assert len(ref) == 9 and [r["dpo/pairs"] for r in ref[1:5]] == [3, 3, 3, 1]   # rank 1's last share is empty
 
 
-@pytest.mark.parametrize("algo,stop", [("madpo", "3"), ("madpo_iter", "1")])
-def test_preference_two_processes_resume(tmp_path, algo, stop):
-    "A data-parallel run stopped and resumed ends with the weights and metrics of an uninterrupted data-parallel run."
-    full, part = tmp_path / "full", tmp_path / "part"
-    _launch(full, algo, PORTS[algo] + 10)
-    _launch(part, algo, PORTS[algo] + 20, stop)
-    _launch(part, algo, PORTS[algo] + 30, "-", "resume")
+@pytest.mark.parametrize("algo,stop,strategy", [("madpo", "3", "none"), ("madpo_iter", "1", "none"),
+                                               ("madpo_iter", "1", "ddp")])
+def test_preference_two_processes_resume(tmp_path, algo, stop, strategy):
+    """A data-parallel run stopped and resumed ends with the weights and metrics of an uninterrupted data-parallel run.
+    MADPOIter under 'ddp': the resumed history comparator's copy of the gathered agents once shared their storage, so
+    loading S_0 into it set the agents back to S_0 (`full_state` copies now)."""
+    full, part, port = tmp_path / "full", tmp_path / "part", PORTS[algo] + (0 if strategy == "none" else 3)
+    _launch(full, algo, port + 10, strategy=strategy)
+    _launch(part, algo, port + 20, stop, strategy=strategy)
+    _launch(part, algo, port + 30, "-", "resume", strategy=strategy)
     for r in (0, 1):
         assert all(torch.equal(a, b) for a, b in zip(_params(full, r), _params(part, r)))
     strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k} for r in rows]

@@ -366,3 +366,4 @@ def test_fsdp_units_sum_the_gradients_over_processes(tmp_path, strategy):
         got = torch.load(tmp_path / f"{strategy}{r}.pt")
         for (name, p), g in zip(m.named_parameters(), got):
             torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=lambda s: f"{name}: {s}")
+
