@@ -212,24 +212,25 @@ def process_bytes(models, optimizers=()) -> dict:
 
 # %% ../nbs/70_distributed.ipynb #1ba57c80
 def full_state(model: torch.nn.Module) -> dict:
-    """`model.state_dict()` as whole CPU tensors of this process' own (an FSDP2 model's shards gathered: all processes call
-    it). Copies: on a CPU a replicated shard's `full_tensor()` is the parameter itself, and a copy loaded with
+    """`model.state_dict()` as whole CPU tensors of this process' own (an FSDP2 model's shards gathered: all
+    processes call it). Copies: `.cpu()` of a CPU tensor is the tensor itself, and a whole copy loaded from it with
     `assign=True` (`whole_copy`) would share the agent's storage."""
     from torch.distributed.tensor import DTensor
     whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v
     return {k: whole(v).detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:
-    """A frozen, unsharded copy of `model` on `device` (default: its own): `copy.deepcopy`, or for an FSDP2 module (which
-    refuses deepcopy) a model of its original class built on the meta device from its `config`, given `full_state`
-    (a collective) and the buffers (FSDP2 keeps them whole)."""
+    """A frozen, unsharded copy of `model` on `device` (default: its own): `copy.deepcopy`, or for an FSDP2 module
+    (which refuses deepcopy) a model of its original class built on the meta device from its `config`, given
+    `full_state` (a collective) and the buffers (FSDP2 keeps them whole)."""
     device = device if device is not None else next(model.parameters()).device
     if not is_sharded(model): return copy.deepcopy(model).to(device).eval().requires_grad_(False)
     from torch.distributed.fsdp import FSDPModule
     cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))      # fully_shard's subclass removed
     if not hasattr(model, "config"):
-        raise TypeError(f"cannot copy the sharded {cls.__name__}: a whole copy is built from a model's `config` (Hugging "
-                        "Face models); use distributed='none' or a comparator_policy that needs no copy ('current')")
+        raise TypeError(f"cannot copy the sharded {cls.__name__}: a whole copy is built from a model's `config` "
+                        "(Hugging Face models); use distributed='none' or a comparator_policy that needs no copy "
+                        "('current')")
     state = full_state(model)
     with torch.device("meta"): plain = cls(copy.deepcopy(model.config))
     plain.load_state_dict(state, strict=False, assign=True)                   # tied weights: one of the two names
