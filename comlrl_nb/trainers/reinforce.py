@@ -271,10 +271,8 @@ def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad,
         value = micro_backward(rows_loss, rows, len(comps), size, count)
         return value, t0, time.perf_counter()
     rows = rows or [0]                      # FSDP2: every process runs each forward and backward (weight 0 here)
-    tok, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
-                                   autocast_dtype=self.args.autocast_dtype)
-    if weights is not None: seq = weighted_sums(tok, [weights[r] for r in rows])
-    loss = reinforce_loss(seq, adv[rows]) * share                           # = -(1/N) sum over these rows
+    loss = policy_rows_loss(model, prompts, comps, adv, rows, pad, self.args.autocast_dtype, weights) * share
+    # = -(1/N) sum over these rows
     value, t1 = float(loss.detach()), time.perf_counter()
     if math.isfinite(value): loss.backward()
     return value, t0, t1
