@@ -196,15 +196,22 @@ def test_iac_trains_on_the_vllm_backend(tmp_path, kept_open, engine_calls, separ
     finally: _close(tr)
 
 
+MARLHF_SETTINGS = dict(preference_num_candidates=4, preference_pairs_per_sample=2, num_generations=4,
+                       rollout_batch_size=2, reward_learning_rate=1e-3, reward_num_train_epochs=1,
+                       reward_train_batch_size=2)
+
+
+def _marlhf_models():
+    "([agent 0, agent 1, reward model], tokenizer): the MARLHF tests' models, sharing one tokenizer."
+    m0, tok = agent(0)
+    return [m0, agent(1, tokenizer=tok)[0], agent(3, tokenizer=tok)[0]], tok
+
+
 def test_marlhf_trains_on_the_vllm_backend(tmp_path, kept_open, engine_calls):
     "MARLHF: the pair collection and the policy phase's MAGRPO sample through the engines; the policy trains."
     from comlrl_nb.trainers.preference import MARLHFConfig, MARLHFTrainer
-    m0, tok = agent(0)
-    m1, _ = agent(1, tokenizer=tok)
-    rm, _ = agent(3, tokenizer=tok)
-    cfg = MARLHFConfig(**RUN, preference_num_candidates=4, preference_pairs_per_sample=2, num_generations=4,
-                       rollout_batch_size=2, reward_learning_rate=1e-3, reward_num_train_epochs=1,
-                       reward_train_batch_size=2, output_dir=str(tmp_path))
+    (m0, m1, rm), tok = _marlhf_models()
+    cfg = MARLHFConfig(**RUN, **MARLHF_SETTINGS, output_dir=str(tmp_path))
     tr = MARLHFTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS,
                        reward_model=rm)
     try:
@@ -238,12 +245,8 @@ def test_madpo_iter_trains_on_the_vllm_backend(tmp_path, kept_open, engine_calls
 def test_marlhf_iter_trains_on_the_vllm_backend(tmp_path, kept_open, engine_calls):
     "MARLHFIter, two rounds: each round's collection and policy phase sample through the engines, pushed between."
     from comlrl_nb.trainers.iterative import MARLHFIterConfig, MARLHFIterTrainer
-    m0, tok = agent(0)
-    m1, _ = agent(1, tokenizer=tok)
-    rm, _ = agent(3, tokenizer=tok)
-    cfg = MARLHFIterConfig(**RUN, num_iterations=2, preference_num_candidates=4, preference_pairs_per_sample=2,
-                           num_generations=4, rollout_batch_size=2, reward_learning_rate=1e-3,
-                           reward_train_batch_size=2, reward_num_train_epochs=1, output_dir=str(tmp_path))
+    (m0, m1, rm), tok = _marlhf_models()
+    cfg = MARLHFIterConfig(**RUN, **MARLHF_SETTINGS, num_iterations=2, output_dir=str(tmp_path))
     tr = MARLHFIterTrainer(agents=[m0, m1], tokenizer=tok, reward_func=vowels, args=cfg, train_dataset=ITEMS[:2],
                            reward_model=rm)
     try:
