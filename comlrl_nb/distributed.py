@@ -13,8 +13,8 @@ from fastcore.basics import patch
 from .core import logger, process_device
 
 # %% auto #0
-__all__ = ['BUCKET_BYTES', 'DISTRIBUTED_STRATEGIES', 'DistContext', 'grad_buckets', 'decoder_layers', 'body_of', 'is_sharded',
-           'gathered', 'process_bytes', 'full_state', 'whole_copy']
+__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'decoder_layers', 'body_of', 'is_sharded', 'gathered', 'process_bytes',
+           'full_state', 'load_full_state', 'full_optimizer_state', 'load_full_optimizer_state', 'whole_copy']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -46,48 +46,14 @@ class DistContext:
         if self.enabled: torch.distributed.barrier()
 
 # %% ../nbs/70_distributed.ipynb #dbb0c32c
-BUCKET_BYTES = 25 * 2**20      # gradients are summed in buckets of about this size: never one copy of them all
-
-def grad_buckets(params: Sequence[torch.Tensor], max_bytes: int = BUCKET_BYTES) -> list[list]:
-    """`params` in consecutive buckets of one device and dtype, each at most `max_bytes` of gradient (a larger tensor
-    alone), in the given order (the same on every process)."""
-    out, key, size = [], None, 0
-    for p in params:
-        nb = p.numel() * p.element_size()
-        k = (p.device, p.dtype)
-        if not out or k != key or size + nb > max_bytes and out[-1]: out, key, size = out + [[]], k, 0
-        out[-1].append(p)
-        size += nb
-    return out
-
-def _dist_sum_grads(self: DistContext, params: Sequence[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES):
-    """Sum gradients over processes (missing grads count as zeros; FSDP2's DTensors are left to torch) in flat
-    buckets of at most `bucket_bytes` per device and dtype (`grad_buckets`); under NCCL a bucket off this process'
-    device (an agent on another GPU or the CPU) is summed on a copy there."""
-    if not self.enabled: return
-    from torch.distributed.tensor import DTensor             # FSDP2's parameters: torch sums them in their backward
-    ps = [p for p in params if p.requires_grad and not isinstance(p, DTensor)]
-    for p in ps:
-        if p.grad is None: p.grad = torch.zeros_like(p)
-    nccl = torch.distributed.get_backend() == "nccl"
-    for bucket in grad_buckets([p.grad for p in ps], bucket_bytes):
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        buf = flat.to(self.device) if nccl and flat.device != self.device else flat
-        torch.distributed.all_reduce(buf, op=torch.distributed.ReduceOp.SUM)
-        i = 0
-        for g in bucket:
-            g.copy_(buf[i:i + g.numel()].view_as(g))
-            i += g.numel()
-
-def _dist_sum(self: DistContext, x: float) -> float:
+@patch
+def sum(self: DistContext, x: float) -> float:
     "Sum of a number over processes (on this process' GPU under NCCL, which reduces no CPU tensors)."
     if not self.enabled: return x
     nccl = torch.distributed.get_backend() == "nccl"
     t = torch.tensor([float(x)], dtype=torch.float64, device=self.device if nccl else "cpu")
     torch.distributed.all_reduce(t)
     return float(t)
-
-DistContext.sum_grads, DistContext.sum = _dist_sum_grads, _dist_sum
 
 # %% ../nbs/70_distributed.ipynb #d1a70002
 @patch
@@ -108,24 +74,29 @@ DistContext.strategy = "none"
 
 @patch
 def use(self: DistContext, strategy: str = "none") -> DistContext:
-    """Choose how the agents are data parallel: 'none' (whole agents; `sum_grads` sums their gradients), 'ddp' (whole
-    agents; torch sums them in backward) or 'fsdp' (agents sharded with FSDP2). One process: always 'none'."""
+    """Choose how the agents are data parallel: 'ddp' (whole agents; torch sums the gradients in backward) or 'fsdp'
+    (agents sharded with FSDP2). 'none', the default, is 'ddp' under a launcher. One process: always 'none'."""
     if strategy not in DISTRIBUTED_STRATEGIES:
         raise ValueError(f"distributed={strategy!r} is invalid: use one of {', '.join(DISTRIBUTED_STRATEGIES)}")
     if strategy != "none" and not self.enabled:
         logger.info(f"distributed={strategy!r} in one process: nothing to share, the agents stay whole")
-    self.strategy = strategy if self.enabled else "none"
+    if strategy == "none" and self.enabled:
+        logger.info(f"distributed='none' under a launcher of {self.world} processes: whole agents on every process, "
+                    "torch sums their gradients (as 'ddp')")
+    self.strategy = ("ddp" if strategy == "none" else strategy) if self.enabled else "none"
     return self
 
 # %% ../nbs/70_distributed.ipynb #a03ed231
 @patch
-def mesh(self: DistContext, device_type: str):
-    "The processes as a device mesh: 1-D `(shard,)` for 'fsdp'; `(replicate, shard)` of shape (W, 1) for 'ddp'."
+def mesh(self: DistContext, device_type: str, strategy: Optional[str] = None):
+    """The processes as a device mesh for `strategy` (default: this context's): 1-D `(shard,)` for 'fsdp';
+    `(replicate, shard)` of shape (W, 1) for 'ddp'."""
     from torch.distributed.device_mesh import init_device_mesh
     meshes = self.__dict__.setdefault("_meshes", {})
-    key = (self.strategy, device_type)
+    strategy = strategy or self.strategy
+    key = (strategy, device_type)
     if key not in meshes:
-        shape, names = ((self.world,), ("shard",)) if self.strategy == "fsdp" else \
+        shape, names = ((self.world,), ("shard",)) if strategy == "fsdp" else \
             ((self.world, 1), ("replicate", "shard"))
         meshes[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
     return meshes[key]
@@ -153,18 +124,20 @@ def body_of(model: torch.nn.Module) -> Optional[torch.nn.Module]:
 
 # %% ../nbs/70_distributed.ipynb #1456c4f1
 def is_sharded(model) -> bool:
-    "Whether `model` is an FSDP2 module (its parameters are DTensors managed by torch)."
+    "Whether `model` is an FSDP2 module (its parameters are DTensors managed by torch), sharded or replicated."
     from torch.distributed.fsdp import FSDPModule
     return isinstance(model, FSDPModule)
 
 @patch
-def wrap(self: DistContext, model: torch.nn.Module) -> torch.nn.Module:
-    """`model` under this strategy, in place: 'none' unchanged; else `fully_shard` per decoder layer, for the body
-    (`body_of`) and for the model, over `mesh`, with gradients summed over processes (the losses are per-process shares
-    of one mini-batch)."""
-    if self.strategy == "none": return model
+def wrap(self: DistContext, model: torch.nn.Module, replicate: bool = False) -> torch.nn.Module:
+    """`model` handed to torch's data parallel, in place: in one process unchanged; else `fully_shard` per decoder
+    layer, for the body (`body_of`) and for the model, over `mesh` ('fsdp': sharded; 'ddp', 'none' or `replicate`:
+    whole on every process, FSDP2 over a (W, 1) mesh), with gradients summed over processes (the losses are
+    per-process shares of one mini-batch). A model wrapped already is returned as it is."""
+    if not self.enabled or is_sharded(model): return model
     from torch.distributed.fsdp import fully_shard
-    mesh = self.mesh(next(model.parameters()).device.type)
+    mesh = self.mesh(next(model.parameters()).device.type, "fsdp" if self.strategy == "fsdp" and not replicate
+                     else "ddp")
     for layer in decoder_layers(model): fully_shard(layer, mesh=mesh)
     body = body_of(model)
     if body is not None and body is not model: fully_shard(body, mesh=mesh)   # its own unit: callable alone
@@ -218,6 +191,31 @@ def full_state(model: torch.nn.Module) -> dict:
     from torch.distributed.tensor import DTensor
     whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v
     return {k: whole(v).detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+def load_full_state(model: torch.nn.Module, state: dict):
+    """Load whole tensors (`full_state`'s) into `model`; an FSDP2 model keeps its own shards of them (all processes
+    call it: torch cuts the shards from rank 0's copy)."""
+    if not is_sharded(model): return model.load_state_dict(state)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    return set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+def full_optimizer_state(opt) -> dict:
+    "`opt.state_dict()` with every sharded (DTensor) state whole, as a whole model's (a collective: all call it)."
+    from torch.distributed.tensor import DTensor
+    sd = opt.state_dict()
+    whole = lambda v: v.full_tensor().cpu() if isinstance(v, DTensor) else v
+    sd["state"] = {k: {n: whole(v) for n, v in st.items()} for k, st in sorted(sd["state"].items())}
+    return sd
+
+def load_full_optimizer_state(opt, sd: dict):
+    "Load `full_optimizer_state`'s dict: the states of sharded parameters cut to this process' shards."
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    params = [p for g in opt.param_groups for p in g["params"]]
+    def mine(p, v):
+        if not (isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape): return v
+        return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+    opt.load_state_dict({**sd, "state": {k: {n: mine(params[int(k)], v) for n, v in st.items()}
+                                         for k, st in sorted(sd["state"].items())}})
 
 def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:
     """A frozen, unsharded copy of `model` on `device` (default: its own): `copy.deepcopy`, or for an FSDP2 module

@@ -14,6 +14,7 @@ from .models import load_model, load_tokenizer
 from .losses import bradley_terry_loss, bradley_terry_prob, check_finite_loss
 from .sampling import adamw, make_optimizer
 from .generation import fast_decodable, fast_hidden
+from .distributed import is_sharded, whole_copy
 
 # %% auto #0
 __all__ = ['joint_text', 'bradley_terry_numbers', 'plot_bradley_terry', 'bradley_terry_widget', 'JointRewardModel',
@@ -81,7 +82,9 @@ class JointRewardModel(torch.nn.Module):
                  device=None, model_config: Optional[dict] = None, seed: int = 0, copy_backbone: bool = False):
         super().__init__()
         given = isinstance(backbone, torch.nn.Module)                # no tokenizer with it: token ids only
-        if given: model = copy.deepcopy(backbone) if copy_backbone else backbone
+        if given and copy_backbone:                 # an agent already under torch's data parallel: from its weights
+            model = whole_copy(backbone).requires_grad_(True) if is_sharded(backbone) else copy.deepcopy(backbone)
+        elif given: model = backbone
         else: model = load_model(backbone, model_config)
         self.tokenizer = None if given and tokenizer is None else \
             load_tokenizer(tokenizer if tokenizer is not None else backbone)
@@ -235,6 +238,7 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
     "Bradley-Terry training on (winner text, loser text) pairs; returns per-step {'step','epoch','loss','accuracy'}."
     if len(winners) != len(losers) or not winners:
         raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
+    if dist is not None and dist.enabled: dist.wrap(self, replicate=True)   # whole everywhere; torch sums the gradients
     params = [p for p in self.parameters() if p.requires_grad]
     self.optimizer = make_optimizer(params, learning_rate)   # bf16 weights: fp32 master copies
     history, step, P = [], 0, len(winners)
@@ -269,17 +273,22 @@ def bt_share_loss(r_w: torch.Tensor, r_l: torch.Tensor, total: int) -> torch.Ten
     return bradley_terry_loss(r_w, r_l) * (len(r_w) / total)
 
 def bt_shared_step(rm: JointRewardModel, winners, losers, idx: list, step: int, autocast_dtype, dist) -> tuple:
-    "One fit step under data parallel: this process scores pairs rank, rank+W, ... of `idx`; (batch loss, accuracy)."
+    """One fit step under data parallel (`rm` handed to torch's, `DistContext.wrap`, before its optimizer was built):
+    this process scores pairs rank, rank+W, ... of `idx`, torch sums the gradients in backward; (batch loss, accuracy).
+    An empty share scores pair idx[0] with weight 0: every process runs each forward and backward."""
+    if not is_sharded(rm):
+        raise ValueError("bt_shared_step: the reward model is not under torch's data parallel; call "
+                         "fit_texts(..., dist=) (it wraps the model before building its optimizer)")
     mine, B = idx[dist.rank::dist.world], len(idx)
+    rows = mine or idx[:1]
     rm.optimizer.zero_grad(set_to_none=True)
-    loss, right = None, 0.0
-    if mine:                                                              # an empty share adds zeros
-        r = rm(*rm.encode([winners[j] for j in mine] + [losers[j] for j in mine]), autocast_dtype=autocast_dtype)
-        loss, right = bt_share_loss(r[:len(mine)], r[len(mine):], B), float((r[:len(mine)] > r[len(mine):]).sum())
-    value = dist.sum(float(loss.detach()) if loss is not None else 0.0)
-    check_finite_loss(torch.tensor(value), f"reward model step {step}")
-    if loss is not None: loss.backward()
-    dist.sum_grads([p for p in rm.parameters() if p.requires_grad])
+    r = rm(*rm.encode([winners[j] for j in rows] + [losers[j] for j in rows]), autocast_dtype=autocast_dtype)
+    k = len(rows)
+    loss = bt_share_loss(r[:k], r[k:], B) * (1.0 if mine else 0.0)
+    right = float((r[:k] > r[k:]).sum()) if mine else 0.0
+    value = dist.sum(float(loss.detach()))
+    check_finite_loss(torch.tensor(value), f"reward model step {step}")     # on every process, before any backward
+    loss.backward()
     rm.optimizer.step()
     return value, dist.sum(right) / B
 

@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from fastcore.basics import patch
 from .core import as_list, atomic_write_text, logger, resolve_device
-from .distributed import DistContext, gathered, process_bytes
+from .distributed import (
+    DistContext, full_optimizer_state, gathered, load_full_optimizer_state, process_bytes)
 from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_team, stackable
@@ -111,18 +112,23 @@ def _references(self: Team, reference_devices=False) -> Optional[list]:
 # %% ../nbs/24_team.ipynb #615d4ab2
 @patch
 def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
-    """Hand the agents to torch's data parallel (`DistContext.wrap`: FSDP2, 70_distributed) under a launcher when
-    `strategy` is 'ddp' or 'fsdp'; the context, or None (one process, or 'none': the agents stay as they are)."""
-    if strategy == "none": return None
+    """Hand the agents to torch's data parallel under a launcher (`DistContext.wrap`: FSDP2, 70_distributed), sharded
+    ('fsdp') or whole ('ddp', and 'none' there); the context, or None in one process (the agents stay as they are)."""
     D = DistContext().use(strategy)
     if D.strategy == "none": return None
     ids = [{id(p) for p in m.parameters()} for m in self.agents]
     if len(set().union(*ids)) < sum(map(len, ids)):
-        raise ValueError(f"distributed={strategy!r}: the agents share parameters (adapters on one base model, or one "
-                         "model object given twice), which FSDP cannot wrap twice; use distributed='none'")
+        raise ValueError(f"distributed={strategy!r} under a launcher of {D.world} processes: the agents share "
+                         "parameters (adapters on one base model, or one model object given twice), which torch's data "
+                         "parallel cannot wrap twice; train them in one process (no launcher), or give each agent its "
+                         "own model")
+    if self.parallel_training == "mp":
+        logger.warning("parallel_training='mp' under a launcher: each process runs its agents one after another (their "
+                       "threads would interleave the processes' collectives)")
+        self.parallel_training = "none"
     self.agents = [D.wrap(m) for m in self.agents]
     b = process_bytes(self.agents)["parameter_bytes"]
-    logger.info(f"process {D.rank} of {D.world}: agents under {strategy} ({b / 2**20:.1f} MiB of parameters here)")
+    logger.info(f"process {D.rank} of {D.world}: agents under {D.strategy} ({b / 2**20:.1f} MiB of parameters here)")
     return D
 
 # %% ../nbs/24_team.ipynb #7100c589
@@ -277,31 +283,13 @@ def _state_options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, **kw)
 
-def _full_optimizer_state(opt) -> dict:
-    "`opt.state_dict()` with every sharded (DTensor) state whole, as a whole team's (a collective: all call it)."
-    from torch.distributed.tensor import DTensor
-    sd = opt.state_dict()
-    whole = lambda v: v.full_tensor().cpu() if isinstance(v, DTensor) else v
-    sd["state"] = {k: {n: whole(v) for n, v in st.items()} for k, st in sorted(sd["state"].items())}
-    return sd
-
-def _load_full_optimizer_state(opt, sd: dict):
-    "Load `_full_optimizer_state`'s dict: the states of sharded parameters cut to this process' shards."
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    params = [p for g in opt.param_groups for p in g["params"]]
-    def mine(p, v):
-        if not (isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape): return v
-        return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
-    opt.load_state_dict({**sd, "state": {k: {n: mine(params[int(k)], v) for n, v in st.items()}
-                                         for k, st in sorted(sd["state"].items())}})
-
 @patch
 def _full_state_dict(self: Team) -> dict:
     """The sharded agents' and optimizers' full (consolidated) states, gathered by every process (a collective: all
     call it): the entries and format of a whole team's, so either kind of run resumes from the other's checkpoint."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     return {"agents": [get_model_state_dict(m, options=_state_options(cpu_offload=True)) for m in self.agents],
-            "optimizers": [_full_optimizer_state(o) for o in self.optimizers],
+            "optimizers": [full_optimizer_state(o) for o in self.optimizers],
             "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}
 
 @patch
@@ -310,7 +298,7 @@ def _load_full_state_dict(self: Team, sd: dict):
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
     for m, o, ms, os_ in zip(self.agents, self.optimizers, sd["agents"], sd["optimizers"]):
         set_model_state_dict(m, ms, options=_state_options())
-        _load_full_optimizer_state(o, os_)
+        load_full_optimizer_state(o, os_)
     if self.ref_agents and sd.get("refs"):
         for m, s in zip(self.ref_agents, sd["refs"]): m.load_state_dict(s)
 
@@ -318,8 +306,7 @@ def _load_full_state_dict(self: Team, sd: dict):
 def memory(self: Team) -> dict:
     "This process' bytes of agent parameters and optimizer states, with the strategy and the number of processes."
     D = self.sharding
-    world = D.world if D else int(os.environ.get("WORLD_SIZE", "1"))     # 'none' under a launcher: replicas
-    return {"world_size": world, "strategy": D.strategy if D else "none",
+    return {"world_size": D.world if D else 1, "strategy": D.strategy if D else "none",
             **process_bytes(self.agents, self.optimizers)}
 
 # %% ../nbs/24_team.ipynb #fe7f1192

@@ -33,12 +33,13 @@ if algo in ("maac", "maac_kl"):                     # maac_kl: with the referenc
 else:
     tr = MAGRPOTrainer(agents=[m, m], tokenizer=tok, reward_func=vowels, train_dataset=data,
                        external_transition=transition, args=MAGRPOConfig(num_generations=3, **common))
-init = [p.detach().clone() for m_ in tr.agents for p in m_.parameters()]
+whole = lambda p: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()   # torch's DTensors whole
+init = [whole(p) for m_ in tr.agents for p in m_.parameters()]
 tr.train()
-moved = max(float((p.detach() - q).abs().max()) for p, q in zip([p for m_ in tr.agents for p in m_.parameters()], init))
+moved = max(float((whole(p) - q).abs().max()) for p, q in zip([p for m_ in tr.agents for p in m_.parameters()], init))
 print("max parameter change", moved)
 assert moved > 0
 rank = int(os.environ.get("RANK", "0"))
 extra = [p for c in getattr(tr, "critics", []) for p in c.parameters()]
-torch.save([p.detach() for m_ in tr.agents for p in m_.parameters()] + [p.detach() for p in extra],
+torch.save([whole(p) for m_ in tr.agents for p in m_.parameters()] + [whole(p) for p in extra],
            os.path.join(out, f"params_rank{rank}.pt"))

@@ -197,37 +197,38 @@ def _leave_together(dist):
     dist.destroy_process_group()
 
 
-def _bucket_worker(rank, world, init, out):
+def _replicate_worker(rank, world, init, out):
     import torch.distributed as dist
-    from comlrl_nb.distributed import DistContext
+    from comlrl_nb.distributed import DistContext, full_state, is_sharded, load_full_state
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     ctx = DistContext(from_env=False)
     ctx.world, ctx.rank = world, rank
-    g = torch.Generator().manual_seed(rank)
-    ps = [torch.nn.Parameter(torch.zeros(n)) for n in (7, 3, 50, 2)]
-    for p, n in zip(ps, (7, 3, 50, 2)): p.grad = torch.randn(n, generator=g)
-    ps[1].grad = None                                    # a missing gradient counts as zeros
-    ctx.sum_grads(ps, bucket_bytes=48)                    # 12 floats a bucket: buckets [7, 3], [50], [2]
-    torch.save([p.grad for p in ps], f"{out}/rank{rank}.pt")
+    torch.manual_seed(0)                                   # the same weights on both processes
+    head = ctx.wrap(torch.nn.Linear(4, 1), replicate=True)
+    assert is_sharded(head) and ctx.wrap(head) is head     # wrapped once
+    for _ in range(rank + 1):                              # forwards without gradient: as many as a process needs
+        with torch.no_grad(): head(torch.ones(2, 4))
+    x = torch.full((3, 4), float(rank + 1))
+    head(x).sum().backward()                               # one backward each: torch sums the gradients
+    load_full_state(head, {k: v + 1 for k, v in full_state(head).items()})
+    torch.save({"grad": head.weight.grad.full_tensor(), "state": full_state(head)}, f"{out}/rank{rank}.pt")
     _leave_together(dist)
 
 
-def test_sum_grads_in_buckets_equals_the_sum(tmp_path):
+def test_a_replicated_module_gets_the_gradient_sum_from_torch(tmp_path):
+    """`DistContext.wrap(replicate=True)` (critics, value heads, reward models under a launcher): whole on every process,
+    a process may run more forwards than another, and each backward's gradient is the sum over processes; whole states
+    go out and back in."""
     import torch.multiprocessing as mp
-    from comlrl_nb.distributed import grad_buckets
-    ps = [torch.zeros(n) for n in (7, 3, 50, 2)]
-    assert [[t.numel() for t in b] for b in grad_buckets(ps, 48)] == [[7, 3], [50], [2]]
-    mp.spawn(_bucket_worker, args=(2, f"file://{tmp_path}/init", str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_replicate_worker, args=(2, f"file://{tmp_path}/init", str(tmp_path)), nprocs=2, join=True)
     r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
-    want = []
-    for rank in (0, 1):
-        g = torch.Generator().manual_seed(rank)
-        gs = [torch.randn(n, generator=g) for n in (7, 3, 50, 2)]
-        gs[1] = torch.zeros(3)
-        want.append(gs)
-    for a, b, x, y in zip(r0, r1, *want):
-        assert torch.equal(a, b) and torch.equal(a, x + y)
+    want = torch.full((1, 4), 3 * 1.0 + 3 * 2.0)           # d/dW of sum(x W^T) is the column sums of x: 3 rows each
+    assert torch.equal(r0["grad"], want) and torch.equal(r1["grad"], want)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 1)
+    for r in (r0, r1):
+        for k, v in lin.state_dict().items(): assert torch.equal(r["state"][k], v + 1), k
 
 
 def test_the_planner_reads_the_memory_fields_of_a_config():

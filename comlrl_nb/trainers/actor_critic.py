@@ -19,7 +19,8 @@ from ..scoring import collate, completion_logprobs, k3_kl
 from ..advantages import penalized_returns
 from ..rewards import RewardFunction, resolve_formatters
 from ..losses import check_finite_loss, reinforce_loss
-from ..distributed import DistContext, gathered, is_sharded
+from ..distributed import (
+    DistContext, full_optimizer_state, full_state, gathered, is_sharded, load_full_optimizer_state, load_full_state)
 from ..engine import Run, eval_count
 from ..sampling import SampleBuffers, Sampler, adamw, batches_ahead, minibatches
 from ..tracking import plot_run
@@ -167,10 +168,11 @@ class Critic:
         self.head.train(on)
         self.backbone.train(on)
     def state_dict(self) -> dict:
-        return {"head": self.head.state_dict(), "backbone": None if self.shared else self.backbone.state_dict()}
+        "Whole tensors (under torch's data parallel every process calls it: `full_state`)."
+        return {"head": full_state(self.head), "backbone": None if self.shared else full_state(self.backbone)}
     def load_state_dict(self, sd: dict):
-        self.head.load_state_dict(sd["head"])
-        if not self.shared and sd.get("backbone") is not None: self.backbone.load_state_dict(sd["backbone"])
+        load_full_state(self.head, sd["head"])
+        if not self.shared and sd.get("backbone") is not None: load_full_state(self.backbone, sd["backbone"])
 
 # %% ../../nbs/31_actor_critic.ipynb #0fe9cc03
 def history_text(prompts: Sequence[Sequence[str]], responses: Sequence[Sequence[str]],
@@ -335,6 +337,7 @@ class ActorCriticTrainer(TrainerAPI):
         self.external_transition, self.model_config = external_transition, model_config
         self._check_critic_sources(critic_model, critics)              # before any model loads
         self.team = Team.from_config(args, agent_model, agents, tokenizer, formatters, model_config)
+        self.dist = DistContext()                  # data parallel under `accelerate launch` (a no-op in one process)
         self.critics, self.critic_of = self._build_critics(critic_model, critics, critic_tokenizer)
         self._make_optimizers()
         self._init_loop_state()
@@ -353,7 +356,6 @@ def _init_loop_state(self: ActorCriticTrainer):
     self.buffers = SampleBuffers(self.n, a.rollout_buffer_size)
     self.value_buffers = SampleBuffers(len(self.critics), a.rollout_buffer_size, key="value_buffers")
     self.sampler = Sampler(self.team, a.seed)                # first turns sampled ahead (see the MAGRPO notebook)
-    self.dist = DistContext()                  # data parallel under `accelerate launch` (a no-op in one process)
     if a.num_turns > 1 and a.early_termination_threshold is not None:
         logger.info(f"episodes end after any turn whose reward is > early_termination_threshold="
                     f"{a.early_termination_threshold}; with non-negative rewards and the default -0.2 every episode "
@@ -430,17 +432,22 @@ class Critics(list):
         self.optimizers = list(optimizers)
     def state_dict(self) -> dict:
         return {"critics": [c.state_dict() for c in self],
-                "critic_optimizers": [o.state_dict() if o is not None else None for o in self.optimizers]}
+                "critic_optimizers": [full_optimizer_state(o) if o is not None else None for o in self.optimizers]}
     def load_state_dict(self, state: dict):
         for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
         for o, sd in zip(self.optimizers, state["critic_optimizers"]):
-            if o is not None and sd is not None: o.load_state_dict(sd)
+            if o is not None and sd is not None: load_full_optimizer_state(o, sd)
 
 # %% ../../nbs/31_actor_critic.ipynb #57baf741
 @patch
 def _make_optimizers(self: ActorCriticTrainer):
-    "A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW."
+    """A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW.
+    Under a launcher the critics are first handed to torch's data parallel, whole on every process (their values are
+    computed for each process' own items: no collective in a forward), and torch sums their gradients in backward."""
     a = self.args
+    for c in self.critics:
+        if not c.shared: self.dist.wrap(c.backbone, replicate=True)
+        self.dist.wrap(c.head, replicate=True)
     for i in range(self.n):
         heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
         self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
@@ -729,14 +736,13 @@ def _local(self: ActorCriticTrainer, loss_fn: Callable[[list], torch.Tensor], n:
 # %% ../../nbs/31_actor_critic.ipynb #23eae363
 @patch
 def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> list[float]:
-    """One step on the sum of the local `parts` (the caller zeroed the gradients before computing them): backward;
-    their values summed over processes and checked; grads summed."""
+    """One step on the sum of the local `parts` (the caller zeroed the gradients before computing them): backward on
+    every process (torch sums the gradients of models under its data parallel); their values summed and checked."""
     loss = parts[0]
     for p in parts[1:]: loss = loss + p
-    if loss.requires_grad and math.isfinite(float(loss.detach())): loss.backward()
+    if loss.requires_grad and (math.isfinite(float(loss.detach())) or self.dist.enabled): loss.backward()   # every process
     values = [self.dist.sum(float(p.detach())) for p in parts]
     check_finite_loss(torch.tensor(sum(values)), where)
-    self.dist.sum_grads(params)                                       # summed over processes = the full mini-batch's
     if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
     opt.step()
     return values
@@ -923,12 +929,14 @@ def save_model(self: ActorCriticTrainer, output_dir) -> Path:
     out = self.team.save_pretrained(output_dir)
     for c in self.critics:
         name = f"agent_{c.agents[0]}" if c.shared else "critic" if self.algo == "maac" else f"critic_{c.agents[0]}"
-        d = out / name
+        d, sd = out / name, c.state_dict()                      # whole tensors, gathered by every process
+        if not self.dist.is_main: continue                      # one process writes
         if not c.shared:
-            c.backbone.save_pretrained(d)
+            c.backbone.save_pretrained(d, state_dict=sd["backbone"])
             c.tokenizer.save_pretrained(d)
         d.mkdir(parents=True, exist_ok=True)
-        torch.save(c.head.state_dict(), d / "value_head.pt")
+        torch.save(sd["head"], d / "value_head.pt")
+    self.dist.barrier()
     return out
 
 # %% ../../nbs/31_actor_critic.ipynb #d1c0e311

@@ -219,7 +219,6 @@ def _update(self: CentralizedMAGRPOTrainer, samples: list[Sample]) -> list[float
         value = self._joint_loss(model, prompts, comps, adv, list(range(D.rank, len(comps), D.world)), pad)
         where = f"actor optimizer step {self.state['optimizer_steps'][0] + 1}"
         losses.append(float(check_finite_loss(torch.tensor(D.sum(value)), where)))
-        D.sum_grads(model.parameters())
         if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
         opt.step()
         self.state["optimizer_steps"][0] += 1
@@ -241,11 +240,9 @@ def _joint_loss(self: CentralizedMAGRPOTrainer, model, prompts, comps, adv, rows
         count = shared_chunk_count(len(comps), self.dist.world, size) if sharded else 0   # chunks on every process
         return micro_backward(rows_loss, rows, len(comps), size, count)
     share, rows = len(rows) / len(comps), rows or [0]   # FSDP2: every process runs the forward and backward
-    _, seq = completion_logprobs(model, *collate([prompts[r] for r in rows], [comps[r] for r in rows], pad),
-                                 autocast_dtype=self.args.autocast_dtype)
-    loss = reinforce_loss(seq, adv[rows]) * share
+    loss = policy_rows_loss(model, prompts, comps, adv, rows, pad, self.args.autocast_dtype) * share
     value = float(loss.detach())
-    if math.isfinite(value): loss.backward()
+    if math.isfinite(value) or sharded: loss.backward()   # sharded: every process (a NaN is caught after the sum)
     return value
 
 # %% ../../nbs/32_centralized.ipynb #9fedd2b0

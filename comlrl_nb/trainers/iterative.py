@@ -23,7 +23,7 @@ from ..comparators import (COMPARATOR_GENERATION_MODES, COMPARATOR_POLICIES, Com
                                    centralized_parse_error, sample_comparator, select_comparisons)
 from ..reward_model import _pair_texts
 from ..team import Team, TrainerAPI, library_keywords, wandb_with_settings
-from ..distributed import DistContext, gathered
+from ..distributed import DistContext, full_state, gathered, load_full_state
 from ..engine import Run, sharded_evaluation
 from ..tracking import MetricsLogger, callback_metrics, new_figure, read_metrics
 from .reinforce import MAGRPOTrainer, _check_devices
@@ -691,7 +691,7 @@ class MARLHFIterTrainer(PreferenceRounds):
         self.reward_model = make_reward_model(self, reward_model, reward_tokenizer, agent_model, agents, model_config)
         self._setup_rounds(model_config, comparator_tokenizer, comparator_client, comparator_generator, builder,
                            parser)
-        self._rm_initial = {k: v.detach().cpu().clone() for k, v in self.reward_model.state_dict().items()}
+        self._rm_initial = full_state(self.reward_model)
         self._rm_fitted = False
         if metrics_callback is not None: self.policy_trainer.metrics_callback = metrics_callback   # its policy phase
         self.wandb_config = wandb_with_settings(self.wandb_config, args)    # translated once, when train() starts
@@ -719,7 +719,7 @@ from .marlhf import fit_reward
 def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> dict:
     "Reset the reward model to its initial state, fit it on the round's pairs, freeze it."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
-    rm.load_state_dict(self._rm_initial)
+    load_full_state(rm, self._rm_initial)             # the fitted one may be under torch's data parallel
     summary = fit_reward(rm, records, a, d, derive_seed(a.seed, "reward_model_round", nu), {"iteration": nu},
                          self.dist, console=False)          # data parallel: each process its share of each batch
     self._rm_fitted = True
@@ -756,10 +756,9 @@ def _extra_state(self: MARLHFIterTrainer) -> dict:
     pt = self.policy_trainer
     out = {"policy_state": copy.deepcopy(pt.state), "rm_fitted": self._rm_fitted}
     if hasattr(pt, "critics"):
-        out["critics"] = [c.state_dict() for c in pt.critics]
-        out["critic_optimizers"] = [o.state_dict() if o is not None else None for o in pt.critic_optimizers]
+        out.update(pt.critics.state_dict())
     if self.args.preference_scoring_reward == "reward_model" and self._rm_fitted:
-        out["reward_model"] = self.reward_model.state_dict()
+        out["reward_model"] = full_state(self.reward_model)
     return out
 
 # %% ../../nbs/53_iterative.ipynb #db6c0756
@@ -767,9 +766,7 @@ def _extra_state(self: MARLHFIterTrainer) -> dict:
 def _load_extra_state(self: MARLHFIterTrainer, s: dict):
     pt = self.policy_trainer
     pt.state, self._rm_fitted = s["policy_state"], s["rm_fitted"]
-    for c, sd in zip(getattr(pt, "critics", []), s.get("critics", [])): c.load_state_dict(sd)
-    for o, sd in zip(getattr(pt, "critic_optimizers", []), s.get("critic_optimizers", [])):
-        if o is not None and sd is not None: o.load_state_dict(sd)
+    if "critics" in s: pt.critics.load_state_dict(s)
     if "reward_model" in s:
-        self.reward_model.load_state_dict(s["reward_model"])
+        load_full_state(self.reward_model, s["reward_model"])
         self.reward_model.freeze()

@@ -259,7 +259,6 @@ def madpo_update_micro(team, tokens: list, idx, beta: float, steps: list, max_gr
                                count)
         value = dist.sum(value) if W > 1 else value
         check_finite_loss(torch.tensor(value), f"agent {i} optimizer step {steps[i] + 1}")
-        if W > 1: dist.sum_grads(team.agents[i].parameters())
         if max_grad_norm: torch.nn.utils.clip_grad_norm_(team.agents[i].parameters(), max_grad_norm)
         opt.step()
         steps[i] += 1
@@ -322,7 +321,6 @@ def _shared_step(team, i: int, margin, M, rows: list, total: int, beta: float, s
     check_finite_loss(torch.tensor(value), f"agent {i} optimizer step {steps[i] + 1}")
     if loss is None and margin is not None: loss = margin.sum() * 0.0    # FSDP2: a backward here too, of zeros
     if loss is not None: loss.backward()
-    dist.sum_grads(team.agents[i].parameters())
     if max_grad_norm: torch.nn.utils.clip_grad_norm_(team.agents[i].parameters(), max_grad_norm)
     opt.step()
     steps[i] += 1

@@ -452,15 +452,18 @@ def fit_reward(rm: JointRewardModel, records, args, out_dir, seed: int, row: dic
     return summary
 
 # %% ../../nbs/43_marlhf.ipynb #bb1a2e55
+from ..distributed import full_state, load_full_state
+
 @patch
 def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model"
     dist = self.policy_trainer.dist                     # data parallel: each process fits on its share of each batch
     summary = fit_reward(rm, self.pairs, a, d, a.seed, {"phase": "reward_model"}, dist, summary_line=True)
+    state = full_state(rm)                              # whole tensors (every process: a collective when wrapped)
     if a.save_steps >= 0 and dist.is_main:
         buf = io.BytesIO()
-        torch.save(rm.state_dict(), buf)
+        torch.save(state, buf)
         atomic_write_bytes(d / "state.pt", buf.getvalue())
     dist.barrier()
     self._rm_fast_path = None                            # the policy phase decides the fast path again
@@ -523,7 +526,7 @@ def _resume_reward_phase(self: MARLHFTrainer, resume_from_checkpoint):
         logger.warning(f"no fitted reward model at {rm_state}: starting again from the collection")
         return None
     self.pairs = load_pairs(self.output_dir / "pairs.json", self.n)
-    self.reward_model.load_state_dict(torch.load(rm_state, map_location=self.reward_model.device))
+    load_full_state(self.reward_model, torch.load(rm_state, map_location=self.reward_model.device))
     self.reward_model.freeze()
     logger.info(f"resuming MARLHF with the stored {len(self.pairs)} pairs and fitted reward model")
     if resume_from_checkpoint is True and CheckpointManager(self.output_dir / "checkpoints").latest() is None:

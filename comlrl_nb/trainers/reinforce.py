@@ -274,7 +274,7 @@ def _local_loss(self: MAGRPOTrainer, model, prompts, comps, adv, rows, pad,
     loss = policy_rows_loss(model, prompts, comps, adv, rows, pad, self.args.autocast_dtype, weights) * share
     # = -(1/N) sum over these rows
     value, t1 = float(loss.detach()), time.perf_counter()
-    if math.isfinite(value): loss.backward()
+    if math.isfinite(value) or sharded: loss.backward()   # sharded: every process (a NaN is caught after the sum)
     return value, t0, t1
 
 def policy_rows_loss(model, prompts, comps, adv, rows, pad, autocast_dtype=None, weights=None) -> torch.Tensor:
@@ -307,7 +307,6 @@ def _update_agent(self: MAGRPOTrainer, i: int, samples: list[Sample]) -> list[fl
         loss_value, t0, t1 = self._local_loss(model, prompts, comps, adv, rows, pad, ws)
         where = f"agent {i} optimizer step {self.state['optimizer_steps'][i] + 1}"
         losses.append(float(check_finite_loss(torch.tensor(D.sum(loss_value)), where)))
-        D.sum_grads(model.parameters())                                  # sum over processes = full mini-batch gradient
         if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
         opt.step()
         self.state["optimizer_steps"][i] += 1
