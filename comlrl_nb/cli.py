@@ -197,18 +197,18 @@ def plain_weights(models):
 def write_agents(trainer, target, dist=None) -> Path:
     """The trainer's agents to `target/agent_i/`, all or nothing: written to `.<name>.partial/` beside it, then renamed
     into place (a stop halfway leaves the old `target`, or none, never a half-written one). Under a launcher (`dist`, a
-    `DistContext`) every process saves (gathering sharded weights is a collective); only the main one's files stay,
-    the others' strays (whole replicas, critics) go to a scratch folder of their own, removed at once."""
+    `DistContext`) every process takes part in `save_model` (the weights are gathered: a collective) and the main one
+    writes the files."""
     target, main = Path(target), dist is None or dist.is_main
     part, old = target.with_name(f".{target.name}.partial"), target.with_name(f".{target.name}.old")
-    if not main: part = target.with_name(f".{target.name}.rank{dist.rank}")
-    for d in (part, old) if main else (part,): shutil.rmtree(d, ignore_errors=True)
+    if main:
+        for d in (part, old): shutil.rmtree(d, ignore_errors=True)
+    if dist is not None: dist.barrier()                  # the scratch folder is empty before anyone saves
     with plain_weights(trainer.agents): trainer.save_model(part)
     if main:
         if target.exists(): os.replace(target, old)
         os.replace(part, target)
         shutil.rmtree(old, ignore_errors=True)
-    else: shutil.rmtree(part, ignore_errors=True)
     if dist is not None: dist.barrier()                  # the agents are in place before any process goes on
     return target
 
