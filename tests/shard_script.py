@@ -1,7 +1,8 @@
 """Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
 
-argv: out_dir strategy [stop N | resume]; the family from $SHARD_ALGO (magrpo, centralized, maac, iac, madpo,
-marlhf, madpo_iter, marlhf_iter); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL: evaluation during training;
+argv: out_dir strategy [stop N | resume] (N: a batch; a round for the *_iter families); the family from $SHARD_ALGO
+(magrpo, centralized, maac, iac, madpo, marlhf, madpo_iter, marlhf_iter); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL:
+evaluation during training;
 $SHARD_SAVE_CHECKPOINT=1: a resumed run also writes and reads back trainer.save_checkpoint(out/saved_checkpoint).
 Writes params.pt (the full weights, main process), mem_rank<r>.json (this process' parameter / optimizer bytes, its
 own shards) and the run's metrics.jsonl / checkpoints."""
@@ -71,8 +72,8 @@ elif algo in ("madpo", "marlhf", "madpo_iter", "marlhf_iter"):
 else:
     tr = C.MAGRPOTrainer(agents=[m0, m1], args=C.MAGRPOConfig(**common), **kw)
 t0 = time.perf_counter()
-if mode == "stop": tr.train(stop_after_batch=int(sys.argv[4]))
-elif algo.endswith("_iter"): tr.train()
+if mode == "stop":                  # the iterative families stop after round N, the others after batch N
+    tr.train(**{"stop_after_round" if algo.endswith("_iter") else "stop_after_batch": int(sys.argv[4])})
 else: tr.train(resume_from_checkpoint=True if mode == "resume" else None)
 seconds = time.perf_counter() - t0
 rank = int(os.environ.get("RANK", "0"))

@@ -244,6 +244,27 @@ def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
     assert m1["strategy"] == "fsdp" and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
 
 
+@pytest.mark.parametrize("algo,stop,port", [("centralized", 2, 29900), ("maac", 2, 29902), ("madpo", 3, 29904),
+                                            ("marlhf", 2, 29906), ("madpo_iter", 1, 29908), ("marlhf_iter", 1, 29910)])
+def test_families_stop_and_resume_under_fsdp(tmp_path_factory, one_process, algo, stop, port):
+    """Every other family under 'fsdp' on 2 processes, stopped mid-run (after batch 2 of 4, MADPO's 3 of 6; the
+    iterative ones after round 1 of 2), each process writing its shards, then resumed on 2 processes: the
+    uninterrupted one-process run (MARLHF's learned rewards within ATOL)."""
+    one, out = one_process(algo), tmp_path_factory.mktemp(f"resume_{algo}")
+    _torchrun(out, "fsdp", port, "stop", stop, algo=algo)
+    ck = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ck[-1] == f"checkpoint-{stop:07d}" and len(_rows(out)) < len(_rows(one)), (ck, _rows(out))   # mid-run
+    shards = out / "checkpoints" / ck[-1] / "shards"
+    assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]   # one a process
+    stamps = lambda: {p: p.stat().st_mtime_ns for p in shards.parent.rglob("*")}
+    before = stamps()
+    _torchrun(out, "fsdp", port + 1, "resume", algo=algo)
+    assert stamps() == before            # continued from that checkpoint: not written again (no restart from batch 0)
+    assert _mem(out, 1)["world_size"] == 2
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out, ATOL if algo.startswith("marlhf") else 1e-6)
+
+
 @pytest.mark.parametrize("algo,port", [("madpo", 29744), ("maac", 29745), ("madpo_iter", 29746)])
 def test_families_under_ddp(tmp_path_factory, one_process, algo, port):
     """Replicated data parallel on torch's reduction (FSDP2 over a (replicate, shard) mesh of shape (2, 1)) for MADPO,
