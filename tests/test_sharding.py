@@ -233,7 +233,7 @@ def test_sharded_save_failing_in_one_process_commits_nothing(tmp_path):
                                       ("marlhf", 29635), ("madpo_iter", 29742), ("marlhf_iter", 29743)])
 def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
     """CentralizedMAGRPO (one actor), MAAC (separate critics, whole), IAC (value heads on the sharded actors), MADPO,
-    MARLHF (its reward model whole, fitted by the home-made data parallel: its rewards agree within ATOL), MADPOIter
+    MARLHF (its reward model whole, on torch's data parallel over a (2, 1) mesh: its rewards agree within ATOL), MADPOIter
     (two rounds against the history comparator: whole copies of the sharded agents and their snapshots) and
     MARLHFIter (two rounds against the current agents, a reward model per round: learned rewards within ATOL)."""
     one, out = one_process(algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
@@ -268,7 +268,7 @@ def test_families_stop_and_resume_under_fsdp(tmp_path_factory, one_process, algo
 @pytest.mark.parametrize("algo,port", [("madpo", 29744), ("maac", 29745), ("madpo_iter", 29746)])
 def test_families_under_ddp(tmp_path_factory, one_process, algo, port):
     """Replicated data parallel on torch's reduction (FSDP2 over a (replicate, shard) mesh of shape (2, 1)) for MADPO,
-    MAAC (critics whole, summed by hand) and MADPOIter: the one-process run, each process holding whole agents."""
+    MAAC (critics whole, on torch's data parallel too) and MADPOIter: the one-process run, each process holding whole agents."""
     one, out = one_process(algo), tmp_path_factory.mktemp(f"ddp_{algo}")
     _torchrun(out, "ddp", port, algo=algo)
     (out / "init.pt").symlink_to(one / "init.pt")
