@@ -151,7 +151,8 @@ def wrap(self: DistContext, model: torch.nn.Module, replicate: bool = False) -> 
 # %% ../nbs/70_distributed.ipynb #7afa9536
 def _fsdp_units(models) -> list:
     from torch.distributed.fsdp import FSDPModule
-    return [u for m in models if is_sharded(m) for u in m.modules() if isinstance(u, FSDPModule)]
+    units = [u for m in models if is_sharded(m) for u in m.modules() if isinstance(u, FSDPModule)]
+    return list({id(u): u for u in units}.values())       # a model listed twice (one shared reference): once
 
 @contextmanager
 def gathered(models):

@@ -14,7 +14,7 @@ import torch
 from fastcore.basics import patch
 from .core import as_list, atomic_write_text, logger, resolve_device
 from .distributed import (
-    DistContext, full_optimizer_state, gathered, load_full_optimizer_state, process_bytes)
+    DistContext, full_optimizer_state, full_state, gathered, load_full_optimizer_state, load_full_state, process_bytes)
 from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_team, stackable
@@ -127,9 +127,21 @@ def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
                        "threads would interleave the processes' collectives)")
         self.parallel_training = "none"
     self.agents = [D.wrap(m) for m in self.agents]
+    if D.strategy == "fsdp":                 # the frozen references too (each distinct one once), where the agents are
+        for r in {id(m): m for m in self.ref_agents or []}.values():
+            if next(r.parameters()).device.type == D.device.type: D.wrap(r)
+            else: logger.info(f"a reference on {next(r.parameters()).device} stays whole (the processes talk on "
+                              f"{D.device.type})")
     b = process_bytes(self.agents)["parameter_bytes"]
     logger.info(f"process {D.rank} of {D.world}: agents under {D.strategy} ({b / 2**20:.1f} MiB of parameters here)")
     return D
+
+# %% ../nbs/24_team.ipynb #9213709f
+@patch
+def rollout_models(self: Team) -> list:
+    """The models a rollout runs: the agents and their frozen references (a trainer gathers them once around it,
+    `gathered`, when they are sharded)."""
+    return list(self.agents) + list(self.ref_agents or [])
 
 # %% ../nbs/24_team.ipynb #7100c589
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "autocast_dtype")
@@ -241,9 +253,10 @@ def check_architectures(agents, saved) -> None:
             f"checkpoint, and this run's agent {i} has {', '.join(f'{k}={now.get(k)!r}' for k in diff)}; resume with "
             "the models the run started with, or start a new run")
 
-def _load_weights(model, state: dict, what: str):
-    "model.load_state_dict(state), torch's shape errors named (which model, the first mismatch) with the fix."
-    try: model.load_state_dict(state)
+def _load_weights(model, state: dict, what: str, whole: bool = False):
+    """model.load_state_dict(state) (`whole`: whole tensors, `load_full_state`, also into a sharded model), torch's
+    shape errors named (which model, the first mismatch) with the fix."""
+    try: load_full_state(model, state) if whole else model.load_state_dict(state)
     except RuntimeError as e:
         first = next((l.strip() for l in str(e).splitlines() if "size mismatch" in l or "Missing" in l), str(e)[:200])
         raise ValueError(f"cannot resume: the checkpoint's weights do not fit {what} ({first}); resume with the "
@@ -262,8 +275,18 @@ def state_dict(self: Team) -> dict:
     "The agents, their optimizers, frozen references (or None), architectures; sharded agents: full states."
     if self.sharding is not None: return self._full_state_dict()
     return {"agents": [m.state_dict() for m in self.agents], "optimizers": [o.state_dict() for o in self.optimizers],
-            "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None,
-            "architectures": [architecture(m) for m in self.agents]}
+            "refs": self._ref_states(), "architectures": [architecture(m) for m in self.agents]}
+
+@patch
+def _ref_states(self: Team) -> Optional[list]:
+    "The frozen references' whole states, or None (sharded ones gathered: every process calls it)."
+    return [full_state(m) for m in self.ref_agents] if self.ref_agents else None
+
+@patch
+def _load_refs(self: Team, states: Optional[list]):
+    "Load `_ref_states`' whole states into the references (sharded ones keep their shards)."
+    if not (self.ref_agents and states): return
+    for i, (m, s) in enumerate(zip(self.ref_agents, states)): _load_weights(m, s, f"agent {i}'s reference", True)
 
 @patch
 def load_state_dict(self: Team, sd: dict):
@@ -275,8 +298,7 @@ def load_state_dict(self: Team, sd: dict):
     check_architectures(self.agents, sd.get("architectures"))          # older checkpoints have none: not checked
     for i, (m, s) in enumerate(zip(self.agents, sd["agents"])): _load_weights(m, s, f"agent {i}")
     for o, s in zip(self.optimizers, sd["optimizers"]): o.load_state_dict(s)
-    if self.ref_agents and sd.get("refs"):
-        for i, (m, s) in enumerate(zip(self.ref_agents, sd["refs"])): _load_weights(m, s, f"agent {i}'s reference")
+    self._load_refs(sd.get("refs"))
 
 # %% ../nbs/24_team.ipynb #bdb1c8cc
 def _state_options(**kw):
@@ -289,8 +311,7 @@ def _full_state_dict(self: Team) -> dict:
     call it): the entries and format of a whole team's, so either kind of run resumes from the other's checkpoint."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     return {"agents": [get_model_state_dict(m, options=_state_options(cpu_offload=True)) for m in self.agents],
-            "optimizers": [full_optimizer_state(o) for o in self.optimizers],
-            "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}
+            "optimizers": [full_optimizer_state(o) for o in self.optimizers], "refs": self._ref_states()}
 
 @patch
 def _load_full_state_dict(self: Team, sd: dict):
@@ -299,15 +320,16 @@ def _load_full_state_dict(self: Team, sd: dict):
     for m, o, ms, os_ in zip(self.agents, self.optimizers, sd["agents"], sd["optimizers"]):
         set_model_state_dict(m, ms, options=_state_options())
         load_full_optimizer_state(o, os_)
-    if self.ref_agents and sd.get("refs"):
-        for m, s in zip(self.ref_agents, sd["refs"]): m.load_state_dict(s)
+    self._load_refs(sd.get("refs"))
 
 @patch
 def memory(self: Team) -> dict:
-    "This process' bytes of agent parameters and optimizer states, with the strategy and the number of processes."
-    D = self.sharding
+    """This process' bytes of agent parameters and optimizer states, and of the frozen references' parameters (each
+    distinct one once), with the strategy and the number of processes."""
+    D, refs = self.sharding, list({id(m): m for m in self.ref_agents or []}.values())
     return {"world_size": D.world if D else 1, "strategy": D.strategy if D else "none",
-            **process_bytes(self.agents, self.optimizers)}
+            **process_bytes(self.agents, self.optimizers),
+            "reference_bytes": process_bytes(refs)["parameter_bytes"]}
 
 # %% ../nbs/24_team.ipynb #fe7f1192
 from .checkpoints import read_shards, shard_keys
@@ -363,7 +385,7 @@ def sharded_state_dict(self: Team) -> tuple[dict, Optional[dict]]:
     agents: the references and architectures, and the agents' and optimizers' shards; else (`state_dict()`, None)."""
     if self.sharding is None: return self.state_dict(), None
     return {"agents": None, "optimizers": None, "architectures": [architecture(m) for m in self.agents],
-            "refs": [m.state_dict() for m in self.ref_agents] if self.ref_agents else None}, self._shard_state()
+            "refs": self._ref_states()}, self._shard_state()
 
 @patch
 def load_sharded_state_dict(self: Team, sd: dict, name: str = "team"):
@@ -379,8 +401,7 @@ def load_sharded_state_dict(self: Team, sd: dict, name: str = "team"):
     for i, (m, o) in enumerate(zip(self.agents, self.optimizers)):
         _load_weights(m, parts[f"agent_{i}"]["model"], f"agent {i}")
         o.load_state_dict(_int_keys(parts[f"agent_{i}"]["optimizer"]))
-    if self.ref_agents and sd.get("refs"):
-        for i, (m, s) in enumerate(zip(self.ref_agents, sd["refs"])): _load_weights(m, s, f"agent {i}'s reference")
+    self._load_refs(sd.get("refs"))
 
 # %% ../nbs/24_team.ipynb #e7baa0d6
 def _config_token_ids(d: Path, tokenizer):

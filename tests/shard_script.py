@@ -1,7 +1,8 @@
 """Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
 
 argv: out_dir strategy [stop N | resume] (N: a batch; a round for the *_iter families); the family from $SHARD_ALGO
-(magrpo, centralized, maac, iac, madpo, marlhf, madpo_iter, marlhf_iter); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL:
+(magrpo, centralized, maac, iac, madpo, marlhf, madpo_iter, marlhf_iter; magrpo_kl, maac_kl, centralized_kl: with the
+reference KL); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL:
 evaluation during training;
 $SHARD_SAVE_CHECKPOINT=1: a resumed run also writes and reads back trainer.save_checkpoint(out/saved_checkpoint).
 Writes params.pt (the full weights, main process), mem_rank<r>.json (this process' parameter / optimizer bytes, its
@@ -20,6 +21,8 @@ from comlrl_nb import make_tiny_model  # noqa: E402
 out, strategy = sys.argv[1], sys.argv[2]
 mode = sys.argv[3] if len(sys.argv) > 3 else "full"
 algo = os.environ.get("SHARD_ALGO", "magrpo")
+kl = algo.endswith("_kl")                        # magrpo_kl, maac_kl, centralized_kl: with the reference-KL penalty
+algo = algo.removesuffix("_kl")
 micro = int(os.environ["SHARD_MICRO"]) if os.environ.get("SHARD_MICRO") else None
 evals = bool(os.environ.get("SHARD_EVAL"))       # evaluate 3 held-out items (batches of 1) at every batch / round
 
@@ -36,7 +39,8 @@ ev = dict(eval_interval=1, eval_num_samples=3, eval_batch_size=1) if evals else 
 common = dict(num_train_epochs=2, max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-5,
               num_generations=2, rollout_batch_size=2, rollout_buffer_size=2, train_batch_size=2,
               early_termination_threshold=None, **ev, output_dir=out, progress_bar=False, save_steps=1,
-              logging_steps=1000, save_plot=False, distributed=strategy, micro_batch_size=micro)
+              logging_steps=1000, save_plot=False, distributed=strategy, micro_batch_size=micro,
+              **(dict(reference_kl_enabled=True, reference_kl_coef=0.5) if kl else {}))
 kw = dict(tokenizer=tok, reward_func=vowels, train_dataset=data)
 if evals: kw["eval_dataset"] = [{"prompt": p} for p in ["Name a color", "Sing a song", "Count to three"]]
 if algo == "centralized":

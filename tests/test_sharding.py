@@ -265,6 +265,22 @@ def test_families_stop_and_resume_under_fsdp(tmp_path_factory, one_process, algo
     _same_run(one, out, ATOL if algo.startswith("marlhf") else 1e-6)
 
 
+@pytest.mark.parametrize("algo,port", [("magrpo_kl", 29760), ("maac_kl", 29761), ("centralized_kl", 29762)])
+def test_references_sharded_under_fsdp(tmp_path_factory, one_process, algo, port):
+    """With the reference KL under 'fsdp' the frozen references are sharded like the agents (each process holds about
+    half of their bytes) and gathered with them for each rollout: the one-process run, its KL metrics included."""
+    one, out = one_process(algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
+    _torchrun(out, "fsdp", port, algo=algo)
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    m1, m = _mem(out, 1), _mem(one, 0)
+    assert m["reference_bytes"] > 0 and m1["reference_bytes"] <= 0.55 * m["reference_bytes"], (m, m1)
+    kls = [(k, a[k], b[k]) for a, b in zip(_rows(one), _rows(out)) for k in a
+           if k.endswith("kl") and not k.startswith("time/")]
+    assert kls and any(v != 0 for _, v, _ in kls), kls                   # the penalty was on, and measured
+    for k, v, w in kls: assert w == pytest.approx(v, abs=ATOL), k
+
+
 @pytest.mark.parametrize("algo,port", [("madpo", 29744), ("maac", 29745), ("madpo_iter", 29746)])
 def test_families_under_ddp(tmp_path_factory, one_process, algo, port):
     """Replicated data parallel on torch's reduction (FSDP2 over a (replicate, shard) mesh of shape (2, 1)) for MADPO,

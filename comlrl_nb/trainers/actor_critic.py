@@ -914,7 +914,7 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
 def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
     "This process' share of the batch's episodes (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.agents):     # sharded: one gather, all join
+    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.rollout_models()):   # one gather, all join
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
     parts = [p for p in self.dist.gather(None if ro is None else (ro.episodes, ro.times)) if p is not None]

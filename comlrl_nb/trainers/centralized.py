@@ -294,7 +294,7 @@ def _update_buffer(self: CentralizedMAGRPOTrainer, flush: bool = False) -> list[
 def _rollout_batch(self: CentralizedMAGRPOTrainer, ids, round_key) -> JointRollout:
     "This process' items rolled out; under data parallel every process' rollouts gathered (samples in batch order)."
     local = self.dist.shard(ids)
-    with gathered(self.team.agents):                     # sharded: the weights gathered once, every process joins
+    with gathered(self.team.rollout_models()):           # sharded: the weights gathered once, every process joins
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
     slim = None if ro is None else replace(ro, turn=replace(ro.turn, comps=None))

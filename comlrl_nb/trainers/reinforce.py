@@ -376,7 +376,7 @@ def _batches_ahead(self: MAGRPOTrainer, order, b: int, per_epoch: int, n_now: in
 def _rollout_batch(self: MAGRPOTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
     "This process' share of the batch rolled out (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.agents):     # sharded: one gather, all join
+    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.rollout_models()):   # one gather, all join
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
         return self._gather_rollouts(ro, ids)
 
