@@ -193,12 +193,18 @@ def full_state(model: torch.nn.Module) -> dict:
     whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v
     return {k: whole(v).detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
+def _cut(v: torch.Tensor, like, dtype=None) -> torch.Tensor:
+    """A whole tensor as `like` holds it: its own shard when `like` is a DTensor, cut from this process' copy (every
+    process holds the same whole state: no collective), on `like`'s device, in `dtype` (default: its own)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    if not (isinstance(like, DTensor) and torch.is_tensor(v) and v.shape == like.shape): return v
+    return distribute_tensor(v.to(like.device, dtype), like.device_mesh, like.placements, src_data_rank=None)
+
 def load_full_state(model: torch.nn.Module, state: dict):
-    """Load whole tensors (`full_state`'s) into `model`; an FSDP2 model keeps its own shards of them (all processes
-    call it: torch cuts the shards from rank 0's copy)."""
+    "Load whole tensors (`full_state`'s) into `model`; an FSDP2 model takes its own shards of them (`_cut`)."
     if not is_sharded(model): return model.load_state_dict(state)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    return set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+    own = model.state_dict()
+    return model.load_state_dict({k: _cut(v, own.get(k), getattr(own.get(k), "dtype", None)) for k, v in state.items()})
 
 def full_optimizer_state(opt) -> dict:
     "`opt.state_dict()` with every sharded (DTensor) state whole, as a whole model's (a collective: all call it)."
@@ -209,13 +215,9 @@ def full_optimizer_state(opt) -> dict:
     return sd
 
 def load_full_optimizer_state(opt, sd: dict):
-    "Load `full_optimizer_state`'s dict: the states of sharded parameters cut to this process' shards."
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    "Load `full_optimizer_state`'s dict: the states of sharded parameters cut to this process' shards (`_cut`)."
     params = [p for g in opt.param_groups for p in g["params"]]
-    def mine(p, v):
-        if not (isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape): return v
-        return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
-    opt.load_state_dict({**sd, "state": {k: {n: mine(params[int(k)], v) for n, v in st.items()}
+    opt.load_state_dict({**sd, "state": {k: {n: _cut(v, params[int(k)]) for n, v in st.items()}
                                          for k, st in sorted(sd["state"].items())}})
 
 def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:

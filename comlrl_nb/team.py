@@ -316,9 +316,8 @@ def _full_state_dict(self: Team) -> dict:
 @patch
 def _load_full_state_dict(self: Team, sd: dict):
     "Load full states (`_full_state_dict`'s, read by every process) into the sharded agents: each keeps its shards."
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
     for m, o, ms, os_ in zip(self.agents, self.optimizers, sd["agents"], sd["optimizers"]):
-        set_model_state_dict(m, ms, options=_state_options())
+        load_full_state(m, ms)
         load_full_optimizer_state(o, os_)
     self._load_refs(sd.get("refs"))
 

@@ -5,8 +5,8 @@ argv: out_dir strategy [stop N | resume] (N: a batch; a round for the *_iter fam
 reference KL); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL:
 evaluation during training;
 $SHARD_SAVE_CHECKPOINT=1: a resumed run also writes and reads back trainer.save_checkpoint(out/saved_checkpoint).
-Writes params.pt (the full weights, main process), mem_rank<r>.json (this process' parameter / optimizer bytes, its
-own shards) and the run's metrics.jsonl / checkpoints."""
+Writes params.pt (the full weights, main process), mem_rank<r>.json (this process' parameter / optimizer / reference /
+critic bytes, its own shards) and the run's metrics.jsonl / checkpoints."""
 import json
 import os
 import sys
@@ -17,6 +17,7 @@ import torch
 torch.set_num_threads(1)
 import comlrl_nb as C  # noqa: E402
 from comlrl_nb import make_tiny_model  # noqa: E402
+from comlrl_nb.distributed import process_bytes  # noqa: E402
 
 out, strategy = sys.argv[1], sys.argv[2]
 mode = sys.argv[3] if len(sys.argv) > 3 else "full"
@@ -82,7 +83,9 @@ else: tr.train(resume_from_checkpoint=True if mode == "resume" else None)
 seconds = time.perf_counter() - t0
 rank = int(os.environ.get("RANK", "0"))
 with open(os.path.join(out, f"mem_rank{rank}.json"), "w") as f:
-    json.dump({**tr.team.memory(), "train_seconds": seconds}, f)
+    critics = [c.backbone for c in getattr(tr, "critics", []) if not c.shared]   # MAAC's separate critic
+    json.dump({**tr.team.memory(), "critic_bytes": process_bytes(critics)["parameter_bytes"], "train_seconds": seconds},
+              f)
 full = tr.team.state_dict()["agents"]                 # every process takes part; the main one holds the full weights
 if rank == 0: torch.save([{k: v.detach().cpu() for k, v in sd.items()} for sd in full], os.path.join(out, "params.pt"))
 if mode == "resume" and os.environ.get("SHARD_SAVE_CHECKPOINT"):   # the library's trainer.save/load_checkpoint
