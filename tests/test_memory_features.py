@@ -24,7 +24,8 @@ def vowels(a, b):
 
 
 def weights(models):
-    return [p.detach().clone() for m in models for p in m.parameters()]
+    "Every parameter, whole (torch's data parallel holds DTensors)."
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for m in models for p in m.parameters()]
 
 
 def assert_close(a, b, rtol=1e-6, atol=1e-8):
@@ -292,6 +293,8 @@ def _madpo_worker(rank, world, init, out):
     ctx = DistContext(from_env=False)
     ctx.world, ctx.rank = world, rank
     team, tokens = _pair_team()
+    team.agents[:] = [ctx.use("ddp").wrap(a) for a in team.agents]     # as a launcher's team: torch sums the gradients
+    team.optimizers[:] = [torch.optim.SGD(a.parameters(), lr=1e-2) for a in team.agents]
     res = md.madpo_update(team, tokens, list(range(5)), 0.5, [0, 0], None, None, ctx, micro_batch_size=2)
     torch.save([weights(team.agents), res["margins"], res["losses"], max(sizes)], f"{out}/rank{rank}.pt")
     _leave_together(dist)
