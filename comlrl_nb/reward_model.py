@@ -238,7 +238,7 @@ def _fit_texts(self: JointRewardModel, winners: Sequence[str], losers: Sequence[
     "Bradley-Terry training on (winner text, loser text) pairs; returns per-step {'step','epoch','loss','accuracy'}."
     if len(winners) != len(losers) or not winners:
         raise ValueError(f"fit: {len(winners)} winners and {len(losers)} losers; need matching, non-empty lists")
-    if dist is not None and dist.enabled: dist.wrap(self, replicate=True)   # whole everywhere; torch sums the gradients
+    if dist is not None and dist.enabled: dist.wrap(self)    # torch's data parallel: sharded under 'fsdp', else whole
     params = [p for p in self.parameters() if p.requires_grad]
     self.optimizer = make_optimizer(params, learning_rate)   # bf16 weights: fp32 master copies
     history, step, P = [], 0, len(winners)

@@ -73,6 +73,7 @@ class Team:
         self.master_weights = master_weights            # bf16 weights: AdamW over fp32 copies (make_optimizer)
         self._one_base = one_base(agent_model, agents)
         self.ref_agents = self._references(reference_devices)          # whole frozen copies, before any sharding
+        self.scorers: list = []                 # models a rollout's reward runs (a learned reward model): see below
         self.sharding = self._shard(distributed)                         # None: whole agents (the default)
         self.optimizers = [make_optimizer(m.parameters(), learning_rate, weight_decay, master_weights)
                            for m in self.agents]
@@ -139,9 +140,9 @@ def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
 # %% ../nbs/24_team.ipynb #9213709f
 @patch
 def rollout_models(self: Team) -> list:
-    """The models a rollout runs: the agents and their frozen references (a trainer gathers them once around it,
-    `gathered`, when they are sharded)."""
-    return list(self.agents) + list(self.ref_agents or [])
+    """The models a rollout runs: the agents, their frozen references and the `scorers` (MARLHF's reward model, which
+    scores each process' own items): a trainer gathers them once around it (`gathered`) when they are sharded."""
+    return list(self.agents) + list(self.ref_agents or []) + list(self.scorers)
 
 # %% ../nbs/24_team.ipynb #7100c589
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "autocast_dtype")

@@ -84,8 +84,9 @@ seconds = time.perf_counter() - t0
 rank = int(os.environ.get("RANK", "0"))
 with open(os.path.join(out, f"mem_rank{rank}.json"), "w") as f:
     critics = [c.backbone for c in getattr(tr, "critics", []) if not c.shared]   # MAAC's separate critic
-    json.dump({**tr.team.memory(), "critic_bytes": process_bytes(critics)["parameter_bytes"], "train_seconds": seconds},
-              f)
+    rm = [tr.reward_model] if hasattr(tr, "reward_model") else []                  # MARLHF's
+    json.dump({**tr.team.memory(), "critic_bytes": process_bytes(critics)["parameter_bytes"],
+               "reward_model_bytes": process_bytes(rm)["parameter_bytes"], "train_seconds": seconds}, f)
 full = tr.team.state_dict()["agents"]                 # every process takes part; the main one holds the full weights
 if rank == 0: torch.save([{k: v.detach().cpu() for k, v in sd.items()} for sd in full], os.path.join(out, "params.pt"))
 if mode == "resume" and os.environ.get("SHARD_SAVE_CHECKPOINT"):   # the library's trainer.save/load_checkpoint

@@ -233,7 +233,7 @@ def test_sharded_save_failing_in_one_process_commits_nothing(tmp_path):
                                       ("marlhf", 29635), ("madpo_iter", 29742), ("marlhf_iter", 29743)])
 def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
     """CentralizedMAGRPO (one actor), MAAC (its separate critic sharded too), IAC (value heads on the sharded actors),
-    MADPO, MARLHF (its reward model whole, on torch's data parallel over a (2, 1) mesh: its rewards agree within ATOL),
+    MADPO, MARLHF (its reward model sharded too, gathered with the agents for each rollout: rewards within ATOL),
     MADPOIter (two rounds against the history comparator: whole copies of the sharded agents and their snapshots) and
     MARLHFIter (two rounds against the current agents, a reward model per round: learned rewards within ATOL)."""
     one, out = one_process(algo), tmp_path_factory.mktemp(f"fsdp_{algo}")
@@ -243,6 +243,8 @@ def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
     m1, m = _mem(out, 1), _mem(one, 0)
     assert m1["strategy"] == "fsdp" and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
     assert (m["critic_bytes"] > 0) == (algo == "maac") and m1["critic_bytes"] <= 0.55 * m["critic_bytes"]
+    rm = m["reward_model_bytes"]
+    assert (rm > 0) == algo.startswith("marlhf") and m1["reward_model_bytes"] <= 0.55 * rm   # sharded too
 
 
 @pytest.mark.parametrize("algo,stop,port", [("centralized", 2, 29900), ("maac", 2, 29902), ("madpo", 3, 29904),

@@ -421,7 +421,7 @@ def _collect_round(self: PreferenceRounds, nu: int) -> tuple[list, dict]:
     wrap, acc, records = self.comparator.prompt_wrap(a.use_chat_template), {}, []
     mine = self.dist.blocks(len(ds))                   # every item in one process; else this process' block
     try:
-        with gathered(self.team.agents):               # sharded agents: whole for the round (blocks may differ)
+        with gathered(self.team.rollout_models()):     # sharded agents (and reward model): whole for the round
             for s in range(0, len(mine), a.collection_batch_size):
                 ids = mine[s:s + a.collection_batch_size]
                 recs, st = self._collect_batch(nu, [ds[j] for j in ids], ids, gen, wrap, score)
@@ -721,7 +721,7 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
     load_full_state(rm, self._rm_initial)             # the fitted one may be under torch's data parallel
     summary = fit_reward(rm, records, a, d, derive_seed(a.seed, "reward_model_round", nu), {"iteration": nu},
-                         self.dist, console=False)          # data parallel: each process its share of each batch
+                         self.policy_trainer.team.sharding or self.dist, console=False)   # each process its share
     self._rm_fitted = True
     return summary
 

@@ -219,6 +219,7 @@ def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents
     "The run's JointRewardModel (`_new_reward_model`), its backbone checkpointed when gradient_checkpointing is set."
     rm = _new_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config)
     if getattr(owner.args, "gradient_checkpointing", False): enable_gradient_checkpointing(rm.body)
+    owner.policy_trainer.team.scorers = [rm]    # it scores inside the policy phase's rollouts: gathered with the agents
     return rm
 
 def _new_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config) -> JointRewardModel:
@@ -458,7 +459,8 @@ from ..distributed import full_state, load_full_state
 def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model"
-    dist = self.policy_trainer.dist                     # data parallel: each process fits on its share of each batch
+    pt = self.policy_trainer                            # data parallel: each process fits on its share of each batch
+    dist = pt.team.sharding or pt.dist                  # the agents' strategy ('fsdp': the reward model sharded too)
     summary = fit_reward(rm, self.pairs, a, d, a.seed, {"phase": "reward_model"}, dist, summary_line=True)
     state = full_state(rm)                              # whole tensors (every process: a collective when wrapped)
     if a.save_steps >= 0 and dist.is_main:
