@@ -67,11 +67,13 @@ def _aa_to(self: AdapterAgent, *args, **kwargs):
     self.peft.to(*args, **kwargs)
     return self
 
-def _aa_save_pretrained(self: AdapterAgent, out_dir, **kwargs):
-    "Write this adapter (PEFT format; load it with `PeftModel.from_pretrained(base, path)`)."
+def _aa_save_pretrained(self: AdapterAgent, out_dir, state_dict: Optional[dict] = None, **kwargs):
+    """Write this adapter (PEFT format; load it with `PeftModel.from_pretrained(base, path)`); `state_dict`: its whole
+    tensors, when the model is under torch's data parallel (`Team.save_pretrained` gathers them)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    self.peft.save_pretrained(str(out), selected_adapters=[self.name])
+    extra = {} if state_dict is None else {"state_dict": state_dict}
+    self.peft.save_pretrained(str(out), selected_adapters=[self.name], **extra)
 
 def _aa_reference_copy(self: AdapterAgent):
     "The frozen reference policy: the base model with adapters switched off (no copy)."
@@ -112,12 +114,14 @@ class LoRAAgents:
     dropout: float = 0.0
     target_modules: Optional[Sequence[str]] = None     # None: every linear layer of the attention and MLP blocks
     tokenizer: Any = None
+    seed: int = 0                                      # the adapters' random initialization
 
     def __post_init__(self):
         check_number(self.num_agents, "num_agents", "LoRAAgents", integer=True, min=1)
         check_number(self.r, "r", "LoRAAgents", integer=True, min=1)
         check_number(self.alpha, "alpha", "LoRAAgents", min=0, min_exclusive=True)
         check_number(self.dropout, "dropout", "LoRAAgents", min=0, max=1)
+        check_number(self.seed, "seed", "LoRAAgents", integer=True, min=0)
 
 # %% ../nbs/06_adapters.ipynb #a5d9aa8c
 def _lora_build(self: LoRAAgents, model_config: dict | None = None, device=None):
@@ -137,8 +141,10 @@ def _lora_build(self: LoRAAgents, model_config: dict | None = None, device=None)
     base.requires_grad_(False)
     cfg = LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
                      target_modules=list(self.target_modules) if self.target_modules else "all-linear")
-    peft_model = get_peft_model(base, cfg, adapter_name="agent_0")
-    for i in range(1, self.num_agents): peft_model.add_adapter(f"agent_{i}", cfg)
+    with torch.random.fork_rng(devices=[]):             # the adapters' random init from `seed`, not the global RNG:
+        torch.manual_seed(self.seed)                    # the same in every run and every process of a launcher
+        peft_model = get_peft_model(base, cfg, adapter_name="agent_0")
+        for i in range(1, self.num_agents): peft_model.add_adapter(f"agent_{i}", cfg)
     peft_model.eval()
     agents = [AdapterAgent(peft_model, f"agent_{i}") for i in range(self.num_agents)]
     n_ad = sum(p.numel() for p in agents[0].parameters())

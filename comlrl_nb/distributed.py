@@ -13,8 +13,9 @@ from fastcore.basics import patch
 from .core import logger, process_device
 
 # %% auto #0
-__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'decoder_layers', 'body_of', 'is_sharded', 'gathered', 'process_bytes',
-           'full_state', 'load_full_state', 'full_optimizer_state', 'load_full_optimizer_state', 'whole_copy']
+__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'decoder_layers', 'body_of', 'owner', 'is_sharded', 'gathered',
+           'process_bytes', 'full_state', 'load_full_state', 'full_optimizer_state', 'load_full_optimizer_state',
+           'whole_copy']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -123,10 +124,17 @@ def body_of(model: torch.nn.Module) -> Optional[torch.nn.Module]:
     return body if len(rest) == len(list(body.named_parameters(remove_duplicate=False))) else None
 
 # %% ../nbs/70_distributed.ipynb #1456c4f1
+def owner(model) -> torch.nn.Module:
+    """The module holding `model`'s weights: for a view over a shared model (an adapter agent or the base view of
+    06_adapters: its `peft`), that model; else `model` itself. Torch's data parallel wraps owners, once each."""
+    shared = getattr(model, "peft", None)
+    return model if shared is None else shared
+
 def is_sharded(model) -> bool:
-    "Whether `model` is an FSDP2 module (its parameters are DTensors managed by torch), sharded or replicated."
+    """Whether `model` (its `owner`) is an FSDP2 module (its parameters are DTensors managed by torch), sharded or
+    replicated."""
     from torch.distributed.fsdp import FSDPModule
-    return isinstance(model, FSDPModule)
+    return isinstance(owner(model), FSDPModule)
 
 @patch
 def wrap(self: DistContext, model: torch.nn.Module, replicate: bool = False) -> torch.nn.Module:
@@ -151,7 +159,7 @@ def wrap(self: DistContext, model: torch.nn.Module, replicate: bool = False) -> 
 # %% ../nbs/70_distributed.ipynb #7afa9536
 def _fsdp_units(models) -> list:
     from torch.distributed.fsdp import FSDPModule
-    units = [u for m in models if is_sharded(m) for u in m.modules() if isinstance(u, FSDPModule)]
+    units = [u for m in models if is_sharded(m) for u in owner(m).modules() if isinstance(u, FSDPModule)]
     return list({id(u): u for u in units}.values())       # a model listed twice (one shared reference): once
 
 @contextmanager

@@ -13,8 +13,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from fastcore.basics import patch
 from .core import as_list, atomic_write_text, logger, resolve_device
-from .distributed import (
-    DistContext, full_optimizer_state, full_state, gathered, load_full_optimizer_state, load_full_state, process_bytes)
+from comlrl_nb.distributed import (
+    DistContext, full_optimizer_state, full_state, gathered, load_full_optimizer_state, load_full_state, owner,
+    process_bytes)
 from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_team, stackable
@@ -117,19 +118,19 @@ def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
     ('fsdp') or whole ('ddp', and 'none' there); the context, or None in one process (the agents stay as they are)."""
     D = DistContext().use(strategy)
     if D.strategy == "none": return None
-    ids = [{id(p) for p in m.parameters()} for m in self.agents]
+    owners = list({id(owner(m)): owner(m) for m in self.agents}.values())   # adapters on one base: that model once
+    ids = [{id(p) for p in m.parameters()} for m in owners]
     if len(set().union(*ids)) < sum(map(len, ids)):
         raise ValueError(f"distributed={strategy!r} under a launcher of {D.world} processes: the agents share "
-                         "parameters (adapters on one base model, or one model object given twice), which torch's data "
-                         "parallel cannot wrap twice; train them in one process (no launcher), or give each agent its "
-                         "own model")
+                         "parameters (one model object given twice?), which torch's data parallel cannot wrap twice; "
+                         "give each agent its own model")
     if self.parallel_training == "mp":
         logger.warning("parallel_training='mp' under a launcher: each process runs its agents one after another (their "
                        "threads would interleave the processes' collectives)")
         self.parallel_training = "none"
-    self.agents = [D.wrap(m) for m in self.agents]
+    for m in owners: D.wrap(m)                              # in place: the agents (views of it) are the same objects
     if D.strategy == "fsdp":                 # the frozen references too (each distinct one once), where the agents are
-        for r in {id(m): m for m in self.ref_agents or []}.values():
+        for r in {id(m): m for m in self.ref_agents or [] if owner(m) is m}.values():   # (a base view: wrapped above)
             if next(r.parameters()).device.type == D.device.type: D.wrap(r)
             else: logger.info(f"a reference on {next(r.parameters()).device} stays whole (the processes talk on "
                               f"{D.device.type})")
@@ -306,12 +307,18 @@ def _state_options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, **kw)
 
+def _whole_state(m) -> dict:
+    "An agent's whole state on the CPU (a collective when sharded: all call it); an adapter agent's: its adapter's."
+    if owner(m) is not m: return full_state(m)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(m, options=_state_options(cpu_offload=True))
+
 @patch
 def _full_state_dict(self: Team) -> dict:
     """The sharded agents' and optimizers' full (consolidated) states, gathered by every process (a collective: all
     call it): the entries and format of a whole team's, so either kind of run resumes from the other's checkpoint."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return {"agents": [get_model_state_dict(m, options=_state_options(cpu_offload=True)) for m in self.agents],
+    return {"agents": [_whole_state(m) for m in self.agents],
             "optimizers": [full_optimizer_state(o) for o in self.optimizers], "refs": self._ref_states()}
 
 @patch
@@ -422,8 +429,7 @@ def save_pretrained(self: Team, output_dir) -> Path:
         if self.sharding is None:
             m.save_pretrained(out / f"agent_{i}")
         else:
-            from torch.distributed.checkpoint.state_dict import get_model_state_dict
-            sd = get_model_state_dict(m, options=_state_options(cpu_offload=True))
+            sd = _whole_state(m)
             if self.sharding.is_main: m.save_pretrained(out / f"agent_{i}", state_dict=sd)
         if self.sharding is None or self.sharding.is_main:
             t.save_pretrained(out / f"agent_{i}")

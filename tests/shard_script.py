@@ -1,7 +1,7 @@
 """Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
 
 argv: out_dir strategy [stop N | resume] (N: a batch; a round for the *_iter families); the family from $SHARD_ALGO
-(magrpo, centralized, maac, iac, madpo, marlhf, madpo_iter, marlhf_iter; magrpo_kl, maac_kl, centralized_kl: with the
+(magrpo, centralized, maac, iac, madpo, marlhf, madpo_iter, marlhf_iter, lora; magrpo_kl, maac_kl, centralized_kl: with the
 reference KL); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL:
 evaluation during training;
 $SHARD_SAVE_CHECKPOINT=1: a resumed run also writes and reads back trainer.save_checkpoint(out/saved_checkpoint).
@@ -74,6 +74,12 @@ elif algo in ("madpo", "marlhf", "madpo_iter", "marlhf_iter"):
         tr = C.MARLHFTrainer(agents=[m0, m1], reward_model=rm, **kw,
                              args=C.MARLHFConfig(num_train_epochs=1, num_generations=2, reward_num_train_epochs=2,
                                                  reward_train_batch_size=3, reward_learning_rate=1e-5, **pref))
+elif algo == "lora":                # two LoRA adapters over one base: the base handed to torch once, the adapters trained
+    from comlrl_nb.adapters import LoRAAgents
+    tr = C.MAGRPOTrainer(agents=LoRAAgents(m0, num_agents=2, r=4, tokenizer=tok),
+                         args=C.MAGRPOConfig(**{**common, "agent_learning_rate": 1e-3}), **kw)
+    if strategy == "none" and mode == "full":               # the adapters' initial weights, for the test's comparison
+        torch.save(tr.team.state_dict()["agents"], os.path.join(out, "init.pt"))
 else:
     tr = C.MAGRPOTrainer(agents=[m0, m1], args=C.MAGRPOConfig(**common), **kw)
 t0 = time.perf_counter()

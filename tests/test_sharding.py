@@ -79,6 +79,7 @@ def _single(root, algo="magrpo", evals=False):
     "The one-process run (distributed='none'), and the initial weights next to it."
     d = root.mktemp(f"single_{algo}{'_eval' if evals else ''}")
     _wait(_run([sys.executable, SCRIPT, d, "none"], algo, evals=evals))
+    if algo == "lora": return d                                        # the script saved the adapters' initial weights
     from comlrl_nb import make_tiny_model
     m0, tok = make_tiny_model(seed=0)
     seeds = (0,) if algo == "centralized" else (0, 1)
@@ -320,6 +321,23 @@ def test_evaluation_during_training_under_fsdp(tmp_path_factory, one_process, al
     ev = [(r["batch"], r["eval/turn_1/reward_mean"]) for r in _rows(out) if "eval/turn_1/reward_mean" in r]
     assert len(ev) >= 2 and ev == [(r["batch"], r["eval/turn_1/reward_mean"]) for r in _rows(one)
                                    if "eval/turn_1/reward_mean" in r]
+
+
+@pytest.mark.parametrize("strategy,port", [("ddp", 29764), ("fsdp", 29765)])
+def test_lora_adapters_on_one_base_under_a_launcher(tmp_path_factory, one_process, strategy, port):
+    """Two LoRA adapters over one base model: the base is handed to torch's data parallel once (the agents are views of
+    it), each adapter trained on its own: the one-process run; under 'fsdp' each process holds about half of them."""
+    one, out = one_process("lora"), tmp_path_factory.mktemp(f"lora_{strategy}")
+    _torchrun(out, strategy, port, algo="lora")
+    (out / "init.pt").symlink_to(one / "init.pt")
+    _same_run(one, out)
+    m1, m = _mem(out, 1), _mem(one, 0)
+    share = 0.55 if strategy == "fsdp" else 1
+    assert m1["strategy"] == strategy and m1["parameter_bytes"] <= share * m["parameter_bytes"]
+    from safetensors.torch import load_file                  # save_model: each adapter in PEFT's format, gathered whole
+    for i in (0, 1):
+        a, b = (load_file(next((d / "final" / f"agent_{i}").rglob("adapter_model.safetensors"))) for d in (one, out))
+        assert sorted(a) == sorted(b) and all(torch.allclose(a[k], b[k], atol=ATOL, rtol=0) for k in a)
 
 
 def test_distributed_field():
