@@ -137,12 +137,29 @@ def is_sharded(model) -> bool:
     return isinstance(owner(model), FSDPModule)
 
 @patch
+def sync_from_main(self: DistContext, model: torch.nn.Module):
+    """Every process' copy of `model` made the main process' (parameters and buffers broadcast from rank 0), as DDP
+    does before training: FSDP2 cuts each process' shards from its own copy, and copies built from unseeded random
+    draws would differ. Under NCCL a tensor off this process' GPU goes through a copy there."""
+    if not self.enabled: return
+    nccl, seen = torch.distributed.get_backend() == "nccl", set()
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if id(t) in seen: continue
+            seen.add(id(t))
+            buf = t.detach().to(self.device) if nccl and t.device != self.device else t.detach()
+            torch.distributed.broadcast(buf, src=0)
+            if buf.data_ptr() != t.data_ptr(): t.copy_(buf)
+
+@patch
 def wrap(self: DistContext, model: torch.nn.Module, replicate: bool = False) -> torch.nn.Module:
     """`model` handed to torch's data parallel, in place: in one process unchanged; else `fully_shard` per decoder
     layer, for the body (`body_of`) and for the model, over `mesh` ('fsdp': sharded; 'ddp', 'none' or `replicate`:
     whole on every process, FSDP2 over a (W, 1) mesh), with gradients summed over processes (the losses are
-    per-process shares of one mini-batch). A model wrapped already is returned as it is."""
+    per-process shares of one mini-batch). The main process' weights first (`sync_from_main`). A model wrapped already
+    is returned as it is."""
     if not self.enabled or is_sharded(model): return model
+    self.sync_from_main(model)
     from torch.distributed.fsdp import fully_shard
     mesh = self.mesh(next(model.parameters()).device.type, "fsdp" if self.strategy == "fsdp" and not replicate
                      else "ddp")

@@ -205,7 +205,7 @@ def _replicate_worker(rank, world, init, out):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     ctx = DistContext(from_env=False)
     ctx.world, ctx.rank = world, rank
-    torch.manual_seed(0)                                   # the same weights on both processes
+    torch.manual_seed(rank)                                # other weights on each process: wrap takes rank 0's
     head = ctx.wrap(torch.nn.Linear(4, 1), replicate=True)
     assert is_sharded(head) and ctx.wrap(head) is head     # wrapped once
     for _ in range(rank + 1):                              # forwards without gradient: as many as a process needs
@@ -218,9 +218,9 @@ def _replicate_worker(rank, world, init, out):
 
 
 def test_a_replicated_module_gets_the_gradient_sum_from_torch(tmp_path):
-    """`DistContext.wrap(replicate=True)` (critics, value heads, reward models under a launcher): whole on every process,
-    a process may run more forwards than another, and each backward's gradient is the sum over processes; whole states
-    go out and back in."""
+    """`DistContext.wrap(replicate=True)` (value heads under a launcher): every process starts from the main one's weights
+    (built from other seeds here), whole on every process, a process may run more forwards than another, and each
+    backward's gradient is the sum over processes; whole states go out and back in."""
     import torch.multiprocessing as mp
     mp.spawn(_replicate_worker, args=(2, f"file://{tmp_path}/init", str(tmp_path)), nprocs=2, join=True)
     r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
