@@ -94,9 +94,10 @@ def launcher_sharding(env=None) -> Optional[str]:
     if kind not in _FSDP_SHARDING:
         raise ValueError(f"accelerate's FSDP plugin with FSDP_SHARDING_STRATEGY={kind} is not supported; use "
                          "FULL_SHARD (as distributed='fsdp') or NO_SHARD (as distributed='ddp')")
-    other = sorted(k for k in env if k.startswith("FSDP_") and k not in _FSDP_READ)
-    if other: logger.warning(f"accelerate's FSDP plugin settings {', '.join(other)} have no effect here: the package "
-                             "wraps each decoder layer with torch's FSDP2 itself (70_distributed)")
+    other = sorted(f"{k}={env[k]}" for k in env if k.startswith("FSDP_") and k not in _FSDP_READ)
+    if other and str(env.get("RANK", "0")) == "0":                             # once, by the main process
+        logger.warning(f"accelerate's FSDP plugin: the package wraps each decoder layer with torch's FSDP2 itself, so "
+                       f"these settings have no effect: {', '.join(other)}")
     return _FSDP_SHARDING[kind]
 
 @patch
