@@ -13,9 +13,9 @@ from fastcore.basics import patch
 from .core import logger, process_device
 
 # %% auto #0
-__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'decoder_layers', 'body_of', 'owner', 'is_sharded', 'gathered',
-           'process_bytes', 'full_state', 'load_full_state', 'full_optimizer_state', 'load_full_optimizer_state',
-           'whole_copy']
+__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'launcher_sharding', 'decoder_layers', 'body_of', 'owner', 'is_sharded',
+           'gathered', 'process_bytes', 'full_state', 'load_full_state', 'full_optimizer_state',
+           'load_full_optimizer_state', 'whole_copy']
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -72,15 +72,51 @@ def gather_cat(self: DistContext, xs: Sequence) -> list:
 # %% ../nbs/70_distributed.ipynb #ff074e58
 DISTRIBUTED_STRATEGIES = ("none", "ddp", "fsdp")     # the trainer configs' `distributed` field
 DistContext.strategy = "none"
+_FSDP_SHARDING = {"1": "fsdp", "FULL_SHARD": "fsdp", "3": "ddp", "NO_SHARD": "ddp"}   # accelerate's names and numbers
+_FSDP_READ = {"FSDP_SHARDING_STRATEGY", "FSDP_OFFLOAD_PARAMS"}
+
+def launcher_sharding(env=None) -> Optional[str]:
+    """What `accelerate launch` was asked for with its FSDP plugin (`--use_fsdp` or an FSDP config: ACCELERATE_USE_FSDP
+    and FSDP_* variables): 'fsdp' (FULL_SHARD), 'ddp' (NO_SHARD), or None (no plugin). What the package cannot do
+    (DeepSpeed, other sharding strategies, CPU offload) is refused with the fix; the plugin's other settings (wrap
+    policy, prefetch, state-dict type, ...) are named in one warning: the package wraps the models itself."""
+    env = os.environ if env is None else env
+    on = lambda k: str(env.get(k, "")).strip().lower() in ("1", "true", "yes", "on")
+    if on("ACCELERATE_USE_DEEPSPEED"):
+        raise ValueError("accelerate launch with DeepSpeed (ACCELERATE_USE_DEEPSPEED=true) is not supported: the "
+                         "package shards with torch's FSDP2; launch without the DeepSpeed config and set "
+                         "distributed='fsdp'")
+    if not on("ACCELERATE_USE_FSDP"): return None
+    if on("FSDP_OFFLOAD_PARAMS"):
+        raise ValueError("accelerate's FSDP plugin with CPU offload (FSDP_OFFLOAD_PARAMS=true) is not supported; "
+                         "launch with --fsdp_offload_params false")
+    kind = str(env.get("FSDP_SHARDING_STRATEGY") or "FULL_SHARD").strip().upper()
+    if kind not in _FSDP_SHARDING:
+        raise ValueError(f"accelerate's FSDP plugin with FSDP_SHARDING_STRATEGY={kind} is not supported; use "
+                         "FULL_SHARD (as distributed='fsdp') or NO_SHARD (as distributed='ddp')")
+    other = sorted(f"{k}={env[k]}" for k in env if k.startswith("FSDP_") and k not in _FSDP_READ)
+    if other and str(env.get("RANK", "0")) == "0":                             # once, by the main process
+        logger.warning(f"accelerate's FSDP plugin: the package wraps each decoder layer with torch's FSDP2 itself, so "
+                       f"these settings have no effect: {', '.join(other)}")
+    return _FSDP_SHARDING[kind]
 
 @patch
 def use(self: DistContext, strategy: str = "none") -> DistContext:
     """Choose how the agents are data parallel: 'ddp' (whole agents; torch sums the gradients in backward) or 'fsdp'
-    (agents sharded with FSDP2). 'none', the default, is 'ddp' under a launcher. One process: always 'none'."""
+    (agents sharded with FSDP2). 'none', the default, is 'ddp' under a launcher, or what accelerate's FSDP plugin asks
+    for (`launcher_sharding`). One process: always 'none'."""
     if strategy not in DISTRIBUTED_STRATEGIES:
         raise ValueError(f"distributed={strategy!r} is invalid: use one of {', '.join(DISTRIBUTED_STRATEGIES)}")
     if strategy != "none" and not self.enabled:
         logger.info(f"distributed={strategy!r} in one process: nothing to share, the agents stay whole")
+    plugin = launcher_sharding() if self.enabled else None
+    if plugin is not None and strategy not in ("none", plugin):
+        raise ValueError(f"distributed={strategy!r}, but accelerate was launched with its FSDP plugin as {plugin!r} "
+                         f"(ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY): set distributed={plugin!r}, or launch "
+                         "without the plugin")
+    if plugin is not None and strategy == "none":
+        logger.info(f"accelerate launch with its FSDP plugin: distributed={plugin!r}")
+        strategy = plugin
     if strategy == "none" and self.enabled:
         logger.info(f"distributed='none' under a launcher of {self.world} processes: whole agents on every process, "
                     "torch sums their gradients (as 'ddp')")

@@ -340,6 +340,18 @@ def test_lora_adapters_on_one_base_under_a_launcher(tmp_path_factory, one_proces
         assert sorted(a) == sorted(b) and all(torch.allclose(a[k], b[k], atol=ATOL, rtol=0) for k in a)
 
 
+def test_accelerate_fsdp_plugin_is_honoured(tmp_path, single):
+    """`accelerate launch --use_fsdp` with the config's distributed='none': the agents are sharded (the plugin read,
+    `launcher_sharding`), each process holding about half, and the run is the one-process run."""
+    _wait(_run([BIN / "accelerate", "launch", "--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD", "--num_processes",
+                2, "--num_machines", 1, "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", 29763,
+                SCRIPT, tmp_path, "none"]))
+    m1, m = _mem(tmp_path, 1), _mem(single, 0)
+    assert (m1["strategy"], m1["world_size"]) == ("fsdp", 2) and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
+    (tmp_path / "init.pt").symlink_to(single / "init.pt")
+    _same_run(single, tmp_path)
+
+
 def test_distributed_field():
     from comlrl_nb import MAACConfig, MAGRPOConfig, MADPOConfig
     for cls in (MAGRPOConfig, MAACConfig, MADPOConfig):
