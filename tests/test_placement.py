@@ -11,6 +11,7 @@ import torch
 
 import comlrl_nb.core as core
 from comlrl_nb import MAACConfig, MAACTrainer, MARLHFConfig, MARLHFTrainer, make_tiny_model
+from comlrl_nb.distributed import DistContext
 
 DATA = [{"prompt": p} for p in ["Write a story", "Explain physics", "Create a recipe"]]
 COMMON = dict(num_train_epochs=1, max_new_tokens=4, eval_interval=0, progress_bar=False, logging_steps=1000)
@@ -48,6 +49,9 @@ class Launch:
             return real_to(module, *args, **kwargs)
         monkeypatch.setattr(torch.nn.Module, "to", to)
         monkeypatch.setattr("accelerate.PartialState", self._state)
+        # no process group here: torch's data parallel (`DistContext.wrap`, 70_distributed) is left out of the pretence;
+        # tests/test_sharding.py runs it for real
+        monkeypatch.setattr(DistContext, "wrap", lambda ctx, model, replicate=False: model)
 
     def _set_device(self, d):
         self.current = torch.device(d).index if not isinstance(d, int) else d
@@ -105,7 +109,7 @@ def test_each_rank_builds_agents_references_critics_on_its_gpu(monkeypatch, tmp_
     assert set_calls == [("set_device", rank)]                       # once per process
     assert launch.events[0] == ("set_device", rank)                  # before any model is sent anywhere
     assert tr.dist.device == mine and tr.dist.enabled and tr.dist.rank == rank
-    assert [s.cpu for s in launch.states] == [False]                 # NCCL, on the GPUs
+    assert launch.states and not any(s.cpu for s in launch.states)    # NCCL, on the GPUs (the team's and the trainer's)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -168,7 +172,7 @@ def test_cpu_only_machine_keeps_everything_on_cpu(monkeypatch, tmp_path):
     assert all(p.device.type == "cpu" for m in models_of(tr).values() for p in m.parameters())
     assert not [e for e in launch.events if e[0] == "set_device"]
     assert tr.dist.device == torch.device("cpu")
-    assert [s.cpu for s in launch.states] == [True]
+    assert launch.states and all(s.cpu for s in launch.states)
 
 
 def test_accelerate_cpu_flag_keeps_everything_on_cpu_with_gpus_present(monkeypatch, tmp_path):
@@ -178,7 +182,7 @@ def test_accelerate_cpu_flag_keeps_everything_on_cpu_with_gpus_present(monkeypat
     assert all(launch.placed.get(id(m), torch.device("cpu")) == torch.device("cpu") for m in models_of(tr).values())
     assert not [e for e in launch.events if e[0] == "set_device"]
     assert tr.dist.device == torch.device("cpu")
-    assert [s.cpu for s in launch.states] == [True]
+    assert launch.states and all(s.cpu for s in launch.states)
 
 
 def test_one_process_is_unchanged(monkeypatch, tmp_path):
