@@ -5,7 +5,7 @@ torchrun on 2 processes with distributed='ddp' (whole agents, torch's gradient s
     PYTHONPATH=. .venv/bin/python benchmarks/sharding.py [--algo magrpo,maac] [--port 29850]
 
 Prints, per family and strategy: this process' agent parameter and optimizer bytes (process 1, its own shards), the
-references' and a separate critic's bytes, and train() seconds, with the ratios to the one-process run. On a CPU the
+references', a separate critic's and a reward model's bytes, and train() seconds, with the ratios to the one-process run. On a CPU the
 two processes share the cores and talk over gloo: the time ratio is the collectives' cost on a tiny model, not a
 speed-up to expect on GPUs.
 """
@@ -35,11 +35,12 @@ def run(out: Path, strategy: str, algo: str, port=None) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--algo", default="magrpo_kl,maac", help="families of tests/shard_script.py, comma-separated")
+    ap.add_argument("--algo", default="magrpo_kl,maac,marlhf", help="families of tests/shard_script.py, comma-separated")
     ap.add_argument("--port", type=int, default=29850, help="first torchrun port (two per family)")
     a = ap.parse_args()
-    keys = ("parameter_bytes", "optimizer_bytes", "reference_bytes", "critic_bytes", "train_seconds")
-    print(f"{'family':<10} {'run':<16} " + " ".join(f"{k:>16}" for k in keys))
+    keys = ("parameter_bytes", "optimizer_bytes", "reference_bytes", "critic_bytes", "reward_model_bytes",
+            "train_seconds")
+    print(f"{'family':<10} {'run':<16} " + " ".join(f"{k.replace('_bytes', ' B'):>16}" for k in keys))
     for n, algo in enumerate(a.algo.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             rows = {"one process": run(Path(tmp, "one"), "none", algo)}
