@@ -278,8 +278,9 @@ def _div(s: PlanSettings) -> int: return s.devices if s.sharding == "fsdp" else 
 def _share(s: PlanSettings, rows: int) -> int: return -(-rows // s.devices) if s.sharding != "none" else rows
 
 def _xdiv(s: PlanSettings, x) -> int:
-    "FSDP shards the policies (agents, a LoRA base); references, critics and reward models stay whole per process."
-    return _div(s) if x.kind in ("agent", "base") else 1
+    """FSDP shards every model of the run (agents, a LoRA base, references, separate critics, reward models:
+    70_distributed); each is whole only while gathered (`sharding_buffers`, and a rollout's gather)."""
+    return _div(s)
 
 def _persistent(s: PlanSettings, m: ModelShape, on: list, device_memory: Optional[int] = None) -> dict:
     "Bytes that live through the whole stage on a device holding the members `on` (`engine_bytes` among them)."

@@ -87,7 +87,7 @@ def test_settings_move_the_components_they_should():
     two = plan_memory("qwen2.5-1.5b", reference_kl_enabled=True, one_base=False, **base).per_device[0].components
     assert two["references"] == 2 * 2 * PUBLISHED["qwen2.5-1.5b"]
     sharded = plan_memory("qwen2.5-1.5b", reference_kl_enabled=True, sharding="fsdp", devices=2, **base)
-    assert sharded.per_device[1].components["references"] == ref["references"]   # whole on every process
+    assert sharded.per_device[1].components["references"] == ref["references"] // 2   # sharded like the agents
     lora = plan_memory("qwen2.5-1.5b", reference_kl_enabled=True, lora=True, **base).per_device[0].components
     assert "references" not in lora and lora["weights"] < 2 * PUBLISHED["qwen2.5-1.5b"] * 1.05
     fsdp = plan_memory("qwen2.5-1.5b", sharding="fsdp", devices=4, **base)
