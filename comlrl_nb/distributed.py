@@ -287,11 +287,15 @@ def whole_copy(model: torch.nn.Module, device=None) -> torch.nn.Module:
     `full_state` (a collective) and the buffers (FSDP2 keeps them whole)."""
     device = device if device is not None else next(model.parameters()).device
     if not is_sharded(model): return copy.deepcopy(model).to(device).eval().requires_grad_(False)
+    if owner(model) is not model:
+        raise TypeError(f"cannot copy the adapter agent {getattr(model, 'name', '')!r} under torch's data parallel: "
+                        "its adapters share one base model; use comparator_policy='current' (no copy), or train in one "
+                        "process")
     from torch.distributed.fsdp import FSDPModule
     cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))      # fully_shard's subclass removed
     if not hasattr(model, "config"):
         raise TypeError(f"cannot copy the sharded {cls.__name__}: a whole copy is built from a model's `config` "
-                        "(Hugging Face models); use distributed='none' or a comparator_policy that needs no copy "
+                        "(Hugging Face models); train in one process, or use a comparator_policy that needs no copy "
                         "('current')")
     state = full_state(model)
     with torch.device("meta"): plain = cls(copy.deepcopy(model.config))

@@ -1,8 +1,8 @@
 """Run by tests/test_sharding.py: a small MAGRPO run alone or under torchrun, with `distributed` = none/ddp/fsdp.
 
 argv: out_dir strategy [stop N | resume] (N: a batch; a round for the *_iter families); the family from $SHARD_ALGO
-(magrpo, centralized, maac, iac, madpo, marlhf, madpo_iter, marlhf_iter, lora; magrpo_kl, maac_kl, centralized_kl: with the
-reference KL); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL:
+(magrpo, centralized, maac, iac, madpo, marlhf, madpo_iter, marlhf_iter, lora, lora_history; magrpo_kl, maac_kl,
+centralized_kl: with the reference KL); $SHARD_MICRO: micro_batch_size; $SHARD_EVAL:
 evaluation during training;
 $SHARD_SAVE_CHECKPOINT=1: a resumed run also writes and reads back trainer.save_checkpoint(out/saved_checkpoint).
 Writes params.pt (the full weights, main process), mem_rank<r>.json (this process' parameter / optimizer / reference /
@@ -74,7 +74,13 @@ elif algo in ("madpo", "marlhf", "madpo_iter", "marlhf_iter"):
         tr = C.MARLHFTrainer(agents=[m0, m1], reward_model=rm, **kw,
                              args=C.MARLHFConfig(num_train_epochs=1, num_generations=2, reward_num_train_epochs=2,
                                                  reward_train_batch_size=3, reward_learning_rate=1e-5, **pref))
-elif algo == "lora":                # two LoRA adapters over one base: the base handed to torch once, the adapters trained
+elif algo == "lora_history":        # MADPOIter's history comparator needs whole copies: refused for adapters under DP
+    from comlrl_nb.adapters import LoRAAgents
+    tr = C.MADPOIterTrainer(agents=LoRAAgents(m0, num_agents=2, r=4, tokenizer=tok), **kw, args=C.MADPOIterConfig(
+        num_iterations=1, num_train_epochs=1, comparator_policy="history", max_new_tokens=5, output_dir=out,
+        preference_num_candidates=3, collection_batch_size=2, train_batch_size=2, progress_bar=False, save_plot=False,
+        distributed=strategy))
+elif algo == "lora":                # two LoRA adapters over one base: the base handed to torch once, each adapter trained
     from comlrl_nb.adapters import LoRAAgents
     tr = C.MAGRPOTrainer(agents=LoRAAgents(m0, num_agents=2, r=4, tokenizer=tok),
                          args=C.MAGRPOConfig(**{**common, "agent_learning_rate": 1e-3}), **kw)

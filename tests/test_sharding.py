@@ -340,6 +340,15 @@ def test_lora_adapters_on_one_base_under_a_launcher(tmp_path_factory, one_proces
         assert sorted(a) == sorted(b) and all(torch.allclose(a[k], b[k], atol=ATOL, rtol=0) for k in a)
 
 
+def test_adapters_refuse_a_whole_copy_under_a_launcher(tmp_path):
+    "MADPOIter's history comparator with LoRA adapters under a launcher: the copy is refused, naming the fix."
+    p = _run([BIN / "torchrun", "--nproc_per_node", 2, "--master_port", 29766, SCRIPT, tmp_path, "ddp"], "lora_history")
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode != 0
+    assert "cannot copy the adapter agent 'agent_0' under torch's data parallel" in out
+    assert "use comparator_policy='current' (no copy), or train in one process" in out
+
+
 def test_accelerate_fsdp_plugin_is_honoured(tmp_path, single):
     """`accelerate launch --use_fsdp` with the config's distributed='none': the agents are sharded (the plugin read,
     `launcher_sharding`), each process holding about half, and the run is the one-process run."""
