@@ -80,7 +80,7 @@ elif algo == "lora_history":        # MADPOIter's history comparator needs whole
         num_iterations=1, num_train_epochs=1, comparator_policy="history", max_new_tokens=5, output_dir=out,
         preference_num_candidates=3, collection_batch_size=2, train_batch_size=2, progress_bar=False, save_plot=False,
         distributed=strategy))
-elif algo == "lora":                # two LoRA adapters over one base: the base handed to torch once, each adapter trained
+elif algo == "lora":                # LoRA adapters on one base: the base handed to torch once, each adapter trained
     from comlrl_nb.adapters import LoRAAgents
     tr = C.MAGRPOTrainer(agents=LoRAAgents(m0, num_agents=2, r=4, tokenizer=tok),
                          args=C.MAGRPOConfig(**{**common, "agent_learning_rate": 1e-3}), **kw)
