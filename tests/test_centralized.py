@@ -218,7 +218,8 @@ tr = CentralizedMAGRPOTrainer(agents=[m], tokenizer=tok, reward_func=vow, train_
         top_k=None, agent_learning_rate=1e-5, rollout_batch_size=3, rollout_buffer_size=4, train_batch_size=3,
         eval_interval=0, output_dir=sys.argv[1], progress_bar=False, save_steps=-1, logging_steps=1000))
 tr.train()
-torch.save([p.detach() for p in tr.agents[0].parameters()],
+whole = lambda p: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()   # torch's DTensors, whole
+torch.save([whole(p) for p in tr.agents[0].parameters()],
            os.path.join(sys.argv[1], f"p{os.environ.get('RANK', '0')}.pt"))
 '''
 
