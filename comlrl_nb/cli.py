@@ -648,7 +648,8 @@ def _train_command(args, cfg, trainer_cls, task, out: Path, guard, dist) -> dict
         return report
     except BaseException as e:
         if report.get("complete"): raise
-        if main: _record_stop(args, out, report, e)
+        if main:                    # a launcher's SIGTERM (a peer failed first) waits for the report, then is dropped
+            with contextlib.suppress(Terminated), guard.hold("the stop report"): _record_stop(args, out, report, e)
         else:                                  # for the main one's report: it may only see its peer's socket close
             with contextlib.suppress(OSError):
                 atomic_write_json(out / STOP_NOTES.replace("*", str(dist.rank)),

@@ -158,3 +158,24 @@ def test_a_failing_process_loses_nothing_and_resume_finishes(tmp_path):
     rep = _report(out)
     assert rep["complete"] and rep["attempts"] == 2 and rep["trained"]["global_batch"] == 4
     _same_weights(one, out)
+
+
+def test_a_sigterm_while_the_stop_is_recorded_waits_for_the_report(tmp_path, monkeypatch):
+    """The reward fails and, while the main process writes the stop into report.json, a SIGTERM arrives (a launcher's,
+    after a peer failed first): the report is written whole, with the failure, and the command still fails."""
+    import signal
+    from comlrl_nb import cli
+    (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps({"prompt": f"Say {w}."}) for w in ("yes", "no")))
+    (tmp_path / "rew.py").write_text("def down(a, b):\n    raise RuntimeError('reward server down')\n")
+    real = cli._stop_reason
+    def sigterm_now(e):
+        os.kill(os.getpid(), signal.SIGTERM)                 # delivered here, in the middle of the stop's report
+        return real(e)
+    monkeypatch.setattr(cli, "_stop_reason", sigterm_now)
+    out = tmp_path / "run"
+    code = cli.main(["train", "--model", "tiny", "--dataset", str(tmp_path / "rows.jsonl"), "--reward",
+                     f"{tmp_path}/rew.py:down", "--heldout-samples", "0", "--output-dir", str(out), "--set",
+                     "progress_bar=false", "num_train_epochs=1"])
+    assert code != 0
+    st = _report(out)["stopped"]
+    assert "reward server down" in st["reason"] and st["finish_with"].endswith(" --resume"), st
