@@ -13,9 +13,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from fastcore.basics import patch
 from .core import as_list, atomic_write_text, logger, resolve_device
-from comlrl_nb.distributed import (
-    DistContext, full_optimizer_state, full_state, gathered, load_full_optimizer_state, load_full_state, owner,
-    process_bytes)
+from .distributed import DistContext, full_optimizer_state, full_state, gathered, process_bytes
+from .distributed import load_full_optimizer_state, load_full_state, owner
 from .centralized_text import adapter_callables
 from .models import load_agents
 from .generation import Completions, generate_team, stackable
@@ -74,7 +73,7 @@ class Team:
         self.master_weights = master_weights            # bf16 weights: AdamW over fp32 copies (make_optimizer)
         self._one_base = one_base(agent_model, agents)
         self.ref_agents = self._references(reference_devices)          # whole frozen copies, before any sharding
-        self.scorers: list = []                 # models a rollout's reward runs (a learned reward model): see below
+        self.scorers: list = []                 # models that score a rollout's items (reward model, critics): see below
         self.sharding = self._shard(distributed)                         # None: whole agents (the default)
         self.optimizers = [make_optimizer(m.parameters(), learning_rate, weight_decay, master_weights)
                            for m in self.agents]
@@ -141,8 +140,9 @@ def _shard(self: Team, strategy: str = "none") -> Optional[DistContext]:
 # %% ../nbs/24_team.ipynb #9213709f
 @patch
 def rollout_models(self: Team) -> list:
-    """The models a rollout runs: the agents, their frozen references and the `scorers` (MARLHF's reward model, which
-    scores each process' own items): a trainer gathers them once around it (`gathered`) when they are sharded."""
+    """The models a rollout runs: the agents, their frozen references and the `scorers` (MARLHF's reward model, MAAC's
+    separate critics: they score each process' own items); a trainer gathers them once around it (`gathered`) when
+    they are sharded."""
     return list(self.agents) + list(self.ref_agents or []) + list(self.scorers)
 
 # %% ../nbs/24_team.ipynb #7100c589

@@ -443,12 +443,13 @@ class Critics(list):
 def _make_optimizers(self: ActorCriticTrainer):
     """A value head on an actor joins the actor's AdamW (own group, critic lr); a separate critic gets its own AdamW.
     Under a launcher the critics are first handed to torch's data parallel as the agents are: a separate critic's
-    model sharded under 'fsdp' (gathered with the agents for each rollout, `_rollout_models`), whole under 'ddp'; the
+    model sharded under 'fsdp' (a team scorer: gathered with the agents for each rollout), whole under 'ddp'; the
     value heads whole (`replicate`); torch sums their gradients in backward."""
     a, D = self.args, self.team.sharding or self.dist
     for c in self.critics:
         if not c.shared: D.wrap(c.backbone)
         D.wrap(c.head, replicate=True)
+    self.team.scorers += [c.backbone for c in self.critics if not c.shared]
     for i in range(self.n):
         heads = [c.head for c in self.critics if c.shared and c.agents == [i]]
         self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
@@ -741,7 +742,7 @@ def _step(self: ActorCriticTrainer, parts: list, opt, params, where: str) -> lis
     every process (torch sums the gradients of models under its data parallel); their values summed and checked."""
     loss = parts[0]
     for p in parts[1:]: loss = loss + p
-    if loss.requires_grad and (math.isfinite(float(loss.detach())) or self.dist.enabled): loss.backward()   # every process
+    if loss.requires_grad and (math.isfinite(float(loss.detach())) or self.dist.enabled): loss.backward()
     values = [self.dist.sum(float(p.detach())) for p in parts]
     check_finite_loss(torch.tensor(sum(values)), where)
     if self.args.max_grad_norm: torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
@@ -912,15 +913,10 @@ def train(self: ActorCriticTrainer, resume_from_checkpoint=None, stop_after_batc
 
 # %% ../../nbs/31_actor_critic.ipynb #f87eb399
 @patch
-def _rollout_models(self: ActorCriticTrainer) -> list:
-    "What a rollout runs: the agents, their references and the separate critics (`gathered` once when sharded)."
-    return self.team.rollout_models() + [c.backbone for c in self.critics if not c.shared]
-
-@patch
 def _rollout_batch(self: ActorCriticTrainer, ids, round_key, ahead: Sequence = ()) -> Rollout:
     "This process' share of the batch's episodes (`ahead` sampled alongside); under DP, all processes' in order."
     local = self.dist.shard(ids)                                # this process' items (all of them in one process)
-    with self.sampler.planned(round_key, list(ahead)), gathered(self._rollout_models()):   # one gather, all join
+    with self.sampler.planned(round_key, list(ahead)), gathered(self.team.rollout_models()):   # one gather, all join
         ro = self.rollout([self.train_dataset[int(j)] for j in local], local, round_key) if local else None
     if not self.dist.enabled: return ro
     parts = [p for p in self.dist.gather(None if ro is None else (ro.episodes, ro.times)) if p is not None]

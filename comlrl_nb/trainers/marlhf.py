@@ -219,7 +219,7 @@ def make_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents
     "The run's JointRewardModel (`_new_reward_model`), its backbone checkpointed when gradient_checkpointing is set."
     rm = _new_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config)
     if getattr(owner.args, "gradient_checkpointing", False): enable_gradient_checkpointing(rm.body)
-    owner.policy_trainer.team.scorers = [rm]    # it scores inside the policy phase's rollouts: gathered with the agents
+    owner.policy_trainer.team.scorers.append(rm)   # it scores inside the policy phase's rollouts: gathered with them
     return rm
 
 def _new_reward_model(owner, reward_model, reward_tokenizer, agent_model, agents, model_config) -> JointRewardModel:
