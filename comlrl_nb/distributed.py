@@ -4,7 +4,7 @@
 
 # %% ../nbs/70_distributed.ipynb #eb2853fa
 from __future__ import annotations
-import copy, os
+import atexit, copy, os
 from contextlib import contextmanager
 from typing import Any, Optional, Sequence
 
@@ -13,9 +13,18 @@ from fastcore.basics import patch
 from .core import logger, process_device
 
 # %% auto #0
-__all__ = ['DISTRIBUTED_STRATEGIES', 'DistContext', 'launcher_sharding', 'decoder_layers', 'body_of', 'owner', 'is_sharded',
-           'gathered', 'process_bytes', 'full_state', 'load_full_state', 'full_optimizer_state',
+__all__ = ['DISTRIBUTED_STRATEGIES', 'close_at_exit', 'DistContext', 'launcher_sharding', 'decoder_layers', 'body_of', 'owner',
+           'is_sharded', 'gathered', 'process_bytes', 'full_state', 'load_full_state', 'full_optimizer_state',
            'load_full_optimizer_state', 'whole_copy']
+
+# %% ../nbs/70_distributed.ipynb #6cec78c5
+def close_at_exit():
+    """Close torch's process group when the interpreter exits, once, while Python is still whole. A group left open
+    into the interpreter's teardown can abort the process (gloo's threads: SIGABRT) after a run that ended well; the
+    launcher then kills its peers. A group already closed (`destroy_process_group` by the user) is left alone."""
+    if getattr(close_at_exit, "registered", False): return
+    close_at_exit.registered = True
+    atexit.register(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
 
 # %% ../nbs/70_distributed.ipynb #3dd4a350
 class DistContext:
@@ -26,10 +35,12 @@ class DistContext:
         self.device = process_device()     # where this process' models are (00_core) and NCCL's sums happen
         if from_env and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from accelerate import PartialState
+            opened = not torch.distributed.is_initialized()       # opened here: closed here too (`close_at_exit`)
             st = PartialState(cpu=self.device.type != "cuda")   # sets up torch.distributed: gloo on CPU, NCCL on GPU
             if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
                 torch.cuda.set_device(self.device)    # accelerate takes cuda:LOCAL_RANK; several GPUs each: the first
             self.world, self.rank, self._state = st.num_processes, st.process_index, st
+            if opened: close_at_exit()
     @property
     def enabled(self) -> bool: return self.world > 1
     @property

@@ -176,7 +176,7 @@ def _rm_forward(self: JointRewardModel, input_ids: torch.Tensor, attention_mask:
         else:
             h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
             h = h[torch.arange(len(last), device=h.device), last]
-    return self.reward_head(h.float()).squeeze(-1)
+    return self.reward_head(h.float()).squeeze(-1).clone()    # its own tensor, not a view: torch's FSDP2 hooks it
 
 JointRewardModel.encode, JointRewardModel.forward = _rm_encode, _rm_forward
 

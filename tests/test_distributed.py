@@ -134,3 +134,30 @@ def test_preference_two_processes_resume(tmp_path, algo, stop, strategy):
         assert all(torch.equal(a, b) for a, b in zip(_params(full, r), _params(part, r)))
     strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k} for r in rows]
     assert strip(read_metrics(part / "metrics.jsonl")) == strip(read_metrics(full / "metrics.jsonl"))
+
+
+EXIT_SCRIPT = '''
+import atexit, os, sys, torch
+out, user_opened = sys.argv[1], sys.argv[2] == "1"
+rank = os.environ["RANK"]
+def probe():          # registered first, so it runs after every exit handler the package registers
+    open_now = torch.distributed.is_initialized()
+    with open(os.path.join(out, f"open_at_exit_{rank}.txt"), "w") as f: f.write(str(open_now))
+    if open_now: torch.distributed.destroy_process_group()
+atexit.register(probe)
+if user_opened: torch.distributed.init_process_group("gloo")
+from comlrl_nb.distributed import DistContext
+d = DistContext()
+assert d.gather(d.rank) == [0, 1]
+'''
+
+
+@pytest.mark.parametrize("user_opened,port", [(False, 29971), (True, 29972)])
+def test_the_process_group_the_package_opened_is_closed_at_exit(tmp_path, user_opened, port):
+    """A script that ends without `destroy_process_group` leaves no group open into the interpreter's teardown (gloo's
+    threads aborted the process there, in CI): the package closes the group it opened; one the user opened is theirs."""
+    script = tmp_path / "exit_script.py"
+    script.write_text(EXIT_SCRIPT)
+    _run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), str(script), str(tmp_path),
+          "1" if user_opened else "0"], env={"PYTHONPATH": str(HERE.parent)})
+    assert [(tmp_path / f"open_at_exit_{r}.txt").read_text() for r in (0, 1)] == [str(user_opened)] * 2
