@@ -253,7 +253,8 @@ def test_families_under_fsdp(tmp_path_factory, one_process, algo, port):
 def test_families_stop_and_resume_under_fsdp(tmp_path_factory, one_process, algo, stop, port):
     """Every other family under 'fsdp' on 2 processes, stopped mid-run (after batch 2 of 4, MADPO's 3 of 6; the
     iterative ones after round 1 of 2), each process writing its shards, then resumed on 2 processes: the
-    uninterrupted one-process run (MARLHF's learned rewards within ATOL)."""
+    uninterrupted one-process run (MARLHF's learned rewards within ATOL), each process holding about half of every
+    model it resumed (MARLHF's reward model, reloaded whole from its fit, sharded again)."""
     one, out = one_process(algo), tmp_path_factory.mktemp(f"resume_{algo}")
     _torchrun(out, "fsdp", port, "stop", stop, algo=algo)
     ck = sorted(p.name for p in (out / "checkpoints").iterdir())
@@ -264,7 +265,10 @@ def test_families_stop_and_resume_under_fsdp(tmp_path_factory, one_process, algo
     before = stamps()
     _torchrun(out, "fsdp", port + 1, "resume", algo=algo)
     assert stamps() == before            # continued from that checkpoint: not written again (no restart from batch 0)
-    assert _mem(out, 1)["world_size"] == 2
+    m1, m = _mem(out, 1), _mem(one, 0)
+    assert m1["world_size"] == 2 and m1["parameter_bytes"] <= 0.55 * m["parameter_bytes"]
+    for part in ("critic_bytes", "reward_model_bytes"):     # a resumed critic or fitted reward model: sharded too
+        assert m1[part] <= 0.55 * m[part], (part, m1[part], m[part])
     (out / "init.pt").symlink_to(one / "init.pt")
     _same_run(one, out, ATOL if algo.startswith("marlhf") else 1e-6)
 

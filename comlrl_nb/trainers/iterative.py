@@ -762,11 +762,11 @@ def _extra_state(self: MARLHFIterTrainer) -> dict:
     return out
 
 # %% ../../nbs/53_iterative.ipynb #db6c0756
+from .marlhf import load_fitted_reward_model
+
 @patch
 def _load_extra_state(self: MARLHFIterTrainer, s: dict):
     pt = self.policy_trainer
     pt.state, self._rm_fitted = s["policy_state"], s["rm_fitted"]
     if "critics" in s: pt.critics.load_state_dict(s)
-    if "reward_model" in s:
-        load_full_state(self.reward_model, s["reward_model"])
-        self.reward_model.freeze()
+    if "reward_model" in s: load_fitted_reward_model(self, s["reward_model"])   # sharded as its fit left it

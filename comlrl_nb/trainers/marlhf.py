@@ -31,7 +31,7 @@ from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, chec
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
            'backend_config', 'make_policy_trainer', 'evaluate_task', 'make_reward_model', 'make_central_trainer',
            'reward_texts', 'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer',
-           'fit_summary', 'ranked', 'fit_reward', 'RL_ALGORITHMS']
+           'fit_summary', 'ranked', 'fit_reward', 'load_fitted_reward_model', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -473,6 +473,16 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
                 f"{ranked(summary)}; frozen for the policy phase")
     return summary
 
+# %% ../../nbs/43_marlhf.ipynb #bb1a2e56
+def load_fitted_reward_model(owner, state: dict):
+    """A fitted reward model's whole tensors (`full_state`'s) into `owner.reward_model`, frozen; under a launcher it
+    is handed to torch's data parallel first, as the fit left it ('fsdp': each process keeps its shards)."""
+    pt = owner.policy_trainer
+    dist = pt.team.sharding or pt.dist
+    if dist.enabled: dist.wrap(owner.reward_model)
+    load_full_state(owner.reward_model, state)
+    owner.reward_model.freeze()
+
 # %% ../../nbs/43_marlhf.ipynb #74536699
 from ..engine import claim_output_dir, release_output_dir, run_options
 from .madpo import shared_pair_dataset
@@ -528,8 +538,7 @@ def _resume_reward_phase(self: MARLHFTrainer, resume_from_checkpoint):
         logger.warning(f"no fitted reward model at {rm_state}: starting again from the collection")
         return None
     self.pairs = load_pairs(self.output_dir / "pairs.json", self.n)
-    load_full_state(self.reward_model, torch.load(rm_state, map_location=self.reward_model.device))
-    self.reward_model.freeze()
+    load_fitted_reward_model(self, torch.load(rm_state, map_location=self.reward_model.device))
     logger.info(f"resuming MARLHF with the stored {len(self.pairs)} pairs and fitted reward model")
     if resume_from_checkpoint is True and CheckpointManager(self.output_dir / "checkpoints").latest() is None:
         return False                                                       # no policy checkpoint: start that phase over
