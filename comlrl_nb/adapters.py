@@ -24,6 +24,8 @@ class AdapterAgent(torch.nn.Module):
         object.__setattr__(self, "peft", peft_model)          # not a submodule: its other weights are not ours
         self.name = name
     @property
+    def shared_model(self): return self.peft                  # the module holding the weights (70_distributed: owner)
+    @property
     def signature_target(self): return self.peft.get_base_model()
     @property
     def config(self): return self.peft.get_base_model().config
@@ -91,6 +93,8 @@ class BaseView(torch.nn.Module):
     def __init__(self, peft_model):
         super().__init__()
         object.__setattr__(self, "peft", peft_model)
+    @property
+    def shared_model(self): return self.peft
     @property
     def signature_target(self): return self.peft.get_base_model()
     def forward(self, *args, **kwargs):

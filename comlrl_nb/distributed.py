@@ -172,9 +172,10 @@ def body_of(model: torch.nn.Module) -> Optional[torch.nn.Module]:
 
 # %% ../nbs/70_distributed.ipynb #1456c4f1
 def owner(model) -> torch.nn.Module:
-    """The module holding `model`'s weights: for a view over a shared model (an adapter agent or the base view of
-    06_adapters: its `peft`), that model; else `model` itself. Torch's data parallel wraps owners, once each."""
-    shared = getattr(model, "peft", None)
+    """The module holding `model`'s weights: for a view over a shared model, which names it as `shared_model` (an
+    adapter agent or the base view of 06_adapters), that model; else `model` itself. Torch's data parallel wraps
+    owners, once each."""
+    shared = getattr(model, "shared_model", None)
     return model if shared is None else shared
 
 def is_sharded(model) -> bool:

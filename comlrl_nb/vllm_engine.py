@@ -187,7 +187,7 @@ def _sync_adapters(self: VLLMSampler):
     for name, m in self._stale_adapters.items():
         self._lora_ids += 1
         out = Path(self._dir.name) / f"lora-{self._lora_ids}"
-        if hasattr(m, "peft"): m.save_pretrained(out)                        # an AdapterAgent: its own adapter
+        if getattr(m, "shares_base", False): m.save_pretrained(out)          # an AdapterAgent: its own adapter
         else: m.save_pretrained(str(out), selected_adapters=[m.active_adapter])
         where = next(out.rglob("adapter_config.json")).parent
         self.adapters[name] = LoRARequest(name, self._lora_ids, str(where))
@@ -290,7 +290,7 @@ def _lora_engine_args(model) -> dict:
         raise ValueError(f"generation_backend='vllm' with LoRA agents needs their base in a local directory (got "
                          f"{path!r}): save the base (save_for_engine) and build the agents with "
                          "LoRAAgents(base=<dir>), or use generation_backend='own'")
-    cfgs = list(model.peft.peft_config.values())
+    cfgs = list(model.shared_model.peft_config.values())
     return dict(model=str(path), lora=True, max_loras=len(cfgs), max_lora_rank=max(c.r for c in cfgs))
 
 # %% ../nbs/09_vllm.ipynb #b1b372ff
@@ -319,7 +319,7 @@ class BackendSampler:
 def engine(self: BackendSampler, model, tokenizer) -> VLLMSampler:
     "The agent's engine, built on first use; the agent's weights marked for a push when they changed since the last."
     shared = getattr(model, "shares_base", False)
-    key = id(model.peft) if shared else id(model)
+    key = id(model.shared_model) if shared else id(model)
     new = key not in self.engines
     if new:
         kw = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""), **self.engine_kwargs}
