@@ -13,9 +13,9 @@ from fastcore.basics import patch
 from .core import logger, process_device
 
 # %% auto #0
-__all__ = ['DISTRIBUTED_STRATEGIES', 'close_at_exit', 'DistContext', 'launcher_sharding', 'decoder_layers', 'body_of', 'owner',
-           'is_sharded', 'gathered', 'process_bytes', 'full_state', 'load_full_state', 'full_optimizer_state',
-           'load_full_optimizer_state', 'whole_copy']
+__all__ = ['DISTRIBUTED_STRATEGIES', 'close_at_exit', 'DistContext', 'launcher_sharding', 'decoder_layers', 'body_of',
+           'same_kind_groups', 'owner', 'is_sharded', 'gathered', 'process_bytes', 'full_state', 'load_full_state',
+           'full_optimizer_state', 'load_full_optimizer_state', 'whole_copy']
 
 # %% ../nbs/70_distributed.ipynb #6cec78c5
 def close_at_exit():
@@ -170,6 +170,17 @@ def body_of(model: torch.nn.Module) -> Optional[torch.nn.Module]:
     rest = [p for n, p in model.named_parameters(remove_duplicate=False) if id(p) in inside]
     return body if len(rest) == len(list(body.named_parameters(remove_duplicate=False))) else None
 
+# %% ../nbs/70_distributed.ipynb #a7c0b0e1
+def same_kind_groups(tensors, cap_bytes: int) -> list[list[torch.Tensor]]:
+    "Consecutive tensors grouped by dtype and device, each group up to `cap_bytes` (a larger tensor alone)."
+    groups, size = [], 0
+    for t in tensors:
+        n, last = t.numel() * t.element_size(), groups[-1][-1] if groups else None
+        if last is not None and (last.dtype, last.device) == (t.dtype, t.device) and size + n <= cap_bytes:
+            groups[-1].append(t); size += n
+        else: groups.append([t]); size = n
+    return groups
+
 # %% ../nbs/70_distributed.ipynb #1456c4f1
 def owner(model) -> torch.nn.Module:
     """The module holding `model`'s weights: for a view over a shared model, which names it as `shared_model` (an
@@ -185,19 +196,20 @@ def is_sharded(model) -> bool:
     return isinstance(owner(model), FSDPModule)
 
 @patch
-def sync_from_main(self: DistContext, model: torch.nn.Module):
+def sync_from_main(self: DistContext, model: torch.nn.Module, bucket_bytes: int = 256 * 2**20):
     """Every process' copy of `model` made the main process' (parameters and buffers broadcast from rank 0), as DDP
     does before training: FSDP2 cuts each process' shards from its own copy, and copies built from unseeded random
-    draws would differ. Under NCCL a tensor off this process' GPU goes through a copy there."""
+    draws would differ. One broadcast per `same_kind_groups` bucket (87 for Qwen2.5-7B in bf16, not one per each of its
+    341 tensors); under NCCL a tensor off this process' GPU goes through a copy there."""
     if not self.enabled: return
-    nccl, seen = torch.distributed.get_backend() == "nccl", set()
+    nccl = torch.distributed.get_backend() == "nccl"
+    own = list({id(t): t for t in [*model.parameters(), *model.buffers()]}.values())    # a tied weight once
     with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if id(t) in seen: continue
-            seen.add(id(t))
-            buf = t.detach().to(self.device) if nccl and t.device != self.device else t.detach()
-            torch.distributed.broadcast(buf, src=0)
-            if buf.data_ptr() != t.data_ptr(): t.copy_(buf)
+        for group in same_kind_groups(own, bucket_bytes):
+            on = self.device if nccl else group[0].device
+            flat = torch.cat([t.detach().reshape(-1).to(on) for t in group])
+            torch.distributed.broadcast(flat, src=0)
+            for t, part in zip(group, flat.split([t.numel() for t in group])): t.copy_(part.view_as(t))
 
 @patch
 def wrap(self: DistContext, model: torch.nn.Module, replicate: bool = False) -> torch.nn.Module:

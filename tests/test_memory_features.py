@@ -232,6 +232,44 @@ def test_a_replicated_module_gets_the_gradient_sum_from_torch(tmp_path):
         for k, v in lin.state_dict().items(): assert torch.equal(r["state"][k], v + 1), k
 
 
+def _tiny_mixed(rank):
+    "Float and bf16 weights, float and int64 buffers, built from the process' own seed (its own weights)."
+    torch.manual_seed(rank)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 3).to(torch.bfloat16), torch.nn.BatchNorm1d(3))
+    m[2].running_mean.add_(rank + 1)
+    m[2].num_batches_tracked.add_(rank + 5)
+    return m
+
+
+def _sync_worker(rank, world, init, out):
+    import torch.distributed as dist
+    from comlrl_nb.distributed import DistContext
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    ctx = DistContext(from_env=False)
+    ctx.world, ctx.rank = world, rank
+    m, sent, broadcast = _tiny_mixed(rank), [], dist.broadcast
+    dist.broadcast = lambda t, *a, **k: sent.append(t.numel()) or broadcast(t, *a, **k)
+    ctx.sync_from_main(m, bucket_bytes=40)
+    torch.save({"state": m.state_dict(), "sent": sent}, f"{out}/rank{rank}.pt")
+    _leave_together(dist)
+
+
+def test_replicas_start_from_the_main_weights_in_buckets(tmp_path):
+    """`sync_from_main` (before any wrap): every process ends with rank 0's parameters and buffers, of every dtype, in
+    one broadcast per bucket of consecutive tensors of one dtype (40 bytes here: 6 broadcasts for 9 tensors)."""
+    import torch.multiprocessing as mp
+    mp.spawn(_sync_worker, args=(2, f"file://{tmp_path}/init", str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    want = _tiny_mixed(0).state_dict()
+    assert not torch.equal(_tiny_mixed(1)[0].weight, want["0.weight"])       # the processes started apart
+    for r in (r0, r1):
+        assert set(r["state"]) == set(want)
+        for k, v in want.items(): assert torch.equal(r["state"][k], v) and r["state"][k].dtype == v.dtype, k
+    # [0.weight] [0.bias] [1.weight 1.bias](bf16) [2.weight 2.bias 2.running_mean] [2.running_var] [num_batches_tracked]
+    assert r0["sent"] == r1["sent"] == [16, 4, 12 + 3, 3 + 3 + 3, 3, 1]
+
+
 def test_the_planner_reads_the_memory_fields_of_a_config():
     from comlrl_nb.plan import plan_from_config, plan_memory
     from dataclasses import asdict
