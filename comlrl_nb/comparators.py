@@ -274,7 +274,7 @@ def _cs_save_snapshot(self: ComparatorSide, j: int, write: bool = True):
     """Save the live agents as S_j (history policy only; a no-op otherwise). Sharded agents: every process calls it (their
     weights are gathered, `full_state`), those with `write` (the main one) write the file and index it."""
     if self.snapshots is None: return
-    states = [full_state(m) for m in self.agents]
+    states = [full_state(m, keep=write) for m in self.agents]
     if write: self.snapshots.save(j, states)
 
 def _cs_state_dict(self: ComparatorSide) -> dict:

@@ -270,13 +270,17 @@ def process_bytes(models, optimizers=()) -> dict:
     return {"parameter_bytes": int(par), "optimizer_bytes": int(opt)}
 
 # %% ../nbs/70_distributed.ipynb #1ba57c80
-def full_state(model: torch.nn.Module) -> dict:
+def full_state(model: torch.nn.Module, keep: bool = True) -> dict:
     """`model.state_dict()` as whole CPU tensors of this process' own (an FSDP2 model's shards gathered: all
     processes call it). Copies: `.cpu()` of a CPU tensor is the tensor itself, and a whole copy loaded from it with
-    `assign=True` (`whole_copy`) would share the agent's storage."""
+    `assign=True` (`whole_copy`) would share the agent's storage. `keep=False` (a process that will not write the
+    state): it takes part in the gathers and keeps nothing (`{}`), so a node holds one whole copy, not one a process."""
     from torch.distributed.tensor import DTensor
-    whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v
-    return {k: whole(v).detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    out = {}
+    for k, v in model.state_dict().items():
+        v = v.full_tensor() if isinstance(v, DTensor) else v
+        if keep: out[k] = v.detach().to("cpu", copy=True)
+    return out
 
 def _cut(v: torch.Tensor, like, dtype=None) -> torch.Tensor:
     """A whole tensor as `like` holds it: its own shard when `like` is a DTensor, cut from this process' copy (every
@@ -291,13 +295,14 @@ def load_full_state(model: torch.nn.Module, state: dict):
     own = model.state_dict()
     return model.load_state_dict({k: _cut(v, own.get(k), getattr(own.get(k), "dtype", None)) for k, v in state.items()})
 
-def full_optimizer_state(opt) -> dict:
-    "`opt.state_dict()` with every sharded (DTensor) state whole, as a whole model's (a collective: all call it)."
+def full_optimizer_state(opt, keep: bool = True) -> dict:
+    """`opt.state_dict()` with every sharded (DTensor) state whole, as a whole model's (a collective: all call it);
+    `keep=False`: gathered and dropped (`full_state`), its 'state' left empty."""
     from torch.distributed.tensor import DTensor
     sd = opt.state_dict()
     whole = lambda v: v.full_tensor().cpu() if isinstance(v, DTensor) else v
-    sd["state"] = {k: {n: whole(v) for n, v in st.items()} for k, st in sorted(sd["state"].items())}
-    return sd
+    states = {k: {n: whole(v) for n, v in st.items()} for k, st in sorted(sd["state"].items())}
+    return {**sd, "state": states if keep else {}}
 
 def load_full_optimizer_state(opt, sd: dict):
     "Load `full_optimizer_state`'s dict: the states of sharded parameters cut to this process' shards (`_cut`)."

@@ -213,14 +213,15 @@ def _replicate_worker(rank, world, init, out):
     x = torch.full((3, 4), float(rank + 1))
     head(x).sum().backward()                               # one backward each: torch sums the gradients
     load_full_state(head, {k: v + 1 for k, v in full_state(head).items()})
-    torch.save({"grad": head.weight.grad.full_tensor(), "state": full_state(head)}, f"{out}/rank{rank}.pt")
+    kept = sorted(full_state(head, keep=rank == 0))        # the process that writes keeps the copy; the other none
+    torch.save({"grad": head.weight.grad.full_tensor(), "state": full_state(head), "kept": kept}, f"{out}/rank{rank}.pt")
     _leave_together(dist)
 
 
 def test_a_replicated_module_gets_the_gradient_sum_from_torch(tmp_path):
     """`DistContext.wrap(replicate=True)` (value heads under a launcher): every process starts from the main one's weights
     (built from other seeds here), whole on every process, a process may run more forwards than another, and each
-    backward's gradient is the sum over processes; whole states go out and back in."""
+    backward's gradient is the sum over processes; whole states go out and back in, kept only where asked (`keep`)."""
     import torch.multiprocessing as mp
     mp.spawn(_replicate_worker, args=(2, f"file://{tmp_path}/init", str(tmp_path)), nprocs=2, join=True)
     r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
@@ -230,6 +231,7 @@ def test_a_replicated_module_gets_the_gradient_sum_from_torch(tmp_path):
     lin = torch.nn.Linear(4, 1)
     for r in (r0, r1):
         for k, v in lin.state_dict().items(): assert torch.equal(r["state"][k], v + 1), k
+    assert (r0["kept"], r1["kept"]) == (["bias", "weight"], [])
 
 
 def _tiny_mixed(rank):

@@ -167,9 +167,10 @@ class Critic:
     def train(self, on: bool = True):
         self.head.train(on)
         self.backbone.train(on)
-    def state_dict(self) -> dict:
-        "Whole tensors (under torch's data parallel every process calls it: `full_state`)."
-        return {"head": full_state(self.head), "backbone": None if self.shared else full_state(self.backbone)}
+    def state_dict(self, keep: bool = True) -> dict:
+        "Whole tensors (under torch's data parallel every process calls it; those with `keep` get them: `full_state`)."
+        return {"head": full_state(self.head, keep),
+                "backbone": None if self.shared else full_state(self.backbone, keep)}
     def load_state_dict(self, sd: dict):
         load_full_state(self.head, sd["head"])
         if not self.shared and sd.get("backbone") is not None: load_full_state(self.backbone, sd["backbone"])
@@ -426,13 +427,15 @@ def _make_critic(self: ActorCriticTrainer, source, tokenizer, device, hidden_dim
 
 # %% ../../nbs/31_actor_critic.ipynb #57baf7c2
 class Critics(list):
-    "The critics and their own optimizers (None for a value head stepped with its actor): a run component."
-    def __init__(self, critics: Sequence[Critic], optimizers: Sequence):
+    """The critics and their own optimizers (None for a value head stepped with its actor): a run component. Its
+    whole states are kept by the process that writes checkpoints (`keep`: the main one) and gathered by all."""
+    def __init__(self, critics: Sequence[Critic], optimizers: Sequence, keep: bool = True):
         super().__init__(critics)
-        self.optimizers = list(optimizers)
+        self.optimizers, self.keep = list(optimizers), keep
     def state_dict(self) -> dict:
-        return {"critics": [c.state_dict() for c in self],
-                "critic_optimizers": [full_optimizer_state(o) if o is not None else None for o in self.optimizers]}
+        return {"critics": [c.state_dict(self.keep) for c in self],
+                "critic_optimizers": [full_optimizer_state(o, self.keep) if o is not None else None
+                                      for o in self.optimizers]}
     def load_state_dict(self, state: dict):
         for c, sd in zip(self, state["critics"]): c.load_state_dict(sd)
         for o, sd in zip(self.optimizers, state["critic_optimizers"]):
@@ -455,7 +458,7 @@ def _make_optimizers(self: ActorCriticTrainer):
         self.team.set_param_groups(i, [{"params": list(h.parameters()), "lr": a.critic_learning_rate} for h in heads])
     opts = [None if c.shared else make_optimizer(c.parameters(), a.critic_learning_rate, a.weight_decay,
                                                  a.master_weights) for c in self.critics]
-    self.critics = Critics(self.critics, opts)
+    self.critics = Critics(self.critics, opts, keep=self.dist.is_main)   # the main process writes checkpoints
     self.critic_optimizers = self.critics.optimizers
 
 # %% ../../nbs/31_actor_critic.ipynb #de2008ab

@@ -758,7 +758,7 @@ def _extra_state(self: MARLHFIterTrainer) -> dict:
     if hasattr(pt, "critics"):
         out.update(pt.critics.state_dict())
     if self.args.preference_scoring_reward == "reward_model" and self._rm_fitted:
-        out["reward_model"] = full_state(self.reward_model)
+        out["reward_model"] = full_state(self.reward_model, keep=self.dist.is_main)   # the main one writes it
     return out
 
 # %% ../../nbs/53_iterative.ipynb #db6c0756

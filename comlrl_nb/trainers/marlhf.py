@@ -462,8 +462,9 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
     pt = self.policy_trainer                            # data parallel: each process fits on its share of each batch
     dist = pt.team.sharding or pt.dist                  # the agents' strategy ('fsdp': the reward model sharded too)
     summary = fit_reward(rm, self.pairs, a, d, a.seed, {"phase": "reward_model"}, dist, summary_line=True)
-    state = full_state(rm)                              # whole tensors (every process: a collective when wrapped)
-    if a.save_steps >= 0 and dist.is_main:
+    write = a.save_steps >= 0 and dist.is_main
+    state = full_state(rm, keep=write)                  # whole tensors (every process: a collective when wrapped)
+    if write:
         buf = io.BytesIO()
         torch.save(state, buf)
         atomic_write_bytes(d / "state.pt", buf.getvalue())
