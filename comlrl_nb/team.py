@@ -280,9 +280,10 @@ def state_dict(self: Team) -> dict:
             "refs": self._ref_states(), "architectures": [architecture(m) for m in self.agents]}
 
 @patch
-def _ref_states(self: Team) -> Optional[list]:
-    "The frozen references' whole states, or None (sharded ones gathered: every process calls it)."
-    return [full_state(m) for m in self.ref_agents] if self.ref_agents else None
+def _ref_states(self: Team, keep: bool = True) -> Optional[list]:
+    """The frozen references' whole states, or None (sharded ones gathered: every process calls it, those with `keep`
+    get them, `full_state`)."""
+    return [full_state(m, keep) for m in self.ref_agents] if self.ref_agents else None
 
 @patch
 def _load_refs(self: Team, states: Optional[list]):
@@ -307,9 +308,10 @@ def _state_options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, **kw)
 
-def _whole_state(m) -> dict:
-    "An agent's whole state on the CPU (a collective when sharded: all call it); an adapter agent's: its adapter's."
-    if owner(m) is not m: return full_state(m)
+def _whole_state(m, keep: bool = True) -> dict:
+    """An agent's whole state on the CPU (a collective when sharded: all call it); an adapter agent's: its adapter's.
+    Kept by the processes with `keep` (DCP's full state dict with CPU offload: by the main one only)."""
+    if owner(m) is not m: return full_state(m, keep)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     return get_model_state_dict(m, options=_state_options(cpu_offload=True))
 
@@ -318,8 +320,9 @@ def _full_state_dict(self: Team) -> dict:
     """The sharded agents' and optimizers' full (consolidated) states, gathered by every process (a collective: all
     call it): the entries and format of a whole team's, so either kind of run resumes from the other's checkpoint."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return {"agents": [_whole_state(m) for m in self.agents],
-            "optimizers": [full_optimizer_state(o) for o in self.optimizers], "refs": self._ref_states()}
+    keep = self.sharding.is_main                        # the process that writes the file keeps the copies
+    return {"agents": [_whole_state(m, keep) for m in self.agents],
+            "optimizers": [full_optimizer_state(o, keep) for o in self.optimizers], "refs": self._ref_states(keep)}
 
 @patch
 def _load_full_state_dict(self: Team, sd: dict):
@@ -392,7 +395,7 @@ def sharded_state_dict(self: Team) -> tuple[dict, Optional[dict]]:
     agents: the references and architectures, and the agents' and optimizers' shards; else (`state_dict()`, None)."""
     if self.sharding is None: return self.state_dict(), None
     return {"agents": None, "optimizers": None, "architectures": [architecture(m) for m in self.agents],
-            "refs": self._ref_states()}, self._shard_state()
+            "refs": self._ref_states(keep=self.sharding.is_main)}, self._shard_state()   # state.pt: the main one's
 
 @patch
 def load_sharded_state_dict(self: Team, sd: dict, name: str = "team"):

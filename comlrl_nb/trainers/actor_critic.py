@@ -934,7 +934,7 @@ def save_model(self: ActorCriticTrainer, output_dir) -> Path:
     out = self.team.save_pretrained(output_dir)
     for c in self.critics:
         name = f"agent_{c.agents[0]}" if c.shared else "critic" if self.algo == "maac" else f"critic_{c.agents[0]}"
-        d, sd = out / name, c.state_dict()                      # whole tensors, gathered by every process
+        d, sd = out / name, c.state_dict(keep=self.dist.is_main)   # gathered by every process, kept by the writer
         if not self.dist.is_main: continue                      # one process writes
         if not c.shared:
             c.backbone.save_pretrained(d, state_dict=sd["backbone"])
