@@ -207,8 +207,10 @@ def sync_from_main(self: DistContext, model: torch.nn.Module, bucket_bytes: int 
     with torch.no_grad():
         for group in same_kind_groups(own, bucket_bytes):
             on = self.device if nccl else group[0].device
-            flat = torch.cat([t.detach().reshape(-1).to(on) for t in group])
+            lone = len(group) == 1 and group[0].device == on and group[0].is_contiguous()   # sent in place, no copy
+            flat = group[0].detach() if lone else torch.cat([t.detach().reshape(-1).to(on) for t in group])
             torch.distributed.broadcast(flat, src=0)
+            if lone: continue
             for t, part in zip(group, flat.split([t.numel() for t in group])): t.copy_(part.view_as(t))
 
 @patch

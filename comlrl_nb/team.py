@@ -319,7 +319,6 @@ def _whole_state(m, keep: bool = True) -> dict:
 def _full_state_dict(self: Team) -> dict:
     """The sharded agents' and optimizers' full (consolidated) states, gathered by every process (a collective: all
     call it): the entries and format of a whole team's, so either kind of run resumes from the other's checkpoint."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
     keep = self.sharding.is_main                        # the process that writes the file keeps the copies
     return {"agents": [_whole_state(m, keep) for m in self.agents],
             "optimizers": [full_optimizer_state(o, keep) for o in self.optimizers], "refs": self._ref_states(keep)}

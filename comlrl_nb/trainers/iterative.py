@@ -713,7 +713,7 @@ class MARLHFIterTrainer(PreferenceRounds):
         return evaluate_task(self, eval_samples(num_samples, num_eval_samples))
 
 # %% ../../nbs/53_iterative.ipynb #7dec4254
-from .marlhf import fit_reward
+from .marlhf import fit_reward, reward_model_dist
 
 @patch
 def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> dict:
@@ -721,7 +721,7 @@ def _fit_round_reward_model(self: MARLHFIterTrainer, nu: int, records: list) -> 
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model" / f"iteration_{nu:04d}"
     load_full_state(rm, self._rm_initial)             # the fitted one may be under torch's data parallel
     summary = fit_reward(rm, records, a, d, derive_seed(a.seed, "reward_model_round", nu), {"iteration": nu},
-                         self.policy_trainer.team.sharding or self.dist, console=False)   # each process its share
+                         reward_model_dist(self), console=False)   # data parallel: each process its share
     self._rm_fitted = True
     return summary
 

@@ -31,7 +31,7 @@ from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, chec
 __all__ = ['MARLHFConfig', 'map_backend_config', 'rl_backend', 'central_backend_config', 'central_hooks', 'MARLHFTrainer',
            'backend_config', 'make_policy_trainer', 'evaluate_task', 'make_reward_model', 'make_central_trainer',
            'reward_texts', 'fit_on_pairs', 'ActorRoles', 'CentralActor', 'central_ac_config', 'make_central_ac_trainer',
-           'fit_summary', 'ranked', 'fit_reward', 'load_fitted_reward_model', 'RL_ALGORITHMS']
+           'fit_summary', 'ranked', 'fit_reward', 'reward_model_dist', 'load_fitted_reward_model', 'RL_ALGORITHMS']
 
 # %% ../../nbs/43_marlhf.ipynb #0e52aee8
 from dataclasses import fields
@@ -452,6 +452,12 @@ def fit_reward(rm: JointRewardModel, records, args, out_dir, seed: int, row: dic
     rm.freeze()
     return summary
 
+# %% ../../nbs/43_marlhf.ipynb #bb1a2e54
+def reward_model_dist(owner):
+    "The reward model's data parallel: the agents' strategy ('fsdp': the reward model sharded too) or the backend's."
+    pt = owner.policy_trainer
+    return pt.team.sharding or pt.dist
+
 # %% ../../nbs/43_marlhf.ipynb #bb1a2e55
 from ..distributed import full_state, load_full_state
 
@@ -459,8 +465,7 @@ from ..distributed import full_state, load_full_state
 def fit_reward_model(self: MARLHFTrainer) -> dict:
     "Bradley-Terry fit on the collected pairs, then freeze; returns a summary."
     a, rm, d = self.args, self.reward_model, self.output_dir / "reward_model"
-    pt = self.policy_trainer                            # data parallel: each process fits on its share of each batch
-    dist = pt.team.sharding or pt.dist                  # the agents' strategy ('fsdp': the reward model sharded too)
+    dist = reward_model_dist(self)                      # data parallel: each process fits on its share of each batch
     summary = fit_reward(rm, self.pairs, a, d, a.seed, {"phase": "reward_model"}, dist, summary_line=True)
     write = a.save_steps >= 0 and dist.is_main
     state = full_state(rm, keep=write)                  # whole tensors (every process: a collective when wrapped)
@@ -478,9 +483,7 @@ def fit_reward_model(self: MARLHFTrainer) -> dict:
 def load_fitted_reward_model(owner, state: dict):
     """A fitted reward model's whole tensors (`full_state`'s) into `owner.reward_model`, frozen; under a launcher it
     is handed to torch's data parallel first, as the fit left it ('fsdp': each process keeps its shards)."""
-    pt = owner.policy_trainer
-    dist = pt.team.sharding or pt.dist
-    if dist.enabled: dist.wrap(owner.reward_model)
+    reward_model_dist(owner).wrap(owner.reward_model)             # in one process: unchanged
     load_full_state(owner.reward_model, state)
     owner.reward_model.freeze()
 
